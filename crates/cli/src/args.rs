@@ -1,0 +1,195 @@
+//! Command-line arguments, named as llama.cpp names them (`-m`, `-p`, `-n`, `-c`, `-t`, `-s`, ...).
+
+use clap::{Args, Parser, Subcommand};
+use sift_engine::{EngineOptions, GenerateOptions, SamplerOptions};
+use std::path::PathBuf;
+
+/// The default model, fetched by `scripts/fetch-model.sh`.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Parser)]
+#[command(name = "sift", version, about = "Run GGUF language models under a memory budget, computing only the weights each token needs")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Generate text from a prompt (streams to stdout, speed summary to stderr)
+    Generate(GenerateArgs),
+    /// Interactive chat using the model's chat template
+    Chat(ChatArgs),
+    /// Perplexity over a text file, llama-perplexity's method
+    Perplexity(PerplexityArgs),
+    /// Prompt-processing and generation speed, like llama-bench
+    Bench(BenchArgs),
+    /// Print a GGUF file's metadata and tensor table, like gguf-dump
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model file (.gguf)
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Threads to compute with (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (0 = the model's training context)
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Tokens per forward batch while reading a prompt
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+}
+
+impl ModelArgs {
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions { n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1), n_ctx: self.ctx_size, n_batch: self.batch_size.max(1) }
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Tokens to generate (-1 = until end of text or a full context)
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// Temperature (0 = greedy)
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k sampling (0 = off)
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p sampling (1.0 = off)
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p sampling (0.0 = off)
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for repeating recent tokens (1.0 = off)
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty considers
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (-1 = random)
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Stop when this text appears (repeatable)
+    #[arg(short = 'r', long = "reverse-prompt")]
+    pub stop: Vec<String>,
+    /// Keep generating after the end-of-text token
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn generate_options(&self) -> anyhow::Result<GenerateOptions> {
+        anyhow::ensure!(self.temp.is_finite(), "--temp must be a number");
+        anyhow::ensure!((0.0..=1.0).contains(&self.top_p), "--top-p must be between 0 and 1, got {}", self.top_p);
+        anyhow::ensure!((0.0..=1.0).contains(&self.min_p), "--min-p must be between 0 and 1, got {}", self.min_p);
+        anyhow::ensure!(self.repeat_penalty > 0.0, "--repeat-penalty must be positive, got {}", self.repeat_penalty);
+        Ok(GenerateOptions {
+            n_predict: usize::try_from(self.n_predict).ok(),
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            sampler: SamplerOptions {
+                temp: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                seed: u64::try_from(self.seed).ok(),
+            },
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Prompt text
+    #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Do not echo the prompt before the generated text
+    #[arg(long = "no-display-prompt")]
+    pub no_display_prompt: bool,
+    /// Wrap the prompt as one user turn with the model's chat template
+    #[arg(long = "chat-template")]
+    pub chat: bool,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System prompt
+    #[arg(long = "system-prompt", visible_alias = "sys")]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// Model file (.gguf)
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Text file to score
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Window size in tokens
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    pub ctx_size: usize,
+    /// Score at most this many windows (-1 = all)
+    #[arg(long = "chunks", default_value_t = -1, allow_negative_numbers = true)]
+    pub chunks: i64,
+    /// Threads to compute with (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Tokens per forward batch
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Model file (.gguf)
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Threads (comma-separated list allowed)
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Prompt lengths to test (comma-separated; 0 skips the pp test)
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    pub n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips the tg test)
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    pub n_gen: Vec<usize>,
+    /// Repetitions of each test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Batch size for prompt processing
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Output format: md or json
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
+    pub output: String,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// Model file (.gguf)
+    pub model: PathBuf,
+    /// Print every element of long arrays (tokens, merges)
+    #[arg(long)]
+    pub full: bool,
+}

@@ -1,0 +1,90 @@
+//! `sift bench`: llama-bench's tests and output shapes (markdown table or JSON array).
+
+use crate::args::BenchArgs;
+use sift_engine::bench::{bench_pp, bench_tg, BenchResult};
+use sift_engine::{Engine, EngineOptions};
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let (model, _tok) = crate::generate::load(&a.model)?;
+    let threads = if a.threads.is_empty() { vec![sift_engine::default_threads()] } else { a.threads.clone() };
+    anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
+    let size = model.weight_bytes();
+    let params = model.n_params();
+    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
+    let filename = a.model.display().to_string();
+    let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
+    let mut engine = Engine::new(model, &EngineOptions { n_threads: threads[0], n_ctx, n_batch: a.batch_size.max(1) });
+    let mut rows: Vec<(usize, BenchResult)> = Vec::new();
+    let md = a.output == "md";
+    if md {
+        println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
+        println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
+    }
+    for &t in &threads {
+        if t != engine.n_threads() {
+            let model = engine.model;
+            engine = Engine::new(model, &EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1) });
+        }
+        let mut tests: Vec<BenchResult> = Vec::new();
+        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+            tests.push(bench_pp(&mut engine, p, a.reps)?);
+            if md {
+                print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+            }
+        }
+        for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+            tests.push(bench_tg(&mut engine, n, a.reps)?);
+            if md {
+                print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+            }
+        }
+        rows.extend(tests.into_iter().map(|r| (t, r)));
+    }
+    if md {
+        println!("\nbuild: sift {} ({})", env!("CARGO_PKG_VERSION"), format!("{:?}", sift_quant::Isa::detect()).to_lowercase());
+    } else {
+        let arr: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(t, r)| {
+                serde_json::json!({
+                    "build_commit": "sift",
+                    "model_filename": filename,
+                    "model_type": desc,
+                    "model_size": size,
+                    "model_n_params": params,
+                    "n_threads": t,
+                    "n_batch": a.batch_size,
+                    "test": r.test_name(),
+                    "n_prompt": r.n_prompt,
+                    "n_gen": r.n_gen,
+                    "avg_ns": r.avg_ns as u64,
+                    "stddev_ns": r.stddev_ns as u64,
+                    "avg_ts": r.avg_ts,
+                    "stddev_ts": r.stddev_ts,
+                    "samples_ns": r.samples_ns,
+                    "samples_ts": r.samples_ts,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&arr)?);
+    }
+    Ok(())
+}
+
+fn print_row(desc: &str, size: u64, params: u64, threads: usize, r: &BenchResult) {
+    println!(
+        "| {desc:<30} | {:>6.2} MiB | {:>8.2} M | CPU        | {threads:>7} | {:>15} | {:>20} |",
+        size as f64 / (1 << 20) as f64,
+        params as f64 / 1e6,
+        r.test_name(),
+        format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
+    );
+}
+
+fn human_params(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.1}B", n as f64 / 1e9)
+    } else {
+        format!("{}M", n / 1_000_000)
+    }
+}

@@ -1,0 +1,39 @@
+//! `sift`: run GGUF language models from the command line, with llama.cpp's flag names.
+//!
+//! Subcommands: `generate`, `chat`, `perplexity`, `bench`, `inspect`. Each lives in its own module;
+//! this file parses arguments and prints errors with their context.
+
+mod args;
+mod bench;
+mod chat;
+mod generate;
+mod inspect;
+mod perplexity;
+
+use clap::Parser;
+
+fn main() {
+    let cli = args::Cli::parse();
+    let result = match cli.command {
+        args::Command::Generate(a) => generate::run(a),
+        args::Command::Chat(a) => chat::run(a),
+        args::Command::Perplexity(a) => perplexity::run(a),
+        args::Command::Bench(a) => bench::run(a),
+        args::Command::Inspect(a) => inspect::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        for cause in e.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        std::process::exit(1);
+    }
+}
+
+/// Peak resident memory of this process (VmHWM), in bytes, if the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

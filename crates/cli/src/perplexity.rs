@@ -1,0 +1,29 @@
+//! `sift perplexity`: llama-perplexity's method and output shape.
+
+use crate::args::PerplexityArgs;
+use anyhow::Context;
+use sift_engine::{perplexity::perplexity, Engine, EngineOptions};
+use std::io::Write;
+
+pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
+    let (model, tok) = crate::generate::load(&a.model)?;
+    let t0 = std::time::Instant::now();
+    let tokens = tok.encode(&text, true, false)?;
+    eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
+    let bos = if tok.add_bos() { tok.bos() } else { None };
+    let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
+    let mut engine = Engine::new(model, &EngineOptions { n_threads: threads, n_ctx: a.ctx_size, n_batch: a.batch_size.min(a.ctx_size).max(1) });
+    let chunks = usize::try_from(a.chunks).ok();
+    let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
+    eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
+    let t1 = std::time::Instant::now();
+    let r = perplexity(&mut engine, &tokens, a.ctx_size, chunks, bos, |i, ppl| {
+        print!("[{}]{ppl:.4},", i + 1);
+        let _ = std::io::stdout().flush();
+    })?;
+    println!();
+    eprintln!("{} tokens scored in {:.2} s ({:.2} s per chunk)", r.n_scored, t1.elapsed().as_secs_f64(), t1.elapsed().as_secs_f64() / r.n_chunks as f64);
+    println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_err);
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! Quantized matrix × activation products spread over the thread pool.
+//!
+//! `y[t][r] = W[r] · x[t]` for every output row `r` of `W` and token `t`. Activations are quantized
+//! once per op into the weight type's activation format ([`QuantActs`]); several products that read
+//! the same activation (q, k, v; gate, up) run in one pool dispatch ([`matmul_many`]) so the
+//! threads meet once instead of three times.
+
+use crate::pool::{SharedMut, ThreadPool};
+use sift_model::QTensor;
+use sift_quant::{ActType, DotFn};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Activations of `n_tok` tokens quantized into each format that some weight needs.
+pub struct QuantActs {
+    /// (format, bytes per token row, data)
+    bufs: Vec<(ActType, usize, Vec<u8>)>,
+}
+
+impl QuantActs {
+    pub fn new() -> Self {
+        QuantActs { bufs: Vec::new() }
+    }
+
+    /// Quantizes `n_tok` rows of `x` (row length `cols`) into format `ty` (kept beside other formats).
+    pub fn quantize(&mut self, pool: &ThreadPool, ty: ActType, x: &[f32], cols: usize, n_tok: usize) {
+        let rb = ty.row_bytes(cols);
+        let idx = match self.bufs.iter().position(|b| b.0 == ty) {
+            Some(i) => i,
+            None => {
+                self.bufs.push((ty, rb, Vec::new()));
+                self.bufs.len() - 1
+            }
+        };
+        let buf = &mut self.bufs[idx];
+        buf.1 = rb;
+        if buf.2.len() < rb * n_tok {
+            buf.2.resize(rb * n_tok, 0);
+        }
+        let out = &mut buf.2[..rb * n_tok];
+        if n_tok == 1 {
+            ty.quantize(&x[..cols], out);
+            return;
+        }
+        let sm = SharedMut::new(out);
+        pool.run(&|tid, nth| {
+            for t in crate::pool::split(n_tok, nth, tid) {
+                // SAFETY: each token's output row is written by exactly one thread.
+                let o = unsafe { sm.slice(t * rb..(t + 1) * rb) };
+                ty.quantize(&x[t * cols..(t + 1) * cols], o);
+            }
+        });
+    }
+
+    /// Forgets which formats are current (call before quantizing a new input).
+    pub fn clear(&mut self) {
+        for b in &mut self.bufs {
+            b.1 = 0;
+        }
+    }
+
+    /// Quantized rows in format `ty`: (bytes per token row, data).
+    pub fn get(&self, ty: ActType) -> (usize, &[u8]) {
+        let b = self.bufs.iter().find(|b| b.0 == ty && b.1 > 0).expect("activation not quantized to this format");
+        (b.1, &b.2)
+    }
+}
+
+impl Default for QuantActs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One product of a [`matmul_many`] call: `out[t * stride + r] = W[r] · x[t]`.
+pub struct MatJob<'a> {
+    pub w: &'a QTensor,
+    pub out: &'a mut [f32],
+    pub stride: usize,
+}
+
+/// Rows per unit of work handed to a thread.
+const ROW_CHUNK: usize = 16;
+
+/// Runs several products over the same quantized input in one pool dispatch.
+pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usize, jobs: &mut [MatJob<'_>]) {
+    struct Prepared<'a> {
+        w: &'a QTensor,
+        dot: DotFn,
+        act_rb: usize,
+        act: &'a [u8],
+        out: SharedMut<f32>,
+        stride: usize,
+        first_chunk: usize,
+    }
+    let mut chunks = 0;
+    let prepared: Vec<Prepared<'_>> = jobs
+        .iter_mut()
+        .map(|j| {
+            assert!(j.out.len() >= (n_tok - 1) * j.stride + j.w.rows, "matmul output too small for {}", j.w.name);
+            let (act_rb, act) = acts.get(j.w.ty.act_type());
+            let p = Prepared {
+                w: j.w,
+                dot: j.w.ty.dot_fn(),
+                act_rb,
+                act,
+                out: SharedMut::new(j.out),
+                stride: j.stride,
+                first_chunk: chunks,
+            };
+            chunks += j.w.rows.div_ceil(ROW_CHUNK);
+            p
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= chunks {
+            break;
+        }
+        let j = prepared.iter().rev().find(|p| p.first_chunk <= c).expect("chunk belongs to a job");
+        let r0 = (c - j.first_chunk) * ROW_CHUNK;
+        let r1 = (r0 + ROW_CHUNK).min(j.w.rows);
+        let rb = j.w.row_bytes;
+        let base = j.w.range.start;
+        let n = j.w.cols;
+        for t in 0..n_tok {
+            let a = &j.act[t * j.act_rb..(t + 1) * j.act_rb];
+            // SAFETY: rows r0..r1 of token t belong to this chunk only.
+            let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
+            for (o, r) in out.iter_mut().zip(r0..r1) {
+                *o = (j.dot)(n, &file[base + r * rb..base + (r + 1) * rb], a);
+            }
+        }
+    });
+}

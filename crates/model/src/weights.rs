@@ -1,0 +1,164 @@
+//! The model's weight tensors, viewed in place in the memory-mapped GGUF file.
+//!
+//! A [`QTensor`] is a 2-D matrix stored row-major in a GGML block format: `rows` output rows of
+//! `cols` input values each (GGML's `ne[1]` and `ne[0]`). Small tensors (norms, biases) are
+//! dequantized to f32 at load time.
+
+use crate::{Config, ModelError};
+use sift_gguf::{GgufFile, TensorInfo};
+use sift_quant::WeightType;
+use std::ops::Range;
+use std::path::Path;
+
+/// A quantized matrix: `rows` × `cols`, each row `row_bytes` bytes in the file.
+#[derive(Clone, Debug)]
+pub struct QTensor {
+    pub name: String,
+    pub ty: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    /// Byte range of the whole matrix within the file.
+    pub range: Range<usize>,
+}
+
+/// The weights of one transformer block.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: QTensor,
+    pub wk: QTensor,
+    pub wv: QTensor,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub wo: QTensor,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: QTensor,
+    pub w_up: QTensor,
+    pub w_down: QTensor,
+}
+
+/// A loaded model: its file, config and tensor views.
+pub struct Model {
+    pub file: GgufFile,
+    pub config: Config,
+    pub tok_embd: QTensor,
+    pub output_norm: Vec<f32>,
+    /// The output head; the same bytes as `tok_embd` when the model ties them.
+    pub output: QTensor,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Model {
+    /// Opens a GGUF file and checks every tensor the architecture needs.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        let config = Config::from_gguf(&file.gguf)?;
+        let c = &config;
+        let (e, q, kv, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let mat = |name: &str, cols: usize, rows: usize| matrix(&file, name, cols, rows);
+        let vec = |name: &str, n: usize| vector(&file, name, n);
+        let opt_vec = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            if file.gguf.tensor(name).is_some() {
+                vector(&file, name, n).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let tok_embd = mat("token_embd.weight", e, c.n_vocab)?;
+        let output = if file.gguf.tensor("output.weight").is_some() { mat("output.weight", e, c.n_vocab)? } else { tok_embd.clone() };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for l in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: vec(&n("attn_norm.weight"), e)?,
+                wq: mat(&n("attn_q.weight"), e, q)?,
+                wk: mat(&n("attn_k.weight"), e, kv)?,
+                wv: mat(&n("attn_v.weight"), e, kv)?,
+                bq: opt_vec(&n("attn_q.bias"), q)?,
+                bk: opt_vec(&n("attn_k.bias"), kv)?,
+                bv: opt_vec(&n("attn_v.bias"), kv)?,
+                wo: mat(&n("attn_output.weight"), q, e)?,
+                ffn_norm: vec(&n("ffn_norm.weight"), e)?,
+                w_gate: mat(&n("ffn_gate.weight"), e, ff)?,
+                w_up: mat(&n("ffn_up.weight"), e, ff)?,
+                w_down: mat(&n("ffn_down.weight"), ff, e)?,
+            });
+        }
+        let output_norm = vec("output_norm.weight", e)?;
+        Ok(Model { file, config, tok_embd, output_norm, output, layers })
+    }
+
+    /// The raw bytes of a tensor.
+    #[inline]
+    pub fn data(&self, t: &QTensor) -> &[u8] {
+        &self.file.bytes()[t.range.clone()]
+    }
+
+    /// Row `r` of a tensor as raw block bytes.
+    #[inline]
+    pub fn row(&self, t: &QTensor, r: usize) -> &[u8] {
+        let start = t.range.start + r * t.row_bytes;
+        &self.file.bytes()[start..start + t.row_bytes]
+    }
+
+    /// Bytes of all weight tensors (what a dense decode step streams, plus the embedding table).
+    pub fn weight_bytes(&self) -> u64 {
+        self.file.gguf.tensors.iter().map(|t| t.n_bytes).sum()
+    }
+
+    /// Number of parameters (elements of all tensors).
+    pub fn n_params(&self) -> u64 {
+        self.file.gguf.tensors.iter().map(|t| t.n_elements()).sum()
+    }
+
+    /// The most common quant type among 2-D weights, e.g. "Q4_1" (for `bench` tables).
+    pub fn main_quant(&self) -> &'static str {
+        let mut counts: Vec<(&'static str, u64)> = Vec::new();
+        for t in &self.file.gguf.tensors {
+            if t.dims.len() == 2 {
+                let name = t.ty.name();
+                match counts.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, c)) => *c += t.n_bytes,
+                    None => counts.push((name, t.n_bytes)),
+                }
+            }
+        }
+        counts.into_iter().max_by_key(|(_, c)| *c).map(|(n, _)| n).unwrap_or("?")
+    }
+}
+
+fn find<'a>(file: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError> {
+    file.gguf.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+}
+
+fn weight_type(t: &TensorInfo) -> Result<WeightType, ModelError> {
+    WeightType::from_ggml_id(t.ty.id()).ok_or_else(|| ModelError::UnsupportedQuant { name: t.name.clone(), ty: t.ty.name() })
+}
+
+fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QTensor, ModelError> {
+    let t = find(file, name)?;
+    let ty = weight_type(t)?;
+    let dims: Vec<u64> = t.dims.iter().copied().filter(|&d| d != 1).collect();
+    let expected = vec![cols as u64, rows as u64];
+    if dims != expected && !(t.dims.len() >= 2 && t.dims[0] == cols as u64 && t.dims[1] == rows as u64) {
+        return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
+    }
+    let row_bytes = ty
+        .row_bytes(cols)
+        .ok_or_else(|| ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected: expected.clone() })?;
+    let start = usize::try_from(file.gguf.data_offset + t.offset).map_err(|_| ModelError::MissingTensor(name.into()))?;
+    let len = row_bytes * rows;
+    if t.n_bytes != len as u64 || start + len > file.bytes().len() {
+        return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
+    }
+    Ok(QTensor { name: name.to_string(), ty, rows, cols, row_bytes, range: start..start + len })
+}
+
+fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let m = matrix(file, name, n, 1)?;
+    let mut out = vec![0f32; n];
+    m.ty.dequantize_row(&file.bytes()[m.range.clone()], &mut out);
+    Ok(out)
+}

@@ -1,0 +1,122 @@
+//! Throughput of the row-dot kernels, per instruction set: one quantized activation row against
+//! every row of a weight matrix (a matrix × vector product on one thread), reported as GB/s of
+//! weight bytes read and ns per row. Also times the activation quantizers.
+//!
+//! Run with `cargo bench -p sift-quant --bench dot [-- FILTER]` (FILTER matches the case label).
+//! Shapes are the decode-time matrices of SmolLM2-135M (hidden 576, FFN 1536, vocab 49152) and
+//! Qwen2.5-0.5B (hidden 896, FFN 4864); the last case is big enough to stream from memory.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sift_quant::{scalar, Isa, WeightType};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+struct Case {
+    t: WeightType,
+    rows: usize,
+    n: usize,
+    what: &'static str,
+}
+
+const CASES: &[Case] = &[
+    Case { t: WeightType::Q4_1, rows: 1536, n: 576, what: "SmolLM2 ffn_up" },
+    Case { t: WeightType::Q4_1, rows: 576, n: 1536, what: "SmolLM2 ffn_down" },
+    Case { t: WeightType::Q8_0, rows: 49152, n: 576, what: "SmolLM2 output" },
+    Case { t: WeightType::Q8_0, rows: 4864, n: 896, what: "Qwen ffn_up" },
+    Case { t: WeightType::Q5_0, rows: 896, n: 4864, what: "Qwen ffn_down" },
+    Case { t: WeightType::Q4_0, rows: 1536, n: 576, what: "" },
+    Case { t: WeightType::F32, rows: 576, n: 576, what: "" },
+    Case { t: WeightType::F16, rows: 576, n: 576, what: "" },
+    Case { t: WeightType::BF16, rows: 576, n: 576, what: "" },
+    Case { t: WeightType::Q4_K, rows: 896, n: 4864, what: "" },
+    Case { t: WeightType::Q5_K, rows: 896, n: 4864, what: "" },
+    Case { t: WeightType::Q6_K, rows: 896, n: 4864, what: "" },
+    Case { t: WeightType::Q4_1, rows: 16384, n: 4096, what: "40 MiB, from memory" },
+];
+
+fn random_row(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// The fastest of many timed calls of `f` over about `total` (the minimum filters out the time
+/// slices lost to other processes on a shared machine).
+fn best_time(mut f: impl FnMut(), total: Duration) -> Duration {
+    f();
+    let mut best = Duration::MAX;
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls < 5 || start.elapsed() < total {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+        calls += 1;
+    }
+    best
+}
+
+fn main() {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let mut rng = StdRng::seed_from_u64(7);
+    println!("best ISA on this CPU: {:?}", Isa::detect());
+    println!("{:<6} {:>12}  {:<11} {:>9} {:>9}  case", "type", "rows x n", "isa", "GB/s", "ns/row");
+    for c in CASES {
+        let label = format!("{} {}x{} {}", c.t.name(), c.rows, c.n, c.what);
+        if filter.as_deref().is_some_and(|f| !label.contains(f)) {
+            continue;
+        }
+        let row_bytes = c.t.row_bytes(c.n).expect("whole blocks");
+        let row = random_row(&mut rng, c.n);
+        // Build a few distinct rows and tile them (quantizing 49152 rows would dominate the run).
+        let distinct: Vec<Vec<u8>> = (0..64).map(|_| scalar::quantize_row(c.t, &random_row(&mut rng, c.n))).collect();
+        let mut w = Vec::with_capacity(c.rows * row_bytes);
+        for r in 0..c.rows {
+            w.extend_from_slice(&distinct[r % distinct.len()]);
+        }
+        let act = c.t.act_type();
+        let mut a = vec![0u8; act.row_bytes(c.n)];
+        act.quantize(&row, &mut a);
+        let mut out = vec![0f32; c.rows];
+        for isa in Isa::available() {
+            let Some(dot) = c.t.dot_fn_for(isa) else { continue };
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let per_rep = if isa == Isa::Scalar { Duration::from_millis(150) } else { Duration::from_millis(100) };
+                best_time(
+                    || {
+                        for (o, wr) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                            *o = dot(c.n, black_box(wr), black_box(&a));
+                        }
+                        black_box(&out);
+                    },
+                    per_rep,
+                )
+            }));
+            match run {
+                Ok(t) => {
+                    let gbs = (c.rows * row_bytes) as f64 / t.as_secs_f64() / 1e9;
+                    let ns_row = t.as_secs_f64() * 1e9 / c.rows as f64;
+                    println!(
+                        "{:<6} {:>12}  {:<11} {gbs:>9.2} {ns_row:>9.1}  {}",
+                        c.t.name(),
+                        format!("{}x{}", c.rows, c.n),
+                        format!("{isa:?}"),
+                        c.what
+                    );
+                }
+                Err(_) => println!("{:<6} {:>12}  {:<11} kernel panicked", c.t.name(), "", format!("{isa:?}")),
+            }
+        }
+    }
+    // Activation quantizers (the dispatching one is SIMD where available).
+    for (act, n) in [
+        (sift_quant::ActType::Q8_0, 4864),
+        (sift_quant::ActType::Q8_1, 1536),
+        (sift_quant::ActType::Q8_K, 4864),
+    ] {
+        let x = random_row(&mut rng, n);
+        let mut out = vec![0u8; act.row_bytes(n)];
+        let simd = best_time(|| act.quantize(black_box(&x), &mut out), Duration::from_millis(20));
+        let sc = best_time(|| scalar::quantize_act(act, black_box(&x), &mut out), Duration::from_millis(20));
+        println!("quantize {act:?} n={n}: dispatch {:.2} us, scalar {:.2} us", simd.as_secs_f64() * 1e6, sc.as_secs_f64() * 1e6);
+    }
+}

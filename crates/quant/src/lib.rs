@@ -1,0 +1,242 @@
+//! Quantized block formats and the kernels that read them.
+//!
+//! Weights arrive in GGML's block formats (a tensor row of `n` values is `n / block_size` blocks of
+//! `block_bytes` each). Activations are quantized once per op to an integer format (Q8_0, Q8_1 or
+//! Q8_K, the weight type's [`WeightType::act_type`]) so that a row dot product runs on integers, as
+//! llama.cpp does.
+//!
+//! Every kernel has a scalar reference in [`scalar`]; SIMD versions (AVX2, AVX-512 + VNNI) live in
+//! [`x86`] and are chosen at run time by [`Isa::detect`]. Tests compare SIMD against scalar against
+//! an f32 computation on dequantized values.
+//!
+//! Module map:
+//! - [`blocks`]: `#[repr(C)]` block structs with `const` size asserts.
+//! - [`scalar`]: reference dequantize / quantize / dot for every format.
+//! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`), each beside its reference.
+//! - this file: the public, safe, dispatching API.
+
+pub mod blocks;
+pub mod scalar;
+pub mod scalar_k;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_k;
+
+/// A weight storage format sift can compute with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// The format an activation vector is quantized to before a dot product with a weight row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum ActType {
+    /// Plain f32 (used with F32 / F16 / BF16 weights).
+    F32,
+    /// 32-value blocks: f16 scale `d`, 32 × i8.
+    Q8_0,
+    /// 32-value blocks: f16 scale `d`, f16 `s = d * sum(qs)`, 32 × i8.
+    Q8_1,
+    /// 256-value blocks: f32 scale `d`, 256 × i8, 16 × i16 sums of each 16 values.
+    Q8_K,
+}
+
+/// Instruction sets a kernel can be built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    /// AVX-512 F/BW/VL plus VNNI.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports (detected once, cached).
+    pub fn detect() -> Isa {
+        use std::sync::OnceLock;
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            if std::env::var_os("SIFT_FORCE_SCALAR").is_some() {
+                return Isa::Scalar;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    return Isa::Avx512Vnni;
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Scalar
+        })
+    }
+
+    /// Every instruction set this CPU can run, scalar first (for tests).
+    pub fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| *i <= best).collect()
+    }
+}
+
+/// Dot product of one weight row (`n` values, raw block bytes) with one activation row quantized to
+/// the weight type's [`WeightType::act_type`]. Safe: lengths are checked by the dispatcher.
+pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+
+impl WeightType {
+    /// Maps a GGML type id (as stored in GGUF) to a weight type, if sift supports it.
+    pub fn from_ggml_id(id: u32) -> Option<WeightType> {
+        Some(match id {
+            0 => WeightType::F32,
+            1 => WeightType::F16,
+            2 => WeightType::Q4_0,
+            3 => WeightType::Q4_1,
+            6 => WeightType::Q5_0,
+            8 => WeightType::Q8_0,
+            12 => WeightType::Q4_K,
+            13 => WeightType::Q5_K,
+            14 => WeightType::Q6_K,
+            30 => WeightType::BF16,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "F32",
+            WeightType::F16 => "F16",
+            WeightType::BF16 => "BF16",
+            WeightType::Q4_0 => "Q4_0",
+            WeightType::Q4_1 => "Q4_1",
+            WeightType::Q5_0 => "Q5_0",
+            WeightType::Q8_0 => "Q8_0",
+            WeightType::Q4_K => "Q4_K",
+            WeightType::Q5_K => "Q5_K",
+            WeightType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Values per block.
+    pub const fn block_size(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0 => 32,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q4_0 => std::mem::size_of::<blocks::BlockQ4_0>(),
+            WeightType::Q4_1 => std::mem::size_of::<blocks::BlockQ4_1>(),
+            WeightType::Q5_0 => std::mem::size_of::<blocks::BlockQ5_0>(),
+            WeightType::Q8_0 => std::mem::size_of::<blocks::BlockQ8_0>(),
+            WeightType::Q4_K => std::mem::size_of::<blocks::BlockQ4K>(),
+            WeightType::Q5_K => std::mem::size_of::<blocks::BlockQ5K>(),
+            WeightType::Q6_K => std::mem::size_of::<blocks::BlockQ6K>(),
+        }
+    }
+
+    /// Bytes of a row of `n` values, or `None` if `n` is not a whole number of blocks.
+    pub const fn row_bytes(self, n: usize) -> Option<usize> {
+        if n % self.block_size() != 0 {
+            return None;
+        }
+        Some(n / self.block_size() * self.block_bytes())
+    }
+
+    /// The activation format this weight type's integer dot product takes (llama.cpp's `vec_dot_type`).
+    pub const fn act_type(self) -> ActType {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActType::F32,
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => ActType::Q8_0,
+            WeightType::Q4_1 => ActType::Q8_1,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => ActType::Q8_K,
+        }
+    }
+
+    /// The fastest dot kernel for this CPU.
+    pub fn dot_fn(self) -> DotFn {
+        self.dot_fn_for(Isa::detect()).unwrap_or_else(|| self.dot_fn_for(Isa::Scalar).expect("scalar kernel exists"))
+    }
+
+    /// The dot kernel for a given instruction set, if one exists and this CPU runs it.
+    pub fn dot_fn_for(self, isa: Isa) -> Option<DotFn> {
+        if isa > Isa::detect() {
+            return None;
+        }
+        match isa {
+            Isa::Scalar => Some(scalar::dot_fn(self)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_dot_fn(self),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_dot_fn(self).or_else(|| x86::avx2_dot_fn(self)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => None,
+        }
+    }
+
+    /// Dequantizes one row of `out.len()` values from raw block bytes.
+    ///
+    /// # Panics
+    /// If `w` is shorter than [`WeightType::row_bytes`] of `out.len()` or `out.len()` is not a
+    /// multiple of the block size (callers validate shapes when a model is loaded).
+    pub fn dequantize_row(self, w: &[u8], out: &mut [f32]) {
+        scalar::dequantize_row(self, w, out)
+    }
+}
+
+impl ActType {
+    /// Values per block.
+    pub const fn block_size(self) -> usize {
+        match self {
+            ActType::F32 => 1,
+            ActType::Q8_0 | ActType::Q8_1 => 32,
+            ActType::Q8_K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            ActType::F32 => 4,
+            ActType::Q8_0 => std::mem::size_of::<blocks::BlockQ8_0>(),
+            ActType::Q8_1 => std::mem::size_of::<blocks::BlockQ8_1>(),
+            ActType::Q8_K => std::mem::size_of::<blocks::BlockQ8K>(),
+        }
+    }
+
+    /// Bytes of a quantized activation row of `n` values (n must be a multiple of the block size).
+    pub const fn row_bytes(self, n: usize) -> usize {
+        n / self.block_size() * self.block_bytes()
+    }
+
+    /// Quantizes an f32 activation row into `out` (`out.len() == self.row_bytes(x.len())`), using
+    /// the fastest available kernel; matches [`scalar::quantize_act`] except where a value rounds on a tie.
+    pub fn quantize(self, x: &[f32], out: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() >= Isa::Avx2 {
+            return x86::quantize_act(self, x, out);
+        }
+        scalar::quantize_act(self, x, out)
+    }
+}

@@ -1,0 +1,437 @@
+//! AVX2 and AVX-512 (+VNNI) dot kernels for the K-quant weight formats against Q8_K activations.
+//!
+//! Each public function is a safe wrapper that checks slice lengths once and then calls an
+//! `unsafe` `#[target_feature]` kernel. The wrappers are only handed out by the dispatcher
+//! ([`crate::WeightType::dot_fn_for`]) after [`crate::Isa::detect`] found the features at run time.
+//!
+//! - AVX2 kernels follow GGML's x86 versions: `maddubs` (u8 quant × i8 activation → i16 pairs),
+//!   then `madd` with the sub-block scale (→ i32), one f32 FMA per super-block.
+//! - AVX-512 kernels work on 64 values per `zmm`: a 32-byte quant chunk is broadcast to both
+//!   halves and the upper half shifted by a nibble (masked shift), so one register holds two whole
+//!   sub-blocks matching 64 contiguous activations; `maddubs` then VNNI `vpdpwssd` applies the
+//!   per-sub-block scales (picked with one `vpermw` per register) and accumulates in i32.
+//!   Q6_K's `−32` offset is taken out once per block as `32 · Σ scale · bsum`.
+//!
+//! The i32 sums per super-block are exact (no `maddubs` saturation is possible: |q| ≤ 63,
+//! |a| ≤ 128), so results differ from the scalar reference only by f32 rounding. Loads are
+//! unaligned; horizontal sums happen once per row.
+
+use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::scalar_k::{unpack_scales_k4, QK_K};
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+/// Checks `n` and the slice lengths once and views them as `n / 256` blocks each.
+#[inline(always)]
+fn as_blocks<'a, W: bytemuck::Pod>(n: usize, w: &'a [u8], a: &'a [u8]) -> (&'a [W], &'a [BlockQ8K]) {
+    assert!(n.is_multiple_of(QK_K), "row length {n} is not a multiple of {QK_K}");
+    let nb = n / QK_K;
+    let wb = nb * std::mem::size_of::<W>();
+    let ab = nb * std::mem::size_of::<BlockQ8K>();
+    assert!(w.len() >= wb && a.len() >= ab, "row of {n} values: {} weight / {} activation bytes", w.len(), a.len());
+    (bytemuck::cast_slice(&w[..wb]), bytemuck::cast_slice(&a[..ab]))
+}
+
+macro_rules! safe_wrappers {
+    ($($(#[$doc:meta])* $name:ident => $kernel:ident($wty:ty), $feat:tt;)*) => {$(
+        $(#[$doc])*
+        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            debug_assert!(is_x86_feature_detected!($feat), concat!(stringify!($name), " needs ", $feat));
+            let (xs, ys) = as_blocks::<$wty>(n, w, a);
+            // SAFETY: this function is only handed out by the dispatcher (`WeightType::dot_fn_for`)
+            // after `Isa::detect` confirmed at run time that the CPU has every feature the kernel
+            // is compiled for; `xs` and `ys` are whole blocks of equal count.
+            unsafe { $kernel(xs, ys) }
+        }
+    )*};
+}
+
+safe_wrappers! {
+    /// Q4_K · Q8_K, AVX2 + FMA + F16C.
+    avx2_dot_q4_k => q4k_avx2(BlockQ4K), "avx2";
+    /// Q5_K · Q8_K, AVX2 + FMA + F16C.
+    avx2_dot_q5_k => q5k_avx2(BlockQ5K), "avx2";
+    /// Q6_K · Q8_K, AVX2 + FMA + F16C.
+    avx2_dot_q6_k => q6k_avx2(BlockQ6K), "avx2";
+    /// Q4_K · Q8_K, AVX-512 F/BW/VL + VNNI.
+    avx512_dot_q4_k => q4k_avx512(BlockQ4K), "avx512vnni";
+    /// Q5_K · Q8_K, AVX-512 F/BW/VL + VNNI.
+    avx512_dot_q5_k => q5k_avx512(BlockQ5K), "avx512vnni";
+    /// Q6_K · Q8_K, AVX-512 F/BW/VL + VNNI.
+    avx512_dot_q6_k => q6k_avx512(BlockQ6K), "avx512vnni";
+}
+
+/// f16 (little-endian bytes) → f32 with F16C.
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16_to_f32(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(b) as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_ps_256(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_ps_128(x: __m128) -> f32 {
+    let r = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+#[inline(always)]
+unsafe fn load256<T>(p: *const T) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn load512<T>(p: *const T) -> __m512i {
+    _mm512_loadu_si512(p as *const __m512i)
+}
+
+/// GGML's `get_scale_shuffle_k4(i)`: every i16 lane picks i16 number `i` of a 16-byte register.
+#[inline(always)]
+fn shuffle_k4(i: usize) -> i16 {
+    (((2 * i + 1) << 8) | (2 * i)) as i16
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2
+// ---------------------------------------------------------------------------------------------
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_avx2(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (x, y) in xs.iter().zip(ys) {
+        let dy = f32::from_le_bytes(y.d);
+        let d = dy * f16_to_f32(x.d);
+        let dmin = -dy * f16_to_f32(x.dmin);
+        let u = unpack_scales_k4(&x.scales);
+        let mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128(u.as_ptr() as *const __m128i));
+
+        let q8sums = load256(y.bsums.as_ptr());
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut sumi = _mm256_setzero_si256();
+        let (q4, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        for j in 0..QK_K / 64 {
+            let scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j)));
+            let scale_h = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j + 1)));
+            let q4bits = load256(q4.add(32 * j));
+            let q4l = _mm256_and_si256(q4bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
+            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps_256(acc) + hsum_ps_128(acc_m)
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_avx2(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mone = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (x, y) in xs.iter().zip(ys) {
+        let dy = f32::from_le_bytes(y.d);
+        let d = dy * f16_to_f32(x.d);
+        let dmin = -dy * f16_to_f32(x.dmin);
+        let u = unpack_scales_k4(&x.scales);
+        let mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128(u.as_ptr() as *const __m128i));
+
+        let q8sums = load256(y.bsums.as_ptr());
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let hbits = load256(x.qh.as_ptr());
+        let mut sumi = _mm256_setzero_si256();
+        let (q5, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        for j in 0..QK_K / 64 {
+            let scale_0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j)));
+            let scale_1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j + 1)));
+            let q5bits = load256(q5.add(32 * j));
+            // Bit 2j (low nibbles) / 2j+1 (high nibbles) of qh → bit 4 of each byte.
+            let h0 = _mm256_and_si256(hbits, _mm256_set1_epi8(1 << (2 * j)));
+            let h1 = _mm256_and_si256(hbits, _mm256_set1_epi8(1 << (2 * j + 1)));
+            let h0 = _mm256_min_epu8(h0, mone); // 0 or 1
+            let h1 = _mm256_min_epu8(h1, mone);
+            let q5_0 = _mm256_or_si256(_mm256_and_si256(q5bits, m4), _mm256_slli_epi16::<4>(h0));
+            let q5_1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q5bits), m4), _mm256_slli_epi16::<4>(h1));
+            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, load256(q8.add(64 * j))));
+            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, load256(q8.add(64 * j + 32))));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps_256(acc) + hsum_ps_128(acc_m)
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_avx2(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in xs.iter().zip(ys) {
+        let d = f32::from_le_bytes(y.d) * f16_to_f32(x.d);
+        let q8sums = load256(y.bsums.as_ptr());
+        let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        // The −32 offset of every quant: 32 · Σ scale · bsum, taken out once per block.
+        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+        let mut sumi = _mm256_setzero_si256();
+        let (ql, qh, q8) = (x.ql.as_ptr(), x.qh.as_ptr(), y.qs.as_ptr());
+        for j in 0..QK_K / 128 {
+            let q4bits1 = load256(ql.add(64 * j));
+            let q4bits2 = load256(ql.add(64 * j + 32));
+            let q4bits_h = load256(qh.add(32 * j));
+
+            let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
+            let q4h_1 = _mm256_slli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)));
+            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+            let q4h_3 = _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
+
+            let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+            let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+            let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15), q4h_2);
+            let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15), q4h_3);
+
+            let p16_0 = _mm256_maddubs_epi16(q4_0, load256(q8.add(128 * j)));
+            let p16_1 = _mm256_maddubs_epi16(q4_1, load256(q8.add(128 * j + 32)));
+            let p16_2 = _mm256_maddubs_epi16(q4_2, load256(q8.add(128 * j + 64)));
+            let p16_3 = _mm256_maddubs_epi16(q4_3, load256(q8.add(128 * j + 96)));
+
+            // Sub-blocks 8j + 2k, 8j + 2k + 1 for the k-th 32 values.
+            let sc = |k: usize| {
+                let lo = (8 * j + 2 * k) as u64 * 0x0101_0101_0101_0101;
+                let hi = (8 * j + 2 * k + 1) as u64 * 0x0101_0101_0101_0101;
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(hi as i64, lo as i64)))
+            };
+            let p16_0 = _mm256_madd_epi16(sc(0), p16_0);
+            let p16_1 = _mm256_madd_epi16(sc(1), p16_1);
+            let p16_2 = _mm256_madd_epi16(sc(2), p16_2);
+            let p16_3 = _mm256_madd_epi16(sc(3), p16_3);
+
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+        }
+        sumi = _mm256_sub_epi32(sumi, q8sclsub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps_256(acc)
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 + VNNI
+// ---------------------------------------------------------------------------------------------
+//
+// `vpdpwssd` is emitted with inline asm: for generic x86-64 tuning LLVM splits the intrinsic into
+// `vpmaddwd` + `vpaddd`, an extra uop on the ports these kernels saturate (about 8 % on Q4_K).
+// Each asm statement is one register-only (or stack-reading) VNNI instruction that touches no
+// flags and no memory other than the operand named.
+
+/// `acc += vpdpwssd(p, s)` on `zmm` registers.
+macro_rules! dpwssd512 {
+    ($acc:ident, $p:expr, $s:expr) => {{
+        let (p, s): (__m512i, __m512i) = ($p, $s);
+        // SAFETY: AVX-512 VNNI is enabled on the enclosing function; registers only.
+        asm!("vpdpwssd {acc}, {p}, {s}", acc = inout(zmm_reg) $acc, p = in(zmm_reg) p, s = in(zmm_reg) s,
+            options(pure, nomem, nostack, preserves_flags));
+    }};
+}
+
+/// `s0 += vpdpwssd(p0, broadcast(sp[k0]))`, `s1 += vpdpwssd(p1, broadcast(sp[k0 + 1]))` on `ymm`
+/// registers, the i32 scale pairs broadcast from memory for free (`{1to8}`).
+macro_rules! dpwssd256_bcast2 {
+    ($s0:ident, $p0:expr, $s1:ident, $p1:expr, $sp:expr, $k0:expr) => {{
+        let (p0, p1, sp): (__m256i, __m256i, *const u32) = ($p0, $p1, $sp);
+        // SAFETY: AVX-512 VNNI + VL are enabled on the enclosing function; `sp` points at 8
+        // initialised u32 on the caller's stack and `$k0 + 1 < 8`.
+        asm!(
+            "vpdpwssd {s0}, {p0}, dword ptr [{sp} + {o0}]{{1to8}}",
+            "vpdpwssd {s1}, {p1}, dword ptr [{sp} + {o1}]{{1to8}}",
+            s0 = inout(ymm_reg) $s0, p0 = in(ymm_reg) p0, s1 = inout(ymm_reg) $s1, p1 = in(ymm_reg) p1,
+            sp = in(reg) sp, o0 = const 4 * ($k0), o1 = const 4 * ($k0) + 4,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }};
+}
+
+/// `[d_w · d_a, dmin_w · d_a, …]` from a Q4_K / Q5_K block's two f16 header fields.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn d_dmin(d: [u8; 2], dmin: [u8; 2], dy: [u8; 4]) -> __m128 {
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([d[0], d[1], dmin[0], dmin[1]])));
+    _mm_mul_ps(dd, _mm_set1_ps(f32::from_le_bytes(dy)))
+}
+
+/// The eight 6-bit sub-block scales of a Q4_K / Q5_K block as `(sc, sc)` i16 pairs (for
+/// `vpdpwssd`), and `Σ_k bsums[k] · min[k / 2]` as 8 i32 lanes (`bsums`: the Q8_K block's 16 sums).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+fn scales_and_mins_k4(scales: &[u8; 12], bsums: __m256i) -> (__m256i, __m256i) {
+    let u = unpack_scales_k4(scales);
+    let sc = _mm_cvtsi64_si128(((u[0] as u64) | ((u[1] as u64) << 32)) as i64);
+    let mn = _mm_cvtsi64_si128(((u[2] as u64) | ((u[3] as u64) << 32)) as i64);
+    let mins2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+    let s32 = _mm256_cvtepu8_epi32(sc);
+    (_mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32)), _mm256_madd_epi16(bsums, mins2))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_diff_256(acc: __m256, acc_m: __m256) -> f32 {
+    hsum_ps_256(_mm256_sub_ps(acc, acc_m))
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+///
+/// 256-bit registers throughout (the multiplies then issue on two ports, not one): per 64 values
+/// one 32-byte quant load, nibble split, two `vpmaddubsw` and two `vpdpwssd` whose scale operand is
+/// broadcast from a small stack array.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_avx512(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    let mut sbuf = [0u32; 8];
+    for (x, y) in xs.iter().zip(ys) {
+        let dd = d_dmin(x.d, x.dmin, y.d);
+        let (sc_pairs, mins) = scales_and_mins_k4(&x.scales, load256(y.bsums.as_ptr()));
+        _mm256_storeu_si256(sbuf.as_mut_ptr() as *mut __m256i, sc_pairs);
+        let sp = sbuf.as_ptr();
+        let (q4, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        macro_rules! chunk {
+            ($j:literal) => {{
+                let qb = load256(q4.add(32 * $j));
+                let lo = _mm256_and_si256(qb, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4);
+                let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
+                let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
+                dpwssd256_bcast2!(s0, plo, s1, phi, sp, 2 * $j);
+            }};
+        }
+        chunk!(0);
+        chunk!(1);
+        chunk!(2);
+        chunk!(3);
+        let sumi = _mm256_add_epi32(s0, s1);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+        let vdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
+        acc_m = _mm256_fmadd_ps(vdmin, _mm256_cvtepi32_ps(mins), acc_m);
+    }
+    hsum_diff_256(acc, acc_m)
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+///
+/// As [`q4k_avx512`]; the fifth bit of chunk `j` (bit `2j` / `2j + 1` of `qh`) is shifted to bit 4
+/// and merged with one `vpternlogd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5k_avx512(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m16 = _mm256_set1_epi8(16);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    let mut sbuf = [0u32; 8];
+    for (x, y) in xs.iter().zip(ys) {
+        let dd = d_dmin(x.d, x.dmin, y.d);
+        let (sc_pairs, mins) = scales_and_mins_k4(&x.scales, load256(y.bsums.as_ptr()));
+        _mm256_storeu_si256(sbuf.as_mut_ptr() as *mut __m256i, sc_pairs);
+        let sp = sbuf.as_ptr();
+        let hb = load256(x.qh.as_ptr());
+        let (q5, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        // `a | (b & c)`.
+        const OR_AND: i32 = 0xF8;
+        macro_rules! chunk {
+            ($j:literal, $hlo:expr, $hhi:expr) => {{
+                let qb = load256(q5.add(32 * $j));
+                let lo = _mm256_ternarylogic_epi32::<OR_AND>(_mm256_and_si256(qb, m4), $hlo, m16);
+                let hi = _mm256_ternarylogic_epi32::<OR_AND>(_mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4), $hhi, m16);
+                let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
+                let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
+                dpwssd256_bcast2!(s0, plo, s1, phi, sp, 2 * $j);
+            }};
+        }
+        // 16-bit shifts move bit k of every byte to bit 4 of the same byte (|4 − k| ≤ 4).
+        chunk!(0, _mm256_slli_epi16::<4>(hb), _mm256_slli_epi16::<3>(hb));
+        chunk!(1, _mm256_slli_epi16::<2>(hb), _mm256_slli_epi16::<1>(hb));
+        chunk!(2, hb, _mm256_srli_epi16::<1>(hb));
+        chunk!(3, _mm256_srli_epi16::<2>(hb), _mm256_srli_epi16::<3>(hb));
+        let sumi = _mm256_add_epi32(s0, s1);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+        let vdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
+        acc_m = _mm256_fmadd_ps(vdmin, _mm256_cvtepi32_ps(mins), acc_m);
+    }
+    hsum_diff_256(acc, acc_m)
+}
+
+/// Mask of the upper 32 bytes (upper 16 i16 lanes) of a `zmm`.
+const UPPER_HALF_W: __mmask32 = 0xFFFF_0000;
+
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+///
+/// 512-bit registers, 64 values each: a 16-value sub-block fills one 128-bit lane, so the scale
+/// vector for a register is one `vpermw` of the sixteen sign-extended scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_avx512(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m33 = _mm512_set1_epi8(0x33);
+    // vpermw indices for 64-value chunk c: sub-block 4c + k fills 128-bit lane k.
+    let sidx: [__m512i; 4] = std::array::from_fn(|c| {
+        let lane = |k: usize| 0x0001_0001_0001_0001 * (4 * c + k) as i64;
+        _mm512_set_epi64(lane(3), lane(3), lane(2), lane(2), lane(1), lane(1), lane(0), lane(0))
+    });
+    let mut acc = _mm512_setzero_ps();
+    for (x, y) in xs.iter().zip(ys) {
+        let d = f32::from_le_bytes(y.d) * f16_to_f32(x.d);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr() as *const __m128i));
+        let sc512 = _mm512_castsi256_si512(sc16);
+        // −32 · Σ scale · bsum: the quants' offset, seeded into the accumulator.
+        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load256(y.bsums.as_ptr()), sc16));
+        let mut sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+        let (ql, qh, q8) = (x.ql.as_ptr(), x.qh.as_ptr(), y.qs.as_ptr());
+        for h in 0..QK_K / 128 {
+            let l = load512(ql.add(64 * h));
+            // qh for values 0..32 in the low half, qh >> 2 for values 32..64 in the high half;
+            // bits 0-1 then feed the first 64 values, bits 4-5 the next 64.
+            let hb = _mm512_broadcast_i64x4(load256(qh.add(32 * h)));
+            let hb = _mm512_and_si512(_mm512_mask_srli_epi16::<2>(hb, UPPER_HALF_W, hb), m33);
+            // Bitwise select (imm 0xE4): bits 0-3 from the nibble, bits 4-7 from the high bits.
+            let z01 = _mm512_ternarylogic_epi32::<0xE4>(l, _mm512_slli_epi16::<4>(hb), m4);
+            let z23 = _mm512_ternarylogic_epi32::<0xE4>(_mm512_srli_epi16::<4>(l), hb, m4);
+            let p01 = _mm512_maddubs_epi16(z01, load512(q8.add(128 * h)));
+            let p23 = _mm512_maddubs_epi16(z23, load512(q8.add(128 * h + 64)));
+            dpwssd512!(sumi, p01, _mm512_permutexvar_epi16(sidx[2 * h], sc512));
+            dpwssd512!(sumi, p23, _mm512_permutexvar_epi16(sidx[2 * h + 1], sc512));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
