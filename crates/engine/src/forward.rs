@@ -225,6 +225,11 @@ impl Engine {
             rope(c, *theta_scale, pos, &mut s.q[t * qd..(t + 1) * qd]);
             rope(c, *theta_scale, pos, &mut s.k[t * kvd..(t + 1) * kvd]);
         }
+        // llama.cpp keeps K and V in f16 and rounds q to f16 for the K·q products; rounding to
+        // f16 here (storage stays f32) reproduces its numerics without conversions in the hot loop.
+        round_to_f16(&mut s.q[..n * qd]);
+        round_to_f16(&mut s.k[..n * kvd]);
+        round_to_f16(&mut s.v[..n * kvd]);
         let p0 = *n_past * kvd;
         kv.k[l][p0..p0 + n * kvd].copy_from_slice(&s.k[..n * kvd]);
         kv.v[l][p0..p0 + n * kvd].copy_from_slice(&s.v[..n * kvd]);
@@ -261,6 +266,13 @@ impl Engine {
             s.logits.resize(n_logits * nv, 0.0);
         }
         matmul_many(pool, model.file.bytes(), &s.acts, n_logits, &mut [MatJob { w: &model.output, out: &mut s.logits[..n_logits * nv], stride: nv }]);
+    }
+}
+
+/// Rounds every value to the nearest f16 (kept as f32).
+fn round_to_f16(x: &mut [f32]) {
+    for v in x {
+        *v = half::f16::from_f32(*v).to_f32();
     }
 }
 
@@ -338,6 +350,7 @@ fn attention(pool: &ThreadPool, c: &Config, q: &[f32], k: &[f32], v: &[f32], n_p
                 *sp = vecops::dot(qh, kp) * scale;
             }
             vecops::softmax(s);
+            round_to_f16(s);
             // SAFETY: the (token, head) output slice belongs to this work item only.
             let o = unsafe { out_sm.slice(t * qd + h * hd..t * qd + (h + 1) * hd) };
             o.fill(0.0);

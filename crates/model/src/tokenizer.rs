@@ -15,7 +15,7 @@
 //!   default true), adjacent symbols merge greedily by the vocabulary score of the merged piece, and
 //!   pieces with no token fall back to `<0xXX>` byte tokens.
 //!
-//! Any other `tokenizer.ggml.model` is an [`TokenizerError::UnsupportedModel`] naming it.
+//! Any other `tokenizer.ggml.model` is a [`TokenizerError::UnsupportedModel`] naming it.
 //!
 //! Special tokens follow llama.cpp: tokens of type CONTROL (3) and UNKNOWN (2) are matched in the
 //! input only when `parse_special` is true; USER_DEFINED (4) tokens are always matched; longer
@@ -172,6 +172,18 @@ fn pre_spec(pre: &str) -> PreSpec {
             ],
             false,
             true,
+        ),
+        "deepseek-llm" => spec(
+            vec![
+                r"[\r\n]",
+                r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+                r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+                r"\s+$",
+                r"[一-龥ࠀ-一가-퟿]+",
+                r"\p{N}+",
+            ],
+            false,
+            false,
         ),
         "deepseek-coder" => {
             spec(vec![r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"], false, false)

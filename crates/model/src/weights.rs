@@ -140,9 +140,9 @@ fn weight_type(t: &TensorInfo) -> Result<WeightType, ModelError> {
 fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QTensor, ModelError> {
     let t = find(file, name)?;
     let ty = weight_type(t)?;
-    let dims: Vec<u64> = t.dims.iter().copied().filter(|&d| d != 1).collect();
     let expected = vec![cols as u64, rows as u64];
-    if dims != expected && !(t.dims.len() >= 2 && t.dims[0] == cols as u64 && t.dims[1] == rows as u64) {
+    let outer: u64 = t.dims.iter().skip(1).product();
+    if t.dims.first() != Some(&(cols as u64)) || outer != rows as u64 {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
     }
     let row_bytes = ty

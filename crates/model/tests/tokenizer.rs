@@ -228,3 +228,50 @@ fn spm_tokens_and_text_match_llama_cpp() {
     check_encode(&tok, &fix);
     check_decode(&tok, &fix, false);
 }
+
+/// llama.cpp's own tokenizer test suites (`models/ggml-vocab-*.gguf` with `.inp`/`.out`, as run by
+/// its `test-tokenizer-0`), from the reference checkout that `scripts/build-llama-ref.sh` makes.
+/// Skipped when that checkout is absent.
+#[test]
+fn llama_cpp_vocab_test_suites() {
+    let dir = root().join(".ref/src/vendor/llama.cpp/models");
+    if !dir.is_dir() {
+        eprintln!("skipping: {} is missing (scripts/build-llama-ref.sh)", dir.display());
+        return;
+    }
+    let names = [
+        "command-r",
+        "deepseek-coder",
+        "deepseek-llm",
+        "falcon",
+        "gpt-2",
+        "llama-bpe",
+        "llama-spm",
+        "mpt",
+        "phi-3",
+        "qwen2",
+        "qwen35",
+        "refact",
+        "starcoder",
+    ];
+    let mut failures = Vec::new();
+    for name in names {
+        let p = dir.join(format!("ggml-vocab-{name}.gguf"));
+        let (Ok(inp), Ok(out)) = (
+            std::fs::read_to_string(p.with_extension("gguf.inp")),
+            std::fs::read_to_string(p.with_extension("gguf.out")),
+        ) else {
+            eprintln!("skipping {name}: no .inp/.out");
+            continue;
+        };
+        let tok = load(&p);
+        for (text, expected) in inp.split("\n__ggml_vocab_test__\n").zip(out.lines()) {
+            let expected: Vec<u32> = expected.split_whitespace().map(|t| t.parse().expect("token id")).collect();
+            let got = tok.encode(text, false, false).expect("encode");
+            if got != expected {
+                failures.push(format!("{name} {text:?}:\n  llama.cpp {expected:?}\n  sift      {got:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}

@@ -5,6 +5,7 @@
 //! Run with `cargo bench -p sift-quant --bench dot [-- FILTER]` (FILTER matches the case label).
 //! Shapes are the decode-time matrices of SmolLM2-135M (hidden 576, FFN 1536, vocab 49152) and
 //! Qwen2.5-0.5B (hidden 896, FFN 4864); the last case is big enough to stream from memory.
+//! `ggml_vec_dot.c` beside this file runs the same cases through llama.cpp's kernels.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -32,7 +33,7 @@ const CASES: &[Case] = &[
     Case { t: WeightType::Q4_K, rows: 896, n: 4864, what: "" },
     Case { t: WeightType::Q5_K, rows: 896, n: 4864, what: "" },
     Case { t: WeightType::Q6_K, rows: 896, n: 4864, what: "" },
-    Case { t: WeightType::Q4_1, rows: 16384, n: 4096, what: "40 MiB, from memory" },
+    Case { t: WeightType::Q4_1, rows: 16384, n: 4096, what: "40 MiB, streams from L3 / memory" },
 ];
 
 fn random_row(rng: &mut StdRng, n: usize) -> Vec<f32> {
@@ -108,15 +109,17 @@ fn main() {
         }
     }
     // Activation quantizers (the dispatching one is SIMD where available).
-    for (act, n) in [
-        (sift_quant::ActType::Q8_0, 4864),
-        (sift_quant::ActType::Q8_1, 1536),
-        (sift_quant::ActType::Q8_K, 4864),
-    ] {
+    for (act, n) in
+        [(sift_quant::ActType::Q8_0, 4864), (sift_quant::ActType::Q8_1, 1536), (sift_quant::ActType::Q8_K, 4864)]
+    {
         let x = random_row(&mut rng, n);
         let mut out = vec![0u8; act.row_bytes(n)];
         let simd = best_time(|| act.quantize(black_box(&x), &mut out), Duration::from_millis(20));
         let sc = best_time(|| scalar::quantize_act(act, black_box(&x), &mut out), Duration::from_millis(20));
-        println!("quantize {act:?} n={n}: dispatch {:.2} us, scalar {:.2} us", simd.as_secs_f64() * 1e6, sc.as_secs_f64() * 1e6);
+        println!(
+            "quantize {act:?} n={n}: dispatch {:.2} us, scalar {:.2} us",
+            simd.as_secs_f64() * 1e6,
+            sc.as_secs_f64() * 1e6
+        );
     }
 }

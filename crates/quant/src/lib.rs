@@ -80,7 +80,10 @@ impl Isa {
                 {
                     return Isa::Avx512Vnni;
                 }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                if is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+                {
                     return Isa::Avx2;
                 }
             }
@@ -158,7 +161,7 @@ impl WeightType {
 
     /// Bytes of a row of `n` values, or `None` if `n` is not a whole number of blocks.
     pub const fn row_bytes(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         Some(n / self.block_size() * self.block_bytes())

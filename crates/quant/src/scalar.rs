@@ -44,7 +44,7 @@ fn blocks_mut<B: Pod>(bytes: &mut [u8], nb: usize) -> &mut [B] {
 /// Number of `bs`-value blocks in `n` values; panics if `n` is not a multiple of `bs`.
 #[inline]
 pub(crate) fn block_count(n: usize, bs: usize) -> usize {
-    assert!(n % bs == 0, "{n} values is not a whole number of {bs}-value blocks");
+    assert!(n.is_multiple_of(bs), "{n} values is not a whole number of {bs}-value blocks");
     n / bs
 }
 

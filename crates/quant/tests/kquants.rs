@@ -3,10 +3,11 @@
 //!
 //! Tolerances:
 //! - Round trip `dequantize(quantize_row(x))` on seeded Gaussian rows (n = 256, 1024, 4864):
-//!   every value is within one quantization step of `x` (Q4_K: sub-block range / 15,
-//!   Q5_K: range / 31, Q6_K: sub-block max |x| / 31; the ideal is half a step, the rest is room
-//!   for the 6-bit / 8-bit sub-block scales), and the RMS error relative to the row's RMS is
-//!   below 9 % (Q4_K), 4.5 % (Q5_K) and 2.5 % (Q6_K).
+//!   every value is within 0.75 of a quantization step of `x`, where a step is the sub-block's
+//!   range / 15 (Q4_K), range / 31 (Q5_K) or max |x| / 31 (Q6_K) (the ideal is half a step; the
+//!   rest is room for rounding the sub-block scales to 6 / 8 bits), and the RMS error relative to
+//!   the row's RMS is below 9 % (Q4_K), 4.5 % (Q5_K) and 2.5 % (Q6_K) (measured: 7.9 %, 3.8 %,
+//!   1.9 % on Gaussian data).
 //! - Every ISA in [`Isa::available`] vs the scalar dot: `|simd − scalar| ≤ 1e-4 · D`.
 //! - Scalar dot vs `Σ w·a` of dequantized weights and dequantized Q8_K activations (f64 sum):
 //!   `|scalar − f32| ≤ 1e-3 · D`.
@@ -37,7 +38,7 @@ struct Fmt {
     quantize: fn(&[f32]) -> Vec<u8>,
     dequantize: fn(&[u8], &mut [f32]),
     dot: fn(usize, &[u8], &[u8]) -> f32,
-    /// Largest round-trip error as a fraction of the sub-block's spread (see module doc).
+    /// Quantization step as a fraction of the sub-block's spread (see module doc).
     step_frac: f32,
     /// Sub-block length the spread is measured over.
     sub: usize,
@@ -115,6 +116,24 @@ fn quantize_q8k(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// The crate's activation quantizers (scalar and dispatched) produce the same Q8_K bytes as the
+/// local mirror of GGML's reference used by these tests.
+#[test]
+fn q8k_quantizers_match_reference() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0006);
+    for (k, &n) in LENS.iter().enumerate() {
+        let mut x = gaussian(&mut rng, n, [1.0, 1e-3, 50.0][k]);
+        x[..QK_K].fill(0.0); // an all-zero block
+        let want = quantize_q8k(&x);
+        let mut got = vec![0u8; ActType::Q8_K.row_bytes(n)];
+        sift_quant::scalar::quantize_act(ActType::Q8_K, &x, &mut got);
+        assert_eq!(got, want, "scalar::quantize_act Q8_K, n={n}");
+        got.fill(0xAA);
+        ActType::Q8_K.quantize(&x, &mut got);
+        assert_eq!(got, want, "ActType::Q8_K.quantize, n={n}");
+    }
+}
+
 fn fill_bsums(b: &mut BlockQ8K) {
     for (j, s) in b.bsums.iter_mut().enumerate() {
         let sum: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
@@ -181,7 +200,7 @@ fn round_trip_is_within_a_step() {
                         let mx = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                         mx - mn
                     };
-                    let bound = spread * fmt.step_frac * 1.0001;
+                    let bound = 0.75 * spread * fmt.step_frac;
                     for (i, (a, b)) in xs.iter().zip(ys).enumerate() {
                         assert!(
                             (a - b).abs() <= bound,
