@@ -94,6 +94,11 @@ GREEDY_PROMPTS = [
     ("story", "Once upon a time, in a small village,"),
     ("code", "def fibonacci(n):\n"),
     ("chat", "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"),
+    ("facts", "The capital of France is Paris. The capital of Germany is"),
+    ("list", "Here is a list of fruits: apple, banana,"),
+    ("science", "Water boils at 100 degrees Celsius at sea level because"),
+    ("howto", "<|im_start|>user\nHow do I make a cup of tea?<|im_end|>\n<|im_start|>assistant\n"),
+    ("rust", "fn main() {\n    let v = vec![1, 2, 3];\n"),
 ]
 GREEDY_TOKENS = 32
 
@@ -197,11 +202,13 @@ def greedy_fixture(llm):
         llm.reset()
         toks = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         llm.eval(toks)
-        gen = []
+        gen, margins = [], []
         for _ in range(GREEDY_TOKENS):
             row = last_logits(llm)
             nxt = max(range(len(row)), key=lambda j: row[j])  # argmax, lowest id wins ties
+            second = max(row[j] for j in range(len(row)) if j != nxt)
             gen.append(nxt)
+            margins.append(round(float(row[nxt] - second), 4))
             llm.eval([nxt])
         runs.append(
             {
@@ -209,6 +216,7 @@ def greedy_fixture(llm):
                 "text": prompt,
                 "prompt_tokens": toks,
                 "generated": gen,
+                "top2_margin": margins,
                 "eos_seen": eos in gen,
                 "eog_seen": any(llama_cpp.llama_vocab_is_eog(llm._model.vocab, t) for t in gen),
                 "generated_text": detokenize(llm, gen, False, True),

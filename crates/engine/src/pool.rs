@@ -2,14 +2,20 @@
 //!
 //! A decode step is ~300 small ops (SmolLM2: ~30 µs each); a fork-join that wakes threads through
 //! the OS costs several µs per op. Here the calling thread is worker 0 and `n - 1` helper threads
-//! wait for a new job by spinning on a generation counter for a while, then park. [`ThreadPool::run`]
-//! publishes a job, runs its own share, and spins until every helper is done.
+//! wait for a new job by spinning on a generation counter for a while, then park.
+//!
+//! Work is handed out dynamically ([`ThreadPool::for_each`]: chunks claimed from an atomic
+//! counter), and the caller never waits for a helper that has not started: when the caller has
+//! claimed the last chunk it closes the job and waits only for helpers that are inside it. On a
+//! busy machine (more runnable threads than cores) a descheduled helper therefore costs nothing,
+//! instead of a scheduler time slice per op.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 
-type Job = dyn Fn(usize, usize) + Sync;
+type Job = dyn Fn(usize) + Sync;
 
 /// How long an idle helper spins before it parks (iterations of `spin_loop`).
 const SPIN_BEFORE_PARK: u32 = 1 << 17;
@@ -17,17 +23,19 @@ const SPIN_BEFORE_PARK: u32 = 1 << 17;
 struct Shared {
     /// Incremented once per published job.
     generation: AtomicUsize,
-    /// Helpers that finished the current job.
-    done: AtomicUsize,
-    /// The current job, as a raw fat pointer (see the SAFETY note in `run`).
-    job: std::sync::Mutex<Option<JobPtr>>,
+    /// The newest generation that is closed to late helpers.
+    closed: AtomicUsize,
+    /// Helpers currently inside a job (or checking whether they may enter one).
+    entered: AtomicUsize,
+    /// The current job, as a raw fat pointer (see the SAFETY note in `publish`).
+    job: Mutex<Option<JobPtr>>,
     sleeping: Vec<AtomicBool>,
     stop: AtomicBool,
 }
 
 #[derive(Clone, Copy)]
 struct JobPtr(*const Job);
-// SAFETY: the pointee is `Sync` and only dereferenced while `run` keeps it alive.
+// SAFETY: the pointee is `Sync` and only dereferenced while `publish` keeps it alive.
 unsafe impl Send for JobPtr {}
 
 /// A pool of `n_threads` workers (the caller counts as one).
@@ -43,17 +51,18 @@ impl ThreadPool {
         let n = n_threads.max(1);
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            job: std::sync::Mutex::new(None),
+            closed: AtomicUsize::new(0),
+            entered: AtomicUsize::new(0),
+            job: Mutex::new(None),
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
             stop: AtomicBool::new(false),
         });
         let threads = (1..n)
-            .map(|tid| {
+            .map(|id| {
                 let s = Arc::clone(&shared);
                 let h = thread::Builder::new()
-                    .name(format!("sift-worker-{tid}"))
-                    .spawn(move || worker(s, tid, n))
+                    .name(format!("sift-worker-{id}"))
+                    .spawn(move || worker(s, id))
                     .expect("failed to spawn a worker thread");
                 let t = h.thread().clone();
                 (h, t)
@@ -67,30 +76,53 @@ impl ThreadPool {
         self.n
     }
 
-    /// Runs `f(tid, n_threads)` on every worker and returns when all have finished.
-    pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
-        if self.n == 1 {
-            f(0, 1);
+    /// Calls `f(range, worker)` for consecutive chunks of `0..n` of `chunk` items until all are
+    /// done; `worker` (< `n_threads()`) identifies the physical thread, for per-thread scratch.
+    pub fn for_each(&self, n: usize, chunk: usize, f: &(dyn Fn(Range<usize>, usize) + Sync)) {
+        let chunk = chunk.max(1);
+        if self.n == 1 || n <= chunk {
+            if n > 0 {
+                f(0..n, 0);
+            }
             return;
         }
+        let next = AtomicUsize::new(0);
+        self.publish(&|worker| loop {
+            let start = next.fetch_add(1, Relaxed) * chunk;
+            if start >= n {
+                break;
+            }
+            f(start..(start + chunk).min(n), worker);
+        });
+    }
+
+    /// Runs `f(part, n_threads)` once for every `part` in `0..n_threads`, spread over the workers
+    /// that are free (a part's number is not a thread id; use it with [`split`]).
+    pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        let n = self.n;
+        self.for_each(n, 1, &|r, _| f(r.start, n));
+    }
+
+    /// Hands `job` to the helpers, runs it here too, and returns once no helper is inside it.
+    fn publish(&self, job: &(dyn Fn(usize) + Sync + '_)) {
         let s = &*self.shared;
-        // SAFETY: we erase the borrow's lifetime to hand it to the helpers. They only call it
-        // between the generation bump below and their increment of `done`, and this function does
-        // not return (so `f` stays alive) until `done` says every helper has finished with it.
-        let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f) };
+        // SAFETY: we erase the borrow's lifetime to hand the job to the helpers. A helper only
+        // calls it after registering in `entered` and seeing the job still open; we close the job
+        // and then wait until `entered` is zero before returning, so `job` outlives every call.
+        let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(job) };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(ptr));
-        s.done.store(0, Release);
-        s.generation.fetch_add(1, SeqCst);
-        for (tid, (_, t)) in self.threads.iter().enumerate() {
-            if s.sleeping[tid + 1].load(SeqCst) {
+        let gen = s.generation.fetch_add(1, SeqCst) + 1;
+        for (i, (_, t)) in self.threads.iter().enumerate() {
+            if s.sleeping[i + 1].load(SeqCst) {
                 t.unpark();
             }
         }
-        f(0, self.n);
+        job(0);
+        s.closed.store(gen, SeqCst);
         let mut spins = 0u32;
-        while s.done.load(Acquire) != self.n - 1 {
+        while s.entered.load(SeqCst) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins % 256 == 0 {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -99,37 +131,42 @@ impl ThreadPool {
     }
 }
 
-fn worker(s: Arc<Shared>, tid: usize, n: usize) {
+fn worker(s: Arc<Shared>, id: usize) {
     let mut seen = 0usize;
     loop {
         let mut spins = 0u32;
-        loop {
+        let gen = loop {
             if s.stop.load(Acquire) {
                 return;
             }
-            if s.generation.load(Acquire) != seen {
-                break;
+            let g = s.generation.load(Acquire);
+            if g != seen {
+                break g;
             }
             spins += 1;
             if spins < SPIN_BEFORE_PARK {
                 std::hint::spin_loop();
             } else {
-                s.sleeping[tid].store(true, SeqCst);
+                s.sleeping[id].store(true, SeqCst);
                 if s.generation.load(SeqCst) == seen && !s.stop.load(SeqCst) {
                     thread::park();
                 }
-                s.sleeping[tid].store(false, SeqCst);
+                s.sleeping[id].store(false, SeqCst);
                 spins = 0;
             }
+        };
+        seen = gen;
+        s.entered.fetch_add(1, SeqCst);
+        if s.closed.load(SeqCst) < gen {
+            // The job is open, so the caller is still inside `publish(gen)` and waits for us.
+            let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(JobPtr(p)) = job {
+                // SAFETY: see `publish`: the job stays alive until `entered` drops to zero.
+                let f = unsafe { &*p };
+                f(id);
+            }
         }
-        seen = s.generation.load(Acquire);
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(JobPtr(p)) = job {
-            // SAFETY: `run` keeps the closure alive until we increment `done` below.
-            let f = unsafe { &*p };
-            f(tid, n);
-        }
-        s.done.fetch_add(1, AcqRel);
+        s.entered.fetch_sub(1, SeqCst);
     }
 }
 
@@ -209,6 +246,29 @@ mod tests {
             }
         });
         assert!(out.iter().enumerate().all(|(i, &v)| i == v));
+    }
+
+    #[test]
+    fn for_each_covers_every_item_once_even_when_helpers_are_busy() {
+        let pool = ThreadPool::new(3);
+        for n in [0usize, 1, 7, 100, 1001] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_each(n, 8, &|r, w| {
+                assert!(w < 3);
+                for i in r {
+                    hits[i].fetch_add(1, Relaxed);
+                }
+            });
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "n = {n}");
+        }
+        // Many tiny jobs in a row: no job may be lost or run twice.
+        let total = AtomicUsize::new(0);
+        for _ in 0..5000 {
+            pool.for_each(4, 1, &|r, _| {
+                total.fetch_add(r.len(), Relaxed);
+            });
+        }
+        assert_eq!(total.load(Relaxed), 20000);
     }
 
     #[test]

@@ -54,7 +54,14 @@ fn final_logits_match_llama_cpp() {
         let mean = sum / n_vocab as f64;
         let top = sift_engine::sampling::argmax_logits(&got);
         eprintln!("{}: max |diff| {max:.4}, mean {mean:.5}, top-1 {top}", p["name"]);
-        assert_eq!(top as u64, p["top10_ids"][0].as_u64().unwrap(), "top-1 token differs for {}", p["name"]);
+        let ref_top: Vec<u64> = p["top10_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let ref_margin = p["top10_logits"][0].as_f64().unwrap() - p["top10_logits"][1].as_f64().unwrap();
+        if ref_margin >= 0.25 {
+            assert_eq!(top as u64, ref_top[0], "top-1 token differs for {}", p["name"]);
+        } else {
+            // A near tie in llama.cpp itself (see the greedy test): either of its top two will do.
+            assert!(ref_top[..2].contains(&(top as u64)), "top-1 {top} not in llama.cpp's top-2 for {}", p["name"]);
+        }
         assert!(max <= 1.0 && mean <= 0.25, "{}: logits differ from llama.cpp: max {max}, mean {mean}", p["name"]);
     }
 }
@@ -79,16 +86,21 @@ fn batched_and_one_by_one_evaluation_agree() {
     }
 }
 
+/// Greedy continuations must equal llama.cpp's token for token up to the first near tie — a step
+/// where llama.cpp's own top-1/top-2 logit margin is below [`NEAR_TIE`] — and at least two prompts
+/// must match over all 32 tokens. Past a near tie, llama.cpp does not agree with itself either:
+/// its flash-attention and f32-KV configurations leave this fixture's path at the same steps.
 #[test]
 fn greedy_generation_matches_llama_cpp() {
+    const NEAR_TIE: f64 = 0.25;
     let fx = fixture("greedy.json");
     let mut engine = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
     let runs = fx["runs"].as_array().unwrap();
-    assert!(runs.len() >= 2);
     let mut full = 0;
     for r in runs {
         let prompt = ids(&r["prompt_tokens"]);
         let want = ids(&r["generated"]);
+        let margins: Vec<f64> = r["top2_margin"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
         engine.truncate(0);
         let mut got = Vec::new();
         let mut next = sift_engine::sampling::argmax_logits(engine.eval(&prompt, Logits::Last).unwrap());
@@ -97,10 +109,12 @@ fn greedy_generation_matches_llama_cpp() {
             next = sift_engine::sampling::argmax_logits(engine.eval(&[next], Logits::Last).unwrap());
         }
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("{}: {same}/{} greedy tokens equal to llama.cpp's", r["name"], want.len());
+        let stable = margins.iter().take_while(|&&m| m >= NEAR_TIE).count();
+        eprintln!("{}: {same}/{} greedy tokens equal to llama.cpp's (first near tie at {stable})", r["name"], want.len());
+        assert!(same >= stable, "{}: diverged at token {same} before llama.cpp's first near tie at {stable}", r["name"]);
         full += usize::from(same == want.len());
     }
-    assert!(full >= 2, "only {full} of {} greedy continuations equal llama.cpp's", runs.len());
+    assert!(full >= 2, "only {full} of {} greedy continuations equal llama.cpp's over 32 tokens", runs.len());
 }
 
 #[test]

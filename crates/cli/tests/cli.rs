@@ -1,0 +1,144 @@
+//! The `sift` binary end to end on the real SmolLM2-135M Q4_1 model: generation, perplexity
+//! against llama.cpp's figure, bench output shapes, inspect, and clear errors for bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> PathBuf {
+    let p = std::env::var_os("SIFT_MODEL").map(PathBuf::from).unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
+    p
+}
+
+fn sift(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sift")).args(args).output().expect("run sift")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn generate_greedy_streams_the_continuation_and_reports_speed() {
+    let m = model();
+    let out = sift(&["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    // llama.cpp's top token after this prompt is " Paris" (tests/fixtures/logits.json, id 7042).
+    assert!(stdout.starts_with("The capital of France is Paris"), "{stdout}");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("eval time") && stderr.contains("tokens per second"), "{stderr}");
+    assert!(stderr.contains("peak memory (VmHWM)"), "{stderr}");
+}
+
+#[test]
+fn generate_with_seed_is_reproducible_and_stop_strings_stop() {
+    let m = model();
+    let args = ["generate", "-m", m.to_str().unwrap(), "-p", "Once upon a time", "-n", "24", "-s", "7", "--temp", "0.9", "--no-display-prompt"];
+    let a = sift(&args);
+    let b = sift(&args);
+    assert!(a.status.success());
+    assert_eq!(a.stdout, b.stdout, "same seed, different text");
+    let full = text(&a.stdout);
+    // Stop at the first space the sampled text contains after its first word.
+    let word_end = full.trim_start().find(' ').map(|i| i + (full.len() - full.trim_start().len()));
+    if let Some(end) = word_end {
+        let mut stop_args = args.to_vec();
+        stop_args.extend(["-r", " "]);
+        let s = sift(&stop_args);
+        assert!(s.status.success());
+        assert_eq!(text(&s.stdout).trim_end_matches('\n'), &full[..end], "stop string did not cut the text");
+    }
+}
+
+#[test]
+fn perplexity_matches_llama_cpp_on_a_wikitext_excerpt() {
+    // llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -f tests/fixtures/wiki.test.head16k.raw
+    //   -c 512 --chunks 4  →  Final estimate: PPL = 22.8855 +/- 2.29357 (llama.cpp 0c1e570)
+    const LLAMA_CPP_PPL: f64 = 22.8855;
+    let m = model();
+    let f = root().join("tests/fixtures/wiki.test.head16k.raw");
+    let out = sift(&["perplexity", "-m", m.to_str().unwrap(), "-f", f.to_str().unwrap(), "-c", "512", "--chunks", "4", "-t", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("[1]") && stdout.contains("[4]"), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("Final estimate: PPL = ")).expect("final line");
+    let ppl: f64 = line["Final estimate: PPL = ".len()..].split_whitespace().next().unwrap().parse().unwrap();
+    let rel = (ppl - LLAMA_CPP_PPL).abs() / LLAMA_CPP_PPL;
+    assert!(rel < 0.01, "PPL {ppl} vs llama.cpp {LLAMA_CPP_PPL} ({:.2}%)", rel * 100.0);
+    assert!(line.contains("+/-"));
+}
+
+#[test]
+fn bench_json_has_llama_bench_fields() {
+    let m = model();
+    let out = sift(&["bench", "-m", m.to_str().unwrap(), "-p", "16", "-n", "4", "-r", "2", "-t", "2", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let arr = v.as_array().expect("array");
+    assert_eq!(arr.len(), 2);
+    assert_eq!((arr[0]["n_prompt"].as_u64(), arr[0]["n_gen"].as_u64()), (Some(16), Some(0)));
+    assert_eq!((arr[1]["n_prompt"].as_u64(), arr[1]["n_gen"].as_u64()), (Some(0), Some(4)));
+    for r in arr {
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+        assert!(r["stddev_ts"].as_f64().unwrap() >= 0.0);
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+    }
+    // -p 0 skips the prompt test; markdown is the default.
+    let out = sift(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "4", "-r", "1", "-t", "1"]);
+    let md = text(&out.stdout);
+    assert!(md.contains("| tg4") || md.contains("tg4 |"), "{md}");
+    assert!(!md.contains("pp"), "{md}");
+}
+
+#[test]
+fn inspect_lists_metadata_and_tensors() {
+    let m = model();
+    let out = sift(&["inspect", m.to_str().unwrap()]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    assert!(s.contains("general.architecture") && s.contains("\"llama\""), "{s}");
+    assert!(s.contains("272 tensors") && s.contains("token_embd.weight") && s.contains("Q8_0"), "{s}");
+}
+
+#[test]
+fn bad_inputs_fail_with_clear_errors() {
+    let dir = std::env::temp_dir().join(format!("sift-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(model()).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated.gguf", bytes[..bytes.len() / 2].to_vec(), "past the end"),
+        ("header-only.gguf", bytes[..100].to_vec(), "truncated"),
+        ("foreign.gguf", b"PK\x03\x04 this is a zip file, not a model".to_vec(), "not a GGUF file"),
+        ("empty.gguf", Vec::new(), "GGUF"),
+    ];
+    for (name, data, want) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+        assert!(!out.status.success(), "{name} should fail");
+        let err = text(&out.stderr);
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name} panicked: {err}");
+    }
+    // An architecture sift does not know: rewrite "llama" in general.architecture.
+    let mut foreign = bytes.clone();
+    let pos = foreign.windows(5).position(|w| w == b"llama").unwrap();
+    foreign[pos..pos + 5].copy_from_slice(b"mamba");
+    let p = dir.join("mamba.gguf");
+    std::fs::write(&p, &foreign).unwrap();
+    let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("unsupported architecture 'mamba'"), "{err}");
+    let out = sift(&["generate", "-m", "/nonexistent/model.gguf", "-p", "hi"]);
+    assert!(text(&out.stderr).contains("fetch-model.sh"));
+    // A prompt longer than the context.
+    let out = sift(&["generate", "-m", model().to_str().unwrap(), "-p", &"word ".repeat(100), "-c", "16", "-n", "4"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("context is full"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
