@@ -161,12 +161,12 @@ def last_logits(llm):
     return [ptr[j] for j in range(llm.n_vocab())]
 
 
-def logits_fixture(llm, out):
+def logits_fixture(llm, out, model_name=None, binary="logits.f32", prompts=None):
     n_vocab = llm.n_vocab()
     index = {
-        "model": SMOLLM.name,
+        "model": model_name or SMOLLM.name,
         "n_vocab": n_vocab,
-        "binary": "logits.f32",
+        "binary": binary,
         "layout": "one row of n_vocab little-endian f32 per prompt, in prompt order; the logits of the "
         "last prompt position (llama_get_logits_ith(ctx, -1) after llm.eval(tokens))",
         "settings": "Llama(n_ctx=512, n_threads=2, n_batch=512, logits_all=False); tokens = "
@@ -174,7 +174,7 @@ def logits_fixture(llm, out):
         "prompts": [],
     }
     blob = bytearray()
-    for name, prompt in LOGIT_PROMPTS:
+    for name, prompt in prompts or LOGIT_PROMPTS:
         llm.reset()
         toks = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         llm.eval(toks)
@@ -191,7 +191,7 @@ def logits_fixture(llm, out):
                 "top10_logits": [round(row[j], 5) for j in order],
             }
         )
-    (out / "logits.f32").write_bytes(bytes(blob))
+    (out / binary).write_bytes(bytes(blob))
     return index
 
 
@@ -373,6 +373,9 @@ def main():
         qwen = load(QWEN, vocab_only=True)
         dump(out / "tokens_qwen2.json", tokens_fixture(qwen, QWEN.name))
         dump(out / "chat_template_qwen2.json", chat_fixture(qwen, QWEN.name))
+        del qwen
+        qwen = load(QWEN)
+        dump(out / "logits_qwen2.json", logits_fixture(qwen, out, QWEN.name, "logits_qwen2.f32", LOGIT_PROMPTS[:2]))
 
 
 if __name__ == "__main__":

@@ -33,13 +33,12 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-#[test]
-fn final_logits_match_llama_cpp() {
-    let fx = fixture("logits.json");
+fn check_final_logits(model: Model, fixture_name: &str) {
+    let fx = fixture(fixture_name);
     let n_vocab = fx["n_vocab"].as_u64().unwrap() as usize;
-    let bin = std::fs::read(root().join("tests/fixtures/logits.f32")).expect("logits.f32");
+    let bin = std::fs::read(root().join("tests/fixtures").join(fx["binary"].as_str().unwrap())).expect("logits binary");
     let reference: Vec<f32> = bin.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let mut engine = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
+    let mut engine = Engine::new(model, &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
     for (i, p) in fx["prompts"].as_array().unwrap().iter().enumerate() {
         let toks = ids(&p["tokens"]);
         engine.truncate(0);
@@ -64,6 +63,23 @@ fn final_logits_match_llama_cpp() {
         }
         assert!(max <= 1.0 && mean <= 0.25, "{}: logits differ from llama.cpp: max {max}, mean {mean}", p["name"]);
     }
+}
+
+#[test]
+fn final_logits_match_llama_cpp() {
+    check_final_logits(model(), "logits.json");
+}
+
+/// Qwen2.5-0.5B Q4_K_M (qwen2: q/k/v biases, NEOX RoPE, Q5_0/Q8_0/Q4_K/Q6_K weights). The model
+/// is optional (`scripts/fetch-model.sh qwen2.5-0.5b`); without it this test says so and passes.
+#[test]
+fn qwen2_final_logits_match_llama_cpp() {
+    let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !p.exists() {
+        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
+        return;
+    }
+    check_final_logits(Model::load(&p).unwrap(), "logits_qwen2.json");
 }
 
 #[test]
