@@ -106,6 +106,37 @@ fn inspect_lists_metadata_and_tensors() {
 }
 
 #[test]
+fn chat_answers_each_turn_with_the_template() {
+    use std::io::Write;
+    let m = model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))
+        .args(["chat", "-m", m.to_str().unwrap(), "--temp", "0", "-n", "24", "-t", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is the capital of France?\nAnd of Italy?\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    // The first answer is what `generate --chat-template` gives for the same single turn (its
+    // tokens are llama.cpp's: the `howto`/`chat` greedy fixtures cover this template path).
+    let single = sift(&[
+        "generate", "-m", m.to_str().unwrap(), "--chat-template", "-p", "What is the capital of France?", "--temp", "0", "-n",
+        "24", "-t", "2", "--no-display-prompt",
+    ]);
+    let first = text(&single.stdout);
+    let first = first.trim_end();
+    assert!(!first.is_empty());
+    assert!(s.starts_with(first), "chat's first answer {s:?} differs from generate's {first:?}");
+    // A second, non-empty answer follows; the template's markup is never printed.
+    let rest = s[first.len()..].trim();
+    assert!(!rest.is_empty(), "no second answer: {s:?}");
+    assert!(!s.contains("<|im_start|>") && !s.contains("<|im_end|>"), "{s}");
+}
+
+#[test]
 fn bad_inputs_fail_with_clear_errors() {
     let dir = std::env::temp_dir().join(format!("sift-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -134,6 +165,19 @@ fn bad_inputs_fail_with_clear_errors() {
     let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
     let err = text(&out.stderr);
     assert!(!out.status.success() && err.contains("unsupported architecture 'mamba'"), "{err}");
+    // A quant type sift has no kernels for: blk.0.attn_q.weight (Q4_1, id 3) relabelled Q5_1 (id 7),
+    // which still fits inside the file.
+    let mut relabelled = bytes.clone();
+    let name = b"blk.0.attn_q.weight";
+    let at = relabelled.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let ty = at + 4 + 2 * 8; // u32 n_dims, two u64 dims, then the u32 type id
+    assert_eq!(u32::from_le_bytes(relabelled[ty..ty + 4].try_into().unwrap()), 3);
+    relabelled[ty..ty + 4].copy_from_slice(&7u32.to_le_bytes());
+    let p = dir.join("q5_1.gguf");
+    std::fs::write(&p, &relabelled).unwrap();
+    let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("Q5_1") && err.contains("blk.0.attn_q.weight"), "{err}");
     let out = sift(&["generate", "-m", "/nonexistent/model.gguf", "-p", "hi"]);
     assert!(text(&out.stderr).contains("fetch-model.sh"));
     // A prompt longer than the context.
