@@ -8,7 +8,11 @@ use std::path::PathBuf;
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Parser)]
-#[command(name = "sift", version, about = "Run GGUF language models under a memory budget, computing only the weights each token needs")]
+#[command(
+    name = "sift",
+    version,
+    about = "Run GGUF language models under a memory budget, computing only the weights each token needs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -46,7 +50,11 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn engine_options(&self) -> EngineOptions {
-        EngineOptions { n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1), n_ctx: self.ctx_size, n_batch: self.batch_size.max(1) }
+        EngineOptions {
+            n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1),
+            n_ctx: self.ctx_size,
+            n_batch: self.batch_size.max(1),
+        }
     }
 }
 

@@ -41,7 +41,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         rows.extend(tests.into_iter().map(|r| (t, r)));
     }
     if md {
-        println!("\nbuild: sift {} ({})", env!("CARGO_PKG_VERSION"), format!("{:?}", sift_quant::Isa::detect()).to_lowercase());
+        println!(
+            "\nbuild: sift {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            format!("{:?}", sift_quant::Isa::detect()).to_lowercase()
+        );
     } else {
         let arr: Vec<serde_json::Value> = rows
             .iter()

@@ -18,14 +18,17 @@ pub fn load(path: &Path) -> anyhow::Result<(Model, Tokenizer)> {
         );
     }
     let model = Model::load(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
-    let tok = Tokenizer::from_gguf(&model.file.gguf).with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
+    let tok = Tokenizer::from_gguf(&model.file.gguf)
+        .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
     Ok((model, tok))
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file '{}'", f.display()))?,
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file '{}'", f.display()))?
+        }
         (None, None) => anyhow::bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     let opts = a.sampling.generate_options()?;

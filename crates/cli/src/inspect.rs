@@ -15,7 +15,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         let n = v.as_array().map(|a| a.len()).unwrap_or(1);
         let shown = match v {
             MetaValue::Array(items) if a.full => items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
-            MetaValue::String(s) if !a.full && s.len() > 80 => format!("{:?}...", s.chars().take(60).collect::<String>()),
+            MetaValue::String(s) if !a.full && s.len() > 80 => {
+                format!("{:?}...", s.chars().take(60).collect::<String>())
+            }
             MetaValue::String(s) => format!("{s:?}"),
             other => other.to_string(),
         };
@@ -25,7 +27,14 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     println!("  {:>5}: {:>12} | {:<22} | {:<8} | {:>12} | name", "#", "elements", "shape", "type", "offset");
     for (i, t) in g.tensors.iter().enumerate() {
         let shape = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ");
-        println!("  {:>5}: {:>12} | {shape:<22} | {:<8} | {:>12} | {}", i + 1, t.n_elements(), t.ty.name(), t.offset, t.name);
+        println!(
+            "  {:>5}: {:>12} | {shape:<22} | {:<8} | {:>12} | {}",
+            i + 1,
+            t.n_elements(),
+            t.ty.name(),
+            t.offset,
+            t.name
+        );
     }
     Ok(())
 }

@@ -13,7 +13,10 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
-    let mut engine = Engine::new(model, &EngineOptions { n_threads: threads, n_ctx: a.ctx_size, n_batch: a.batch_size.min(a.ctx_size).max(1) });
+    let mut engine = Engine::new(
+        model,
+        &EngineOptions { n_threads: threads, n_ctx: a.ctx_size, n_batch: a.batch_size.min(a.ctx_size).max(1) },
+    );
     let chunks = usize::try_from(a.chunks).ok();
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
@@ -23,7 +26,12 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
         let _ = std::io::stdout().flush();
     })?;
     println!();
-    eprintln!("{} tokens scored in {:.2} s ({:.2} s per chunk)", r.n_scored, t1.elapsed().as_secs_f64(), t1.elapsed().as_secs_f64() / r.n_chunks as f64);
+    eprintln!(
+        "{} tokens scored in {:.2} s ({:.2} s per chunk)",
+        r.n_scored,
+        t1.elapsed().as_secs_f64(),
+        t1.elapsed().as_secs_f64() / r.n_chunks as f64
+    );
     println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_err);
     Ok(())
 }

@@ -9,7 +9,9 @@ fn root() -> PathBuf {
 }
 
 fn model() -> PathBuf {
-    let p = std::env::var_os("SIFT_MODEL").map(PathBuf::from).unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let p = std::env::var_os("SIFT_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
     p
 }
@@ -25,7 +27,19 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn generate_greedy_streams_the_continuation_and_reports_speed() {
     let m = model();
-    let out = sift(&["generate", "-m", m.to_str().unwrap(), "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]);
+    let out = sift(&[
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     // llama.cpp's top token after this prompt is " Paris" (tests/fixtures/logits.json, id 7042).
@@ -38,7 +52,20 @@ fn generate_greedy_streams_the_continuation_and_reports_speed() {
 #[test]
 fn generate_with_seed_is_reproducible_and_stop_strings_stop() {
     let m = model();
-    let args = ["generate", "-m", m.to_str().unwrap(), "-p", "Once upon a time", "-n", "24", "-s", "7", "--temp", "0.9", "--no-display-prompt"];
+    let args = [
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "Once upon a time",
+        "-n",
+        "24",
+        "-s",
+        "7",
+        "--temp",
+        "0.9",
+        "--no-display-prompt",
+    ];
     let a = sift(&args);
     let b = sift(&args);
     assert!(a.status.success());
@@ -62,7 +89,19 @@ fn perplexity_matches_llama_cpp_on_a_wikitext_excerpt() {
     const LLAMA_CPP_PPL: f64 = 22.8855;
     let m = model();
     let f = root().join("tests/fixtures/wiki.test.head16k.raw");
-    let out = sift(&["perplexity", "-m", m.to_str().unwrap(), "-f", f.to_str().unwrap(), "-c", "512", "--chunks", "4", "-t", "2"]);
+    let out = sift(&[
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        f.to_str().unwrap(),
+        "-c",
+        "512",
+        "--chunks",
+        "4",
+        "-t",
+        "2",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("[1]") && stdout.contains("[4]"), "{stdout}");
@@ -123,8 +162,19 @@ fn chat_answers_each_turn_with_the_template() {
     // The first answer is what `generate --chat-template` gives for the same single turn (its
     // tokens are llama.cpp's: the `howto`/`chat` greedy fixtures cover this template path).
     let single = sift(&[
-        "generate", "-m", m.to_str().unwrap(), "--chat-template", "-p", "What is the capital of France?", "--temp", "0", "-n",
-        "24", "-t", "2", "--no-display-prompt",
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "--chat-template",
+        "-p",
+        "What is the capital of France?",
+        "--temp",
+        "0",
+        "-n",
+        "24",
+        "-t",
+        "2",
+        "--no-display-prompt",
     ]);
     let first = text(&single.stdout);
     let first = first.trim_end();

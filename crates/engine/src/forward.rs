@@ -107,7 +107,10 @@ impl Engine {
             acts: QuantActs::new(),
             logits: Vec::new(),
         };
-        let kv = KvCache { k: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect(), v: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect() };
+        let kv = KvCache {
+            k: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect(),
+            v: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect(),
+        };
         let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
         Engine { model, pool, kv, s, n_ctx, n_batch: b, n_past: 0, theta_scale }
     }
@@ -145,7 +148,12 @@ impl Engine {
             return Err(EvalError::BadToken { id, n_vocab: c.n_vocab });
         }
         if self.n_past + tokens.len() > self.n_ctx {
-            return Err(EvalError::ContextFull { n_past: self.n_past, n_new: tokens.len(), n_ctx: self.n_ctx, n_ctx_train: c.n_ctx_train });
+            return Err(EvalError::ContextFull {
+                n_past: self.n_past,
+                n_new: tokens.len(),
+                n_ctx: self.n_ctx,
+                n_ctx_train: c.n_ctx_train,
+            });
         }
         let n_vocab = c.n_vocab;
         let mut all = Vec::new();
@@ -246,7 +254,10 @@ impl Engine {
             file,
             &s.acts,
             n,
-            &mut [MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff }, MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff }],
+            &mut [
+                MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff },
+                MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff },
+            ],
         );
         vecops::silu_mul(&mut s.g[..n * ff], &s.u[..n * ff]);
         quantize_for(pool, &mut s.acts, &[&lw.w_down], &s.g, ff, n);
@@ -265,14 +276,24 @@ impl Engine {
         if s.logits.len() < n_logits * nv {
             s.logits.resize(n_logits * nv, 0.0);
         }
-        matmul_many(pool, model.file.bytes(), &s.acts, n_logits, &mut [MatJob { w: &model.output, out: &mut s.logits[..n_logits * nv], stride: nv }]);
+        matmul_many(
+            pool,
+            model.file.bytes(),
+            &s.acts,
+            n_logits,
+            &mut [MatJob { w: &model.output, out: &mut s.logits[..n_logits * nv], stride: nv }],
+        );
     }
 }
 
 /// Rounds every value to the nearest f16 (kept as f32).
 fn round_to_f16(x: &mut [f32]) {
-    for v in x {
-        *v = half::f16::from_f32(*v).to_f32();
+    use half::slice::HalfFloatSliceExt;
+    let mut buf = [half::f16::ZERO; 256];
+    for c in x.chunks_mut(256) {
+        let b = &mut buf[..c.len()];
+        b.convert_from_f32_slice(c);
+        b.convert_to_f32_slice(c);
     }
 }
 
@@ -328,7 +349,17 @@ fn rope(c: &Config, theta_scale: f32, pos: usize, x: &mut [f32]) {
 
 /// Causal multi-head attention with grouped KV heads for `n` new tokens after `n_past` cached.
 #[allow(clippy::too_many_arguments)]
-fn attention(pool: &ThreadPool, c: &Config, q: &[f32], k: &[f32], v: &[f32], n_past: usize, n: usize, scores: &mut [Vec<f32>], out: &mut [f32]) {
+fn attention(
+    pool: &ThreadPool,
+    c: &Config,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_past: usize,
+    n: usize,
+    scores: &mut [Vec<f32>],
+    out: &mut [f32],
+) {
     let (hd, nh, kvd) = (c.head_dim, c.n_head, c.n_embd_kv());
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();

@@ -7,7 +7,7 @@ use sift_model::tokenizer::{StreamDecoder, Tokenizer};
 use std::time::Instant;
 
 /// Generation settings (llama.cpp names: `-n`, `--ignore-eos`, `-r`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     /// Tokens to generate; `None` = until the context is full or EOS.
     pub n_predict: Option<usize>,
@@ -15,12 +15,6 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub sampler: SamplerOptions,
-}
-
-impl Default for GenerateOptions {
-    fn default() -> Self {
-        GenerateOptions { n_predict: None, stop: Vec::new(), ignore_eos: false, sampler: SamplerOptions::default() }
-    }
 }
 
 /// Why generation ended.
@@ -114,7 +108,15 @@ pub fn generate(
             on_text(&text[emitted..]);
         }
     }
-    Ok(Generation { n_gen: out.len(), tokens: out, text, stop, n_prompt: prompt.len(), prompt_secs, gen_secs: t1.elapsed().as_secs_f64() })
+    Ok(Generation {
+        n_gen: out.len(),
+        tokens: out,
+        text,
+        stop,
+        n_prompt: prompt.len(),
+        prompt_secs,
+        gen_secs: t1.elapsed().as_secs_f64(),
+    })
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of some stop string.

@@ -122,7 +122,7 @@ impl ThreadPool {
         let mut spins = 0u32;
         while s.entered.load(SeqCst) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 {
+            if spins.is_multiple_of(256) {
                 thread::yield_now();
             } else {
                 std::hint::spin_loop();

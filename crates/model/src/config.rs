@@ -61,8 +61,14 @@ impl Config {
         let req = |k: &str| -> Result<usize, ModelError> {
             let k = key(k);
             let v = g.get(&k).ok_or_else(|| ModelError::MissingKey(k.clone()))?;
-            let v = v.as_u64().ok_or_else(|| ModelError::BadKey { key: k.clone(), why: format!("expected an integer, found {}", v.type_name()) })?;
-            usize::try_from(v).ok().filter(|&v| v > 0 && v <= 1 << 24).ok_or(ModelError::BadKey { key: k, why: format!("value {v} out of range") })
+            let v = v.as_u64().ok_or_else(|| ModelError::BadKey {
+                key: k.clone(),
+                why: format!("expected an integer, found {}", v.type_name()),
+            })?;
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0 && v <= 1 << 24)
+                .ok_or(ModelError::BadKey { key: k, why: format!("value {v} out of range") })
         };
         let n_layer = req("block_count")?;
         let n_embd = req("embedding_length")?;
@@ -74,10 +80,16 @@ impl Config {
         };
         let n_ctx_train = req("context_length")?;
         if n_embd % n_head != 0 {
-            return Err(ModelError::BadKey { key: key("attention.head_count"), why: format!("{n_head} heads do not divide embedding length {n_embd}") });
+            return Err(ModelError::BadKey {
+                key: key("attention.head_count"),
+                why: format!("{n_head} heads do not divide embedding length {n_embd}"),
+            });
         }
         if n_head % n_head_kv != 0 {
-            return Err(ModelError::BadKey { key: key("attention.head_count_kv"), why: format!("{n_head_kv} kv heads do not divide {n_head} heads") });
+            return Err(ModelError::BadKey {
+                key: key("attention.head_count_kv"),
+                why: format!("{n_head_kv} kv heads do not divide {n_head} heads"),
+            });
         }
         let head_dim = match g.get(&key("attention.key_length")) {
             Some(_) => req("attention.key_length")?,
@@ -88,12 +100,18 @@ impl Config {
             None => head_dim,
         };
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(ModelError::BadKey { key: key("rope.dimension_count"), why: format!("{rope_dim} is odd or larger than the head size {head_dim}") });
+            return Err(ModelError::BadKey {
+                key: key("rope.dimension_count"),
+                why: format!("{rope_dim} is odd or larger than the head size {head_dim}"),
+            });
         }
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
         let rope_base = g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
         if !(rms_eps.is_finite() && rms_eps >= 0.0 && rope_base.is_finite() && rope_base > 0.0) {
-            return Err(ModelError::BadKey { key: key("rope.freq_base"), why: "rms epsilon or rope base is not a positive finite number".into() });
+            return Err(ModelError::BadKey {
+                key: key("rope.freq_base"),
+                why: "rms epsilon or rope base is not a positive finite number".into(),
+            });
         }
         let n_vocab = g
             .get_array("tokenizer.ggml.tokens")

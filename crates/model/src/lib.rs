@@ -19,7 +19,9 @@ pub use weights::{LayerWeights, Model, QTensor};
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] sift_gguf::GgufError),
-    #[error("unsupported architecture '{0}': sift runs llama (SmolLM2, TinyLlama, Llama 2/3, Mistral) and qwen2 models")]
+    #[error(
+        "unsupported architecture '{0}': sift runs llama (SmolLM2, TinyLlama, Llama 2/3, Mistral) and qwen2 models"
+    )]
     UnsupportedArch(String),
     #[error("model metadata is missing '{0}'; the GGUF file is incomplete or not a language model")]
     MissingKey(String),

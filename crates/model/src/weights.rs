@@ -67,7 +67,11 @@ impl Model {
             }
         };
         let tok_embd = mat("token_embd.weight", e, c.n_vocab)?;
-        let output = if file.gguf.tensor("output.weight").is_some() { mat("output.weight", e, c.n_vocab)? } else { tok_embd.clone() };
+        let output = if file.gguf.tensor("output.weight").is_some() {
+            mat("output.weight", e, c.n_vocab)?
+        } else {
+            tok_embd.clone()
+        };
         let mut layers = Vec::with_capacity(c.n_layer);
         for l in 0..c.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
@@ -134,7 +138,8 @@ fn find<'a>(file: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError
 }
 
 fn weight_type(t: &TensorInfo) -> Result<WeightType, ModelError> {
-    WeightType::from_ggml_id(t.ty.id()).ok_or_else(|| ModelError::UnsupportedQuant { name: t.name.clone(), ty: t.ty.name() })
+    WeightType::from_ggml_id(t.ty.id())
+        .ok_or_else(|| ModelError::UnsupportedQuant { name: t.name.clone(), ty: t.ty.name() })
 }
 
 fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QTensor, ModelError> {
@@ -145,10 +150,13 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QTens
     if t.dims.first() != Some(&(cols as u64)) || outer != rows as u64 {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
     }
-    let row_bytes = ty
-        .row_bytes(cols)
-        .ok_or_else(|| ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected: expected.clone() })?;
-    let start = usize::try_from(file.gguf.data_offset + t.offset).map_err(|_| ModelError::MissingTensor(name.into()))?;
+    let row_bytes = ty.row_bytes(cols).ok_or_else(|| ModelError::BadShape {
+        name: name.into(),
+        found: t.dims.clone(),
+        expected: expected.clone(),
+    })?;
+    let start =
+        usize::try_from(file.gguf.data_offset + t.offset).map_err(|_| ModelError::MissingTensor(name.into()))?;
     let len = row_bytes * rows;
     if t.n_bytes != len as u64 || start + len > file.bytes().len() {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
