@@ -23,7 +23,15 @@ pub struct SamplerOptions {
 
 impl Default for SamplerOptions {
     fn default() -> Self {
-        SamplerOptions { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: None }
+        SamplerOptions {
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: None,
+        }
     }
 }
 
@@ -45,7 +53,10 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(opts: SamplerOptions) -> Sampler {
         let seed = opts.seed.unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
             t ^ (std::process::id() as u64) << 32
         });
         Sampler { opts, rng: SplitMix64(seed), recent: VecDeque::new(), cand: Vec::new() }
@@ -179,7 +190,14 @@ mod tests {
 
     #[test]
     fn top_k_restricts_the_candidates() {
-        let mut s = Sampler::new(SamplerOptions { temp: 10.0, top_k: 2, top_p: 1.0, min_p: 0.0, seed: Some(1), ..Default::default() });
+        let mut s = Sampler::new(SamplerOptions {
+            temp: 10.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(1),
+            ..Default::default()
+        });
         for _ in 0..200 {
             let t = s.sample(&logits());
             assert!(t == 1 || t == 4, "sampled {t}");
@@ -189,7 +207,14 @@ mod tests {
     #[test]
     fn min_p_drops_unlikely_tokens() {
         // p(1) ≈ e^0 vs p(5) ≈ e^-4: min_p 0.1 keeps only tokens within 10 % of the best.
-        let mut s = Sampler::new(SamplerOptions { temp: 100.0, top_k: 0, top_p: 1.0, min_p: 0.1, seed: Some(3), ..Default::default() });
+        let mut s = Sampler::new(SamplerOptions {
+            temp: 100.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.1,
+            seed: Some(3),
+            ..Default::default()
+        });
         for _ in 0..300 {
             let t = s.sample(&logits());
             assert!([1, 2, 4].contains(&t), "sampled {t}");
@@ -199,7 +224,14 @@ mod tests {
     #[test]
     fn same_seed_same_tokens() {
         let run = |seed| {
-            let mut s = Sampler::new(SamplerOptions { temp: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(seed), ..Default::default() });
+            let mut s = Sampler::new(SamplerOptions {
+                temp: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: Some(seed),
+                ..Default::default()
+            });
             (0..32).map(|_| s.sample(&logits())).collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));

@@ -19,7 +19,9 @@ fn root() -> PathBuf {
 }
 
 fn model() -> Model {
-    let p = std::env::var_os("SIFT_MODEL").map(PathBuf::from).unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let p = std::env::var_os("SIFT_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
     Model::load(&p).expect("load model")
 }
@@ -126,8 +128,16 @@ fn greedy_generation_matches_llama_cpp() {
         }
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         let stable = margins.iter().take_while(|&&m| m >= NEAR_TIE).count();
-        eprintln!("{}: {same}/{} greedy tokens equal to llama.cpp's (first near tie at {stable})", r["name"], want.len());
-        assert!(same >= stable, "{}: diverged at token {same} before llama.cpp's first near tie at {stable}", r["name"]);
+        eprintln!(
+            "{}: {same}/{} greedy tokens equal to llama.cpp's (first near tie at {stable})",
+            r["name"],
+            want.len()
+        );
+        assert!(
+            same >= stable,
+            "{}: diverged at token {same} before llama.cpp's first near tie at {stable}",
+            r["name"]
+        );
         full += usize::from(same == want.len());
     }
     assert!(full >= 2, "only {full} of {} greedy continuations equal llama.cpp's over 32 tokens", runs.len());
