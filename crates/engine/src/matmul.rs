@@ -4,10 +4,18 @@
 //! once per op into the weight type's activation format ([`QuantActs`]); several products that read
 //! the same activation (q, k, v; gate, up) run in one pool dispatch ([`matmul_many`]) so the
 //! threads meet once instead of three times.
+//!
+//! Work is handed out in chunks of weight rows ([`ROW_CHUNK`], or [`ROW_CHUNK_BATCH`] for batches
+//! of four tokens or more); a thread sweeps all tokens over its
+//! chunk (the chunk's weights stay in L1 / L2 while the activations stream past), four tokens at a
+//! time through the weight type's [`Dot4RowsFn`], which unpacks each weight block once for the four
+//! tokens and converts the four activation rows' block headers once for the whole chunk. The last
+//! `n_tok % 4` tokens go through the single-row [`DotFn`]. Both kernels give bit-identical results
+//! per token, so a batch computes exactly what token-by-token evaluation computes.
 
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
-use sift_quant::{ActType, DotFn};
+use sift_quant::{ActType, Dot4RowsFn, DotFn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Activations of `n_tok` tokens quantized into each format that some weight needs.
@@ -78,20 +86,27 @@ pub struct MatJob<'a> {
     pub stride: usize,
 }
 
-/// Rows per unit of work handed to a thread.
+/// Rows per unit of work handed to a thread, for one token (decode: spread the weight reads).
 const ROW_CHUNK: usize = 16;
+
+/// Rows per unit of work when the batch has four tokens or more: a [`Dot4RowsFn`] call prepares
+/// its four activation rows once (about as much work as one to two weight rows), so calls should
+/// cover many rows; 64 rows of the largest matrices are still small enough to stay in L2.
+const ROW_CHUNK_BATCH: usize = 64;
 
 /// Runs several products over the same quantized input in one pool dispatch.
 pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usize, jobs: &mut [MatJob<'_>]) {
     struct Prepared<'a> {
         w: &'a QTensor,
         dot: DotFn,
+        dot4_rows: Dot4RowsFn,
         act_rb: usize,
         act: &'a [u8],
         out: SharedMut<f32>,
         stride: usize,
         first_chunk: usize,
     }
+    let row_chunk = if n_tok >= 4 { ROW_CHUNK_BATCH } else { ROW_CHUNK };
     let mut chunks = 0;
     let prepared: Vec<Prepared<'_>> = jobs
         .iter_mut()
@@ -101,13 +116,14 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             let p = Prepared {
                 w: j.w,
                 dot: j.w.ty.dot_fn(),
+                dot4_rows: j.w.ty.dot4_rows_fn(),
                 act_rb,
                 act,
                 out: SharedMut::new(j.out),
                 stride: j.stride,
                 first_chunk: chunks,
             };
-            chunks += j.w.rows.div_ceil(ROW_CHUNK);
+            chunks += j.w.rows.div_ceil(row_chunk);
             p
         })
         .collect();
@@ -118,17 +134,36 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             break;
         }
         let j = prepared.iter().rev().find(|p| p.first_chunk <= c).expect("chunk belongs to a job");
-        let r0 = (c - j.first_chunk) * ROW_CHUNK;
-        let r1 = (r0 + ROW_CHUNK).min(j.w.rows);
+        let r0 = (c - j.first_chunk) * row_chunk;
+        let r1 = (r0 + row_chunk).min(j.w.rows);
         let rb = j.w.row_bytes;
         let base = j.w.range.start;
         let n = j.w.cols;
-        for t in 0..n_tok {
-            let a = &j.act[t * j.act_rb..(t + 1) * j.act_rb];
+        let w_row = |r: usize| &file[base + r * rb..base + (r + 1) * rb];
+        let act = |t: usize| &j.act[t * j.act_rb..(t + 1) * j.act_rb];
+        let mut t = 0;
+        static NO4: std::sync::OnceLock<bool> = std::sync::OnceLock::new(); // TEMP A/B
+        let no4 = *NO4.get_or_init(|| std::env::var_os("SIFT_NO_DOT4").is_some());
+        while !no4 && t + 4 <= n_tok {
+            let a = [act(t), act(t + 1), act(t + 2), act(t + 3)];
+            let mut y = [[0f32; 4]; ROW_CHUNK_BATCH];
+            let y = &mut y[..r1 - r0];
+            (j.dot4_rows)(n, &file[base + r0 * rb..base + r1 * rb], rb, a, y);
+            for k in 0..4 {
+                // SAFETY: rows r0..r1 of token t + k belong to this chunk only.
+                let out = unsafe { j.out.slice((t + k) * j.stride + r0..(t + k) * j.stride + r1) };
+                for (o, y) in out.iter_mut().zip(y.iter()) {
+                    *o = y[k];
+                }
+            }
+            t += 4;
+        }
+        for t in t..n_tok {
+            let a = act(t);
             // SAFETY: rows r0..r1 of token t belong to this chunk only.
             let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
             for (o, r) in out.iter_mut().zip(r0..r1) {
-                *o = (j.dot)(n, &file[base + r * rb..base + (r + 1) * rb], a);
+                *o = (j.dot)(n, w_row(r), a);
             }
         }
     });

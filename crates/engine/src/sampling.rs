@@ -206,12 +206,13 @@ mod tests {
 
     #[test]
     fn min_p_drops_unlikely_tokens() {
-        // p(1) ≈ e^0 vs p(5) ≈ e^-4: min_p 0.1 keeps only tokens within 10 % of the best.
+        // Relative to the best (logit 3.0): p ∝ e^(l - 3), so min_p 0.2 keeps 3.0, 2.9 and 2.0 (e^-1 ≈ 0.37)
+        // and drops 1.0 (e^-2 ≈ 0.14), 0.5 and -1.0.
         let mut s = Sampler::new(SamplerOptions {
             temp: 100.0,
             top_k: 0,
             top_p: 1.0,
-            min_p: 0.1,
+            min_p: 0.2,
             seed: Some(3),
             ..Default::default()
         });

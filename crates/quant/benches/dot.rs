@@ -1,6 +1,9 @@
 //! Throughput of the row-dot kernels, per instruction set: one quantized activation row against
 //! every row of a weight matrix (a matrix × vector product on one thread), reported as GB/s of
-//! weight bytes read and ns per row. Also times the activation quantizers.
+//! weight bytes read and ns per row. Then the four-token kernels ([`WeightType::dot4_fn_for`]):
+//! four activation rows against every row, reported as ns per row and token beside the single-row
+//! kernel run on the same four rows (`x4` lines; the matrix is read once per four tokens there).
+//! Also times the activation quantizers.
 //!
 //! Run with `cargo bench -p sift-quant --bench dot [-- FILTER]` (FILTER matches the case label).
 //! Shapes are the decode-time matrices of SmolLM2-135M (hidden 576, FFN 1536, vocab 49152) and
@@ -106,6 +109,49 @@ fn main() {
                 }
                 Err(_) => println!("{:<6} {:>12}  {:<11} kernel panicked", c.t.name(), "", format!("{isa:?}")),
             }
+        }
+        // Four tokens: single-row kernel per (row, token) vs the four-token kernel per row.
+        let acts: Vec<Vec<u8>> = (0..4)
+            .map(|_| {
+                let mut a = vec![0u8; act.row_bytes(c.n)];
+                act.quantize(&random_row(&mut rng, c.n), &mut a);
+                a
+            })
+            .collect();
+        let a4 = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
+        let mut out4 = vec![0f32; 4 * c.rows];
+        for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+            let (Some(dot), Some(dot4)) = (c.t.dot_fn_for(isa), c.t.dot4_fn_for(isa)) else { continue };
+            let one = best_time(
+                || {
+                    for (o, wr) in out4.chunks_exact_mut(4).zip(w.chunks_exact(row_bytes)) {
+                        for (o, a) in o.iter_mut().zip(a4) {
+                            *o = dot(c.n, black_box(wr), black_box(a));
+                        }
+                    }
+                    black_box(&out4);
+                },
+                Duration::from_millis(100),
+            );
+            let four = best_time(
+                || {
+                    for (o, wr) in out4.chunks_exact_mut(4).zip(w.chunks_exact(row_bytes)) {
+                        o.copy_from_slice(&dot4(c.n, black_box(wr), black_box(a4)));
+                    }
+                    black_box(&out4);
+                },
+                Duration::from_millis(100),
+            );
+            let ns = |t: Duration| t.as_secs_f64() * 1e9 / (4 * c.rows) as f64;
+            println!(
+                "{:<6} {:>12}  {:<11} x4: dot {:>7.2} ns/row/token, dot4 {:>7.2} ({:.2}x)",
+                c.t.name(),
+                format!("{}x{}", c.rows, c.n),
+                format!("{isa:?}"),
+                ns(one),
+                ns(four),
+                one.as_secs_f64() / four.as_secs_f64()
+            );
         }
     }
     // Activation quantizers (the dispatching one is SIMD where available).

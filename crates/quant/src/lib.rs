@@ -15,6 +15,35 @@
 //! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`), each beside its reference.
 //! - this file: the public, safe, dispatching API.
 
+/// Defines `fn $name` (a [`Dot4Fn`]) as four calls of the [`DotFn`] `$dot`, one per activation
+/// row: the multi-token kernel of a format that has no faster one (bit-identical to `$dot` by
+/// construction).
+macro_rules! dot4_by_dot {
+    ($name:ident = $dot:path) => {
+        fn $name(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            [$dot(n, w, a[0]), $dot(n, w, a[1]), $dot(n, w, a[2]), $dot(n, w, a[3])]
+        }
+    };
+}
+pub(crate) use dot4_by_dot;
+
+/// Defines `fn $name` (a [`Dot4RowsFn`]) as one call of the [`Dot4Fn`] `$dot4` per weight row.
+macro_rules! rows_by_dot4 {
+    ($vis:vis $name:ident = $dot4:path) => {
+        $vis fn $name(n: usize, w: &[u8], row_bytes: usize, a: [&[u8]; 4], out: &mut [[f32; 4]]) {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = $dot4(n, &w[r * row_bytes..], a);
+            }
+        }
+    };
+}
+pub(crate) use rows_by_dot4;
+
+#[doc(hidden)]
+pub static ALT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false); // TEMP
+#[doc(hidden)]
+pub static ALT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false); // TEMP
+
 pub mod blocks;
 pub mod scalar;
 pub mod scalar_k;
@@ -22,6 +51,8 @@ pub mod scalar_k;
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_k;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_pair;
 
 /// A weight storage format sift can compute with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +132,23 @@ impl Isa {
 /// Dot product of one weight row (`n` values, raw block bytes) with one activation row quantized to
 /// the weight type's [`WeightType::act_type`]. Safe: lengths are checked by the dispatcher.
 pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+
+/// Dot products of one weight row with four activation rows (four tokens), as [`DotFn`] does for
+/// one: `dot4(n, w, [a0, a1, a2, a3])[k]` is bit for bit `dot(n, w, ak)` for the [`DotFn`] of the
+/// same weight type and instruction set ([`WeightType::dot4_fn`] pairs with
+/// [`WeightType::dot_fn`]), so a batch of tokens gives the same numbers as one token at a time.
+/// The SIMD versions unpack each weight block once for the four tokens.
+pub type Dot4Fn = fn(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4];
+
+/// [`Dot4Fn`] over consecutive weight rows: `out[r] = dot4(n, &w[r * row_bytes..], a)` for every
+/// `r < out.len()`, bit for bit. The SIMD versions of the formats with f16 block headers (Q4_0,
+/// Q4_1, Q5_0, Q8_0) convert the four activation rows' headers to f32 once per call instead of
+/// once per weight row, so a call should cover many rows (a matmul's row chunk).
+///
+/// # Panics
+/// If `w` is shorter than `out.len()` rows of `n` values `row_bytes` apart, `row_bytes` is shorter
+/// than one row, or an activation row is shorter than `n` values.
+pub type Dot4RowsFn = fn(n: usize, w: &[u8], row_bytes: usize, a: [&[u8]; 4], out: &mut [[f32; 4]]);
 
 impl WeightType {
     /// Maps a GGML type id (as stored in GGUF) to a weight type, if sift supports it.
@@ -193,6 +241,53 @@ impl WeightType {
             Isa::Avx2 => x86::avx2_dot_fn(self),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => x86::avx512_dot_fn(self).or_else(|| x86::avx2_dot_fn(self)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => None,
+        }
+    }
+
+    /// The fastest four-token dot kernel for this CPU; per token bit-identical to [`Self::dot_fn`].
+    pub fn dot4_fn(self) -> Dot4Fn {
+        self.dot4_fn_for(Isa::detect()).unwrap_or_else(|| self.dot4_fn_for(Isa::Scalar).expect("scalar kernel exists"))
+    }
+
+    /// The four-token dot kernel for a given instruction set, if one exists and this CPU runs it;
+    /// per token bit-identical to [`Self::dot_fn_for`] with the same `isa` (each SIMD single-row
+    /// kernel has a four-token twin built from the same code; formats without one get four
+    /// single-row calls).
+    pub fn dot4_fn_for(self, isa: Isa) -> Option<Dot4Fn> {
+        if isa > Isa::detect() {
+            return None;
+        }
+        match isa {
+            Isa::Scalar => Some(scalar::dot4_fn(self)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_dot4_fn(self),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_dot4_fn(self).or_else(|| x86::avx2_dot4_fn(self)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => None,
+        }
+    }
+
+    /// The fastest multi-row four-token kernel for this CPU; per row and token bit-identical to
+    /// [`Self::dot_fn`].
+    pub fn dot4_rows_fn(self) -> Dot4RowsFn {
+        self.dot4_rows_fn_for(Isa::detect())
+            .unwrap_or_else(|| self.dot4_rows_fn_for(Isa::Scalar).expect("scalar kernel exists"))
+    }
+
+    /// The multi-row four-token kernel for a given instruction set, as [`Self::dot4_fn_for`].
+    pub fn dot4_rows_fn_for(self, isa: Isa) -> Option<Dot4RowsFn> {
+        if isa > Isa::detect() {
+            return None;
+        }
+        match isa {
+            Isa::Scalar => Some(scalar::dot4_rows_fn(self)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::avx2_dot4_rows_fn(self),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::avx512_dot4_rows_fn(self).or_else(|| x86::avx2_dot4_rows_fn(self)),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
         }

@@ -17,7 +17,7 @@
 //! value count is not a whole number of blocks.
 
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use crate::{scalar_k, ActType, DotFn, WeightType};
+use crate::{scalar_k, ActType, Dot4Fn, Dot4RowsFn, DotFn, WeightType};
 use bytemuck::Pod;
 use half::{bf16, f16};
 
@@ -85,6 +85,60 @@ pub fn dot_fn(t: WeightType) -> DotFn {
         WeightType::Q4_K => scalar_k::dot_q4_k,
         WeightType::Q5_K => scalar_k::dot_q5_k,
         WeightType::Q6_K => scalar_k::dot_q6_k,
+    }
+}
+
+crate::dot4_by_dot!(dot4_f32 = dot_f32);
+crate::dot4_by_dot!(dot4_f16 = dot_f16);
+crate::dot4_by_dot!(dot4_bf16 = dot_bf16);
+crate::dot4_by_dot!(dot4_q4_0 = dot_q4_0);
+crate::dot4_by_dot!(dot4_q4_1 = dot_q4_1);
+crate::dot4_by_dot!(dot4_q5_0 = dot_q5_0);
+crate::dot4_by_dot!(dot4_q8_0 = dot_q8_0);
+crate::dot4_by_dot!(dot4_q4_k = scalar_k::dot_q4_k);
+crate::dot4_by_dot!(dot4_q5_k = scalar_k::dot_q5_k);
+crate::dot4_by_dot!(dot4_q6_k = scalar_k::dot_q6_k);
+
+/// The scalar four-token dot kernel for a weight type: four calls of [`dot_fn`]`(t)`.
+pub fn dot4_fn(t: WeightType) -> Dot4Fn {
+    match t {
+        WeightType::F32 => dot4_f32,
+        WeightType::F16 => dot4_f16,
+        WeightType::BF16 => dot4_bf16,
+        WeightType::Q4_0 => dot4_q4_0,
+        WeightType::Q4_1 => dot4_q4_1,
+        WeightType::Q5_0 => dot4_q5_0,
+        WeightType::Q8_0 => dot4_q8_0,
+        WeightType::Q4_K => dot4_q4_k,
+        WeightType::Q5_K => dot4_q5_k,
+        WeightType::Q6_K => dot4_q6_k,
+    }
+}
+
+crate::rows_by_dot4!(rows_f32 = dot4_f32);
+crate::rows_by_dot4!(rows_f16 = dot4_f16);
+crate::rows_by_dot4!(rows_bf16 = dot4_bf16);
+crate::rows_by_dot4!(rows_q4_0 = dot4_q4_0);
+crate::rows_by_dot4!(rows_q4_1 = dot4_q4_1);
+crate::rows_by_dot4!(rows_q5_0 = dot4_q5_0);
+crate::rows_by_dot4!(rows_q8_0 = dot4_q8_0);
+crate::rows_by_dot4!(rows_q4_k = dot4_q4_k);
+crate::rows_by_dot4!(rows_q5_k = dot4_q5_k);
+crate::rows_by_dot4!(rows_q6_k = dot4_q6_k);
+
+/// The scalar multi-row four-token kernel: [`dot4_fn`]`(t)` per row.
+pub fn dot4_rows_fn(t: WeightType) -> Dot4RowsFn {
+    match t {
+        WeightType::F32 => rows_f32,
+        WeightType::F16 => rows_f16,
+        WeightType::BF16 => rows_bf16,
+        WeightType::Q4_0 => rows_q4_0,
+        WeightType::Q4_1 => rows_q4_1,
+        WeightType::Q5_0 => rows_q5_0,
+        WeightType::Q8_0 => rows_q8_0,
+        WeightType::Q4_K => rows_q4_k,
+        WeightType::Q5_K => rows_q5_k,
+        WeightType::Q6_K => rows_q6_k,
     }
 }
 

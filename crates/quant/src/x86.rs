@@ -30,7 +30,7 @@
 //! detects before calling its AVX2 quantizers and checks the output length.
 
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use crate::{scalar, x86_k, ActType, DotFn, WeightType};
+use crate::{scalar, x86_k, x86_pair, ActType, Dot4Fn, Dot4RowsFn, DotFn, WeightType};
 use std::arch::x86_64::*;
 use std::mem::size_of;
 
@@ -91,6 +91,91 @@ pub(crate) fn avx512_dot_fn(t: WeightType) -> Option<DotFn> {
     }
 }
 
+/// The AVX2 four-token kernel for `t`: token `k` of its result is bit for bit what
+/// [`avx2_dot_fn`]`(t)` gives for activation row `k` (`None` without AVX2 / FMA / F16C).
+pub(crate) fn avx2_dot4_fn(t: WeightType) -> Option<Dot4Fn> {
+    if !has_avx2() {
+        return None;
+    }
+    Some(match t {
+        WeightType::F32 => avx2_f32_x4,
+        WeightType::F16 => avx2_f16_x4,
+        WeightType::BF16 => avx2_bf16_x4,
+        WeightType::Q4_0 => avx2_q4_0_x4,
+        WeightType::Q4_1 => avx2_q4_1_x4,
+        WeightType::Q5_0 => avx2_q5_0_x4,
+        WeightType::Q8_0 => avx2_q8_0_x4,
+        WeightType::Q4_K => x86_k::avx2_dot4_q4_k,
+        WeightType::Q5_K => x86_k::avx2_dot4_q5_k,
+        WeightType::Q6_K => x86_k::avx2_dot4_q6_k,
+    })
+}
+
+/// The AVX-512 VNNI four-token kernel for `t`, where [`avx512_dot_fn`] has a kernel (bit-identical
+/// to it per token, as [`avx2_dot4_fn`] is to [`avx2_dot_fn`]).
+pub(crate) fn avx512_dot4_fn(t: WeightType) -> Option<Dot4Fn> {
+    if !has_avx512() {
+        return None;
+    }
+    match t {
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => None,
+        WeightType::Q4_0 => Some(avx512_q4_0_x4),
+        WeightType::Q4_1 => Some(avx512_q4_1_x4),
+        WeightType::Q5_0 => Some(avx512_q5_0_x4),
+        WeightType::Q8_0 => Some(avx512_q8_0_x4),
+        WeightType::Q4_K => Some(x86_k::avx512_dot4_q4_k),
+        WeightType::Q5_K => Some(x86_k::avx512_dot4_q5_k),
+        WeightType::Q6_K => Some(x86_k::avx512_dot4_q6_k),
+    }
+}
+
+/// The AVX2 multi-row four-token kernel for `t` (per row and token bit-identical to
+/// [`avx2_dot_fn`]`(t)`; `None` without AVX2 / FMA / F16C).
+pub(crate) fn avx2_dot4_rows_fn(t: WeightType) -> Option<Dot4RowsFn> {
+    if !has_avx2() {
+        return None;
+    }
+    Some(match t {
+        WeightType::F32 => avx2_f32_rows,
+        WeightType::F16 => avx2_f16_rows,
+        WeightType::BF16 => avx2_bf16_rows,
+        WeightType::Q4_0 => avx2_q4_0_rows,
+        WeightType::Q4_1 => avx2_q4_1_rows,
+        WeightType::Q5_0 => avx2_q5_0_rows,
+        WeightType::Q8_0 => avx2_q8_0_rows,
+        WeightType::Q4_K => x86_k::avx2_dot4_rows_q4_k,
+        WeightType::Q5_K => x86_k::avx2_dot4_rows_q5_k,
+        WeightType::Q6_K => x86_k::avx2_dot4_rows_q6_k,
+    })
+}
+
+/// The AVX-512 VNNI multi-row four-token kernel for `t`, where [`avx512_dot_fn`] has a kernel.
+pub(crate) fn avx512_dot4_rows_fn(t: WeightType) -> Option<Dot4RowsFn> {
+    if !has_avx512() {
+        return None;
+    }
+    match t {
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => None,
+        WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q8_0
+            if crate::ALT.load(std::sync::atomic::Ordering::Relaxed) =>
+        {
+            Some(match t {
+                WeightType::Q4_0 => avx512_q4_0_rows,
+                WeightType::Q4_1 => avx512_q4_1_rows,
+                WeightType::Q5_0 => avx512_q5_0_rows,
+                _ => avx512_q8_0_rows,
+            })
+        }
+        WeightType::Q4_0 => Some(x86_pair::rows_q4_0),
+        WeightType::Q4_1 => Some(x86_pair::rows_q4_1),
+        WeightType::Q5_0 => Some(x86_pair::rows_q5_0),
+        WeightType::Q8_0 => Some(x86_pair::rows_q8_0),
+        WeightType::Q4_K => Some(x86_k::avx512_dot4_rows_q4_k),
+        WeightType::Q5_K => Some(x86_k::avx512_dot4_rows_q5_k),
+        WeightType::Q6_K => Some(x86_k::avx512_dot4_rows_q6_k),
+    }
+}
+
 /// Quantizes an activation row with the AVX2 quantizers (GGML's `quantize_row_q8_0` /
 /// `quantize_row_q8_1` for x86, and a vectorized `quantize_row_q8_K_ref`); falls back to
 /// [`scalar::quantize_act`] without AVX2.
@@ -136,29 +221,143 @@ fn check_rows(t: WeightType, n: usize, w: &[u8], a: &[u8]) -> usize {
     nb
 }
 
+/// Checks [`check_rows`] for the weight row and each of the four activation rows.
+#[inline(always)]
+fn check_rows4(t: WeightType, n: usize, w: &[u8], a: [&[u8]; 4]) -> usize {
+    let nb = check_rows(t, n, w, a[0]);
+    for a in &a[1..] {
+        check_rows(t, n, w, a);
+    }
+    nb
+}
+
+/// Checks that `w` holds `rows` rows of `n` values of `t`, `row_bytes` apart, and that each
+/// activation row holds `n` values of its activation type; returns the number of blocks per row.
+#[inline(always)]
+pub(crate) fn check_row_block(t: WeightType, n: usize, w: &[u8], row_bytes: usize, rows: usize, a: [&[u8]; 4]) -> usize {
+    let bs = t.block_size();
+    assert!(n.is_multiple_of(bs), "{n} values is not a whole number of {} blocks", t.name());
+    let nb = n / bs;
+    for a in a {
+        assert!(a.len() >= t.act_type().row_bytes(n), "{} activation row too short", t.name());
+    }
+    let rb = nb * t.block_bytes();
+    assert!(row_bytes >= rb, "{} row stride {row_bytes} shorter than a row ({rb} bytes)", t.name());
+    assert!(rows == 0 || w.len() >= (rows - 1) * row_bytes + rb, "{} weight rows too short", t.name());
+    nb
+}
+
+/// Rows longer than this many blocks (16384 values) skip the header pre-conversion of
+/// [`act_headers`] (whose buffer lives on the stack) and run the one-row kernel per row.
+const MAX_PRE_BLOCKS: usize = 512;
+
+/// Converts the f16 headers of `nb` activation blocks (`ab` bytes each, at `a`) to f32: for
+/// block `i`, `out[2i]` and `out[2i + 1]` get its first and second f16 (`d` and, for Q8_1, `s`;
+/// for Q8_0 the second is the first two quants, never used). Exactly what the block kernels
+/// compute from the headers themselves (f16 → f32 is exact), so kernels reading these give the
+/// same results.
+///
+/// SAFETY: AVX2/F16C present; `nb` blocks readable at `a`; `2 * nb` f32 writable at `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn act_headers(nb: usize, a: *const u8, ab: usize, out: *mut f32) {
+    let mut i = 0;
+    while i + 4 <= nb {
+        _mm256_storeu_ps(out.add(2 * i), _mm256_cvtph_ps(load4_u32(a.add(i * ab), ab)));
+        i += 4;
+    }
+    while i < nb {
+        _mm_store_sd(out.add(2 * i) as *mut f64, _mm_castps_pd(_mm_cvtph_ps(_mm_loadu_si32(a.add(i * ab)))));
+        i += 1;
+    }
+}
+
+/// Safe wrappers around a block kernel `$kernel::<T, PRE>`: `$name` (a [`DotFn`]) runs its 1-token
+/// instance; `$name4` (a [`Dot4Fn`]) its 4-token instance, or its 2-token instance twice
+/// (`tokens = 2`); `$rows` (a [`Dot4RowsFn`]) converts the four activation rows' headers once
+/// ([`act_headers`]) and then runs the pre-converted-header instance (`PRE = true`) on each weight
+/// row. `$feat` is the kernel's target feature list.
 macro_rules! safe_wrapper {
-    ($name:ident, $kernel:ident, $t:expr) => {
+    (float $name:ident, $kernel:ident, $t:expr) => {
+        fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let nb = check_rows($t, n, w, a);
+            // SAFETY: this wrapper is handed out only after run-time detection of every feature
+            // `$kernel` is compiled for (module invariant); `check_rows` verified that `w` and `a`
+            // hold `nb` whole values, which is all the kernel reads.
+            unsafe { $kernel(nb, w.as_ptr(), a.as_ptr()) }
+        }
+    };
+    ($name:ident, $name4:ident, $rows:ident, $kernel:ident, $t:expr, $feat:literal, tokens = $tok:tt) => {
         fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let nb = check_rows($t, n, w, a);
             // SAFETY: this wrapper is handed out only after run-time detection of every feature
             // `$kernel` is compiled for (module invariant); `check_rows` verified that `w` and `a`
             // hold `nb` whole blocks, which is all the kernel reads.
-            unsafe { $kernel(nb, w.as_ptr(), a.as_ptr()) }
+            unsafe { $kernel::<1, false>(nb, w.as_ptr(), [a.as_ptr()], [std::ptr::null()])[0] }
+        }
+        fn $name4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            let nb = check_rows4($t, n, w, a);
+            // SAFETY: as for the 1-token wrapper; `check_rows4` verified every activation row.
+            unsafe { safe_wrapper!(@call $tok, $kernel, false, nb, w.as_ptr(), a.map(<[u8]>::as_ptr), [std::ptr::null(); 4]) }
+        }
+        fn $rows(n: usize, w: &[u8], row_bytes: usize, a: [&[u8]; 4], out: &mut [[f32; 4]]) {
+            let nb = check_row_block($t, n, w, row_bytes, out.len(), a);
+            if nb > MAX_PRE_BLOCKS {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = $name4(n, &w[r * row_bytes..], a);
+                }
+                return;
+            }
+            #[target_feature(enable = $feat)]
+            unsafe fn rows_kernel(nb: usize, w: *const u8, row_bytes: usize, a: [*const u8; 4], out: &mut [[f32; 4]]) {
+                let mut buf = std::mem::MaybeUninit::<[[f32; 2 * MAX_PRE_BLOCKS]; 4]>::uninit();
+                let buf = buf.as_mut_ptr() as *mut [f32; 2 * MAX_PRE_BLOCKS];
+                let ab = $t.act_type().block_bytes();
+                // SAFETY (whole body): the caller's contract below; `buf` has room for the
+                // `2 * nb <= 2 * MAX_PRE_BLOCKS` values per token written here and read below.
+                let ah: [*const f32; 4] = std::array::from_fn(|t| unsafe {
+                    let p = (*buf.add(t)).as_mut_ptr();
+                    act_headers(nb, a[t], ab, p);
+                    p as *const f32
+                });
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = unsafe { safe_wrapper!(@call $tok, $kernel, true, nb, w.add(r * row_bytes), a, ah) };
+                }
+            }
+            // SAFETY: handed out only after run-time detection of `$feat` (module invariant);
+            // `check_row_block` verified `out.len()` weight rows of `nb` blocks `row_bytes` apart
+            // and `nb` blocks in each activation row; `nb <= MAX_PRE_BLOCKS`.
+            unsafe { rows_kernel(nb, w.as_ptr(), row_bytes, a.map(<[u8]>::as_ptr), out) }
         }
     };
+    (@call 4, $kernel:ident, $pre:literal, $nb:expr, $w:expr, $a:expr, $ah:expr) => {
+        $kernel::<4, $pre>($nb, $w, $a, $ah)
+    };
+    (@call 2, $kernel:ident, $pre:literal, $nb:expr, $w:expr, $a:expr, $ah:expr) => {{
+        let (nb, w, a, ah): (usize, *const u8, [*const u8; 4], [*const f32; 4]) = ($nb, $w, $a, $ah);
+        let [r0, r1] = $kernel::<2, $pre>(nb, w, [a[0], a[1]], [ah[0], ah[1]]);
+        let [r2, r3] = $kernel::<2, $pre>(nb, w, [a[2], a[3]], [ah[2], ah[3]]);
+        [r0, r1, r2, r3]
+    }};
 }
 
-safe_wrapper!(avx2_f32, dot_f32_avx2, WeightType::F32);
-safe_wrapper!(avx2_f16, dot_f16_avx2, WeightType::F16);
-safe_wrapper!(avx2_bf16, dot_bf16_avx2, WeightType::BF16);
-safe_wrapper!(avx2_q4_0, dot_q4_0_avx2, WeightType::Q4_0);
-safe_wrapper!(avx2_q4_1, dot_q4_1_avx2, WeightType::Q4_1);
-safe_wrapper!(avx2_q5_0, dot_q5_0_avx2, WeightType::Q5_0);
-safe_wrapper!(avx2_q8_0, dot_q8_0_avx2, WeightType::Q8_0);
-safe_wrapper!(avx512_q4_0, dot_q4_0_avx512, WeightType::Q4_0);
-safe_wrapper!(avx512_q4_1, dot_q4_1_avx512, WeightType::Q4_1);
-safe_wrapper!(avx512_q5_0, dot_q5_0_avx512, WeightType::Q5_0);
-safe_wrapper!(avx512_q8_0, dot_q8_0_avx512, WeightType::Q8_0);
+safe_wrapper!(float avx2_f32, dot_f32_avx2, WeightType::F32);
+safe_wrapper!(float avx2_f16, dot_f16_avx2, WeightType::F16);
+safe_wrapper!(float avx2_bf16, dot_bf16_avx2, WeightType::BF16);
+crate::dot4_by_dot!(avx2_f32_x4 = avx2_f32);
+crate::dot4_by_dot!(avx2_f16_x4 = avx2_f16);
+crate::dot4_by_dot!(avx2_bf16_x4 = avx2_bf16);
+crate::rows_by_dot4!(avx2_f32_rows = avx2_f32_x4);
+crate::rows_by_dot4!(avx2_f16_rows = avx2_f16_x4);
+crate::rows_by_dot4!(avx2_bf16_rows = avx2_bf16_x4);
+safe_wrapper!(avx2_q4_0, avx2_q4_0_x4, avx2_q4_0_rows, dot_q4_0_avx2, WeightType::Q4_0, "avx2,fma,f16c", tokens = 2);
+safe_wrapper!(avx2_q4_1, avx2_q4_1_x4, avx2_q4_1_rows, dot_q4_1_avx2, WeightType::Q4_1, "avx2,fma,f16c", tokens = 2);
+safe_wrapper!(avx2_q5_0, avx2_q5_0_x4, avx2_q5_0_rows, dot_q5_0_avx2, WeightType::Q5_0, "avx2,fma,f16c", tokens = 2);
+safe_wrapper!(avx2_q8_0, avx2_q8_0_x4, avx2_q8_0_rows, dot_q8_0_avx2, WeightType::Q8_0, "avx2,fma,f16c", tokens = 2);
+safe_wrapper!(avx512_q4_0, avx512_q4_0_x4, avx512_q4_0_rows, dot_q4_0_avx512, WeightType::Q4_0, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", tokens = 4);
+safe_wrapper!(avx512_q4_1, avx512_q4_1_x4, avx512_q4_1_rows, dot_q4_1_avx512, WeightType::Q4_1, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", tokens = 4);
+safe_wrapper!(avx512_q5_0, avx512_q5_0_x4, avx512_q5_0_rows, dot_q5_0_avx512, WeightType::Q5_0, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", tokens = 4);
+safe_wrapper!(avx512_q8_0, avx512_q8_0_x4, avx512_q8_0_rows, dot_q8_0_avx512, WeightType::Q8_0, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", tokens = 4);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -167,7 +366,7 @@ safe_wrapper!(avx512_q8_0, dot_q8_0_avx512, WeightType::Q8_0);
 /// Sum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -179,7 +378,7 @@ fn hsum_ps(v: __m256) -> f32 {
 /// SAFETY: all four 4-byte ranges must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load4_u32(p: *const u8, stride: usize) -> __m128i {
+pub(crate) unsafe fn load4_u32(p: *const u8, stride: usize) -> __m128i {
     let a = _mm_loadu_si32(p);
     let b = _mm_loadu_si32(p.add(stride));
     let c = _mm_loadu_si32(p.add(2 * stride));
@@ -193,7 +392,7 @@ unsafe fn load4_u32(p: *const u8, stride: usize) -> __m128i {
 /// SAFETY: `p..p + 16` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
     // Shifting whole dwords is fine: the mask keeps, in every byte, bits that came from that byte.
     let b = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
@@ -243,6 +442,17 @@ fn mul_us_vnni(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
 }
 
+/// An empty `asm!` statement that LLVM must assume reads and writes memory: loads are not moved
+/// across it at compile time (at run time it is nothing). The multi-token block kernels put one
+/// after each block, because otherwise the scheduler hoists every block's loads and integer
+/// products above the previous blocks' FMAs, which needs more registers than there are and spills
+/// accumulators.
+#[inline(always)]
+pub(crate) fn sched_barrier() {
+    // SAFETY: an empty instruction sequence; it touches no registers, stack or flags.
+    unsafe { std::arch::asm!("", options(nostack, preserves_flags)) }
+}
+
 /// How far ahead of the block being read the kernels prefetch weights. Rows of a matrix are
 /// contiguous, so near the end of a row this fetches the start of the next one. Measured on the
 /// target machine: +20–30 % on matrices that stream from L3 / memory (the output head), neutral on
@@ -254,7 +464,7 @@ const PREFETCH_BYTES: usize = 4096;
 /// addresses past the end of the slice are fine (`wrapping_add` keeps computing them defined).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch_weights(p: *const u8, len: usize) {
+pub(crate) fn prefetch_weights(p: *const u8, len: usize) {
     let mut off = 0;
     while off < len {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + off) as *const i8);
@@ -262,86 +472,133 @@ fn prefetch_weights(p: *const u8, len: usize) {
     }
 }
 
-/// Dot product of `nb` blocks: `$wb` / `$ab` are the weight / activation block sizes in bytes,
-/// `$min` says whether the headers are (d, m) × (d, s) pairs whose second products are summed
-/// (Q4_1 × Q8_1), and `$int` computes a block's integer products as 8 i32 lanes from pointers
-/// `$wp` / `$ap` to the two blocks. Every block's first 4 bytes are read as its header (for
-/// d-only formats the second f16 is a junk lane that is never used). With `hi_scale = s`, lanes
-/// 4..8 of every block's integer sums are `1/s` times too large (see [`nibbles_x16`]) and the
-/// accumulator's lanes 4..8 are multiplied by `s` (a power of two: exact) before the final sum.
+/// Dot products of one weight row of `nb` blocks with `T` activation rows: `$wb` / `$ab` are the
+/// weight / activation block sizes in bytes, `$min` says whether the headers are (d, m) × (d, s)
+/// pairs whose second products are summed (Q4_1 × Q8_1). A block's integer products are computed
+/// in two steps: `$prep` unpacks the weight block at `$wp` once (into any value `$wq`), then `$int`
+/// turns `$wq` and a pointer `$ap` to one token's activation block into 8 i32 lanes, for each of
+/// the `T` tokens. Every block's first 4 bytes are read as its header (for d-only formats the
+/// second f16 is a junk lane that is never used). With `hi_scale = s`, lanes 4..8 of every block's
+/// integer sums are `1/s` times too large (see [`nibbles_x16`]) and the accumulator's lanes 4..8
+/// are multiplied by `s` (a power of two: exact) before the final sum.
+///
+/// Each token's arithmetic is the same sequence of operations whatever `T` is (own accumulators,
+/// same block order, same final reduction), so token `t` of a `T`-token call gives bit for bit the
+/// result of the 1-token call on that token alone: only the weight unpacking and the weight
+/// headers' conversion are shared.
 macro_rules! block_dot {
-    ($nb:expr, $w:expr, $a:expr, $wb:expr, $ab:expr, $min:expr, |$wp:ident, $ap:ident| $int:expr) => {
-        block_dot!($nb, $w, $a, $wb, $ab, $min, hi_scale = 1.0, |$wp, $ap| $int)
+    ($T:ident, $PRE:ident, $nb:expr, $w:expr, $a:expr, $ah:expr, $wb:expr, $ab:expr, $min:expr, |$wp:ident| $prep:expr, |$wq:ident, $ap:ident| $int:expr) => {
+        block_dot!($T, $PRE, $nb, $w, $a, $ah, $wb, $ab, $min, hi_scale = 1.0, |$wp| $prep, |$wq, $ap| $int)
     };
-    ($nb:expr, $w:expr, $a:expr, $wb:expr, $ab:expr, $min:expr, hi_scale = $hs:expr, |$wp:ident, $ap:ident| $int:expr) => {{
-        let (nb, w, a): (usize, *const u8, *const u8) = ($nb, $w, $a);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut ms = _mm256_setzero_ps();
+    ($T:ident, $PRE:ident, $nb:expr, $w:expr, $a:expr, $ah:expr, $wb:expr, $ab:expr, $min:expr, hi_scale = $hs:expr, |$wp:ident| $prep:expr, |$wq:ident, $ap:ident| $int:expr) => {{
+        let (nb, w, a, ah): (usize, *const u8, [*const u8; $T], [*const f32; $T]) = ($nb, $w, $a, $ah);
+        let mut acc = [[_mm256_setzero_ps(); 4]; $T];
+        let mut ms = [_mm256_setzero_ps(); $T];
         let mut i = 0usize;
         while i + 4 <= nb {
             let w4 = w.add(i * $wb);
-            let a4 = a.add(i * $ab);
             prefetch_weights(w4, 4 * $wb);
-            // [dw0*da0, mw0*sa0, dw1*da1, mw1*sa1, ...]
-            let sc = _mm256_mul_ps(_mm256_cvtph_ps(load4_u32(w4, $wb)), _mm256_cvtph_ps(load4_u32(a4, $ab)));
-            if $min {
-                ms = _mm256_add_ps(ms, sc);
+            // Per token: [dw0*da0, mw0*sa0, dw1*da1, mw1*sa1, ...]
+            let hw = _mm256_cvtph_ps(load4_u32(w4, $wb));
+            let mut s = [[0f32; 8]; $T];
+            for t in 0..$T {
+                let ha = if $PRE {
+                    _mm256_loadu_ps(ah[t].add(2 * i))
+                } else {
+                    _mm256_cvtph_ps(load4_u32(a[t].add(i * $ab), $ab))
+                };
+                let sc = _mm256_mul_ps(hw, ha);
+                if $min {
+                    ms[t] = _mm256_add_ps(ms[t], sc);
+                }
+                _mm256_storeu_ps(s[t].as_mut_ptr(), sc);
             }
-            let mut s = [0f32; 8];
-            _mm256_storeu_ps(s.as_mut_ptr(), sc);
             // Broadcasting each block's scale from memory is a pure load; without the barrier LLVM
             // turns it into register shuffles, which compete for port 5 with the header inserts.
             let s = std::hint::black_box(&s);
             for k in 0..4 {
                 let $wp = w4.add(k * $wb);
-                let $ap = a4.add(k * $ab);
-                let p: __m256i = $int;
-                acc[k] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[2 * k]), _mm256_cvtepi32_ps(p), acc[k]);
+                let $wq = $prep;
+                for t in 0..$T {
+                    let $ap = a[t].add((i + k) * $ab);
+                    let p: __m256i = $int;
+                    acc[t][k] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[t][2 * k]), _mm256_cvtepi32_ps(p), acc[t][k]);
+                }
+                if $T > 1 {
+                    sched_barrier();
+                }
             }
             i += 4;
         }
-        let mut tail_ms = 0.0f32;
+        let mut tail_ms = [0.0f32; $T];
         while i < nb {
             let $wp = w.add(i * $wb);
-            let $ap = a.add(i * $ab);
-            let sc = _mm_mul_ps(_mm_cvtph_ps(_mm_loadu_si32($wp)), _mm_cvtph_ps(_mm_loadu_si32($ap)));
-            if $min {
-                tail_ms += _mm_cvtss_f32(_mm_movehdup_ps(sc));
+            let hw = _mm_cvtph_ps(_mm_loadu_si32($wp));
+            let $wq = $prep;
+            for t in 0..$T {
+                let $ap = a[t].add(i * $ab);
+                let ha = if $PRE {
+                    _mm_castpd_ps(_mm_load_sd(ah[t].add(2 * i) as *const f64))
+                } else {
+                    _mm_cvtph_ps(_mm_loadu_si32($ap))
+                };
+                let sc = _mm_mul_ps(hw, ha);
+                if $min {
+                    tail_ms[t] += _mm_cvtss_f32(_mm_movehdup_ps(sc));
+                }
+                let p: __m256i = $int;
+                acc[t][0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sc), _mm256_cvtepi32_ps(p), acc[t][0]);
             }
-            let p: __m256i = $int;
-            acc[0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sc), _mm256_cvtepi32_ps(p), acc[0]);
             i += 1;
         }
-        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let hs: f32 = $hs;
-        let sum = if hs != 1.0 { _mm256_mul_ps(sum, _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, hs, hs, hs, hs)) } else { sum };
-        let mut r = hsum_ps(sum);
-        if $min {
-            r += hsum_ps(_mm256_blend_ps::<0b1010_1010>(_mm256_setzero_ps(), ms)) + tail_ms;
+        let mut out = [0f32; $T];
+        for t in 0..$T {
+            let acc = &acc[t];
+            let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let sum =
+                if hs != 1.0 { _mm256_mul_ps(sum, _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, hs, hs, hs, hs)) } else { sum };
+            let mut r = hsum_ps(sum);
+            if $min {
+                r += hsum_ps(_mm256_blend_ps::<0b1010_1010>(_mm256_setzero_ps(), ms[t])) + tail_ms[t];
+            }
+            out[t] = r;
         }
-        r
+        out
     }};
 }
 
 // ---------------------------------------------------------------------------------------------
 // AVX2 kernels
 // ---------------------------------------------------------------------------------------------
+//
+// Block kernels take `T` activation rows (`T` = 1 for a single dot; the AVX2 multi-token wrappers
+// use `T` = 2, since four tokens' accumulators would not fit in 16 `ymm` registers).
 
-/// Q4_1 × Q8_1 (AVX2). SAFETY: AVX2/FMA/F16C present; `w` / `a` point to `nb` blocks each.
+/// Q4_1 × Q8_1 (AVX2). SAFETY: AVX2/FMA/F16C present; `w` and every `a[t]` point to `nb` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_avx2(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q4_1_BYTES, Q8_1_BYTES, true, |wp, ap| {
-        let qy = _mm256_loadu_si256(ap.add(4) as *const __m256i);
-        mul_us_avx2(nibbles(wp.add(4)), qy)
+unsafe fn dot_q4_1_avx2<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    block_dot!(T, PRE, nb, w, a, ah, Q4_1_BYTES, Q8_1_BYTES, true, |wp| nibbles(wp.add(4)), |qx, ap| {
+        mul_us_avx2(qx, _mm256_loadu_si256(ap.add(4) as *const __m256i))
     })
 }
 
 /// Q4_0 × Q8_0 (AVX2): `Σ q·a − 8·Σ a` per block. SAFETY: as [`dot_q4_1_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_avx2(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q4_0_BYTES, Q8_0_BYTES, false, |wp, ap| {
+unsafe fn dot_q4_0_avx2<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    block_dot!(T, PRE, nb, w, a, ah, Q4_0_BYTES, Q8_0_BYTES, false, |wp| nibbles(wp.add(2)), |qx, ap| {
         let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        let p = _mm256_maddubs_epi16(nibbles(wp.add(2)), qy);
+        let p = _mm256_maddubs_epi16(qx, qy);
         let p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy));
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
     })
@@ -349,25 +606,62 @@ unsafe fn dot_q4_0_avx2(nb: usize, w: *const u8, a: *const u8) -> f32 {
 
 /// Q5_0 × Q8_0 (AVX2): `Σ q·a − 16·Σ a` per block. SAFETY: as [`dot_q4_1_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0_avx2(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q5_0_BYTES, Q8_0_BYTES, false, |wp, ap| {
-        let hi = _mm256_and_si256(bytes_from_bits(wp.add(2)), _mm256_set1_epi8(0x10));
-        let qx = _mm256_or_si256(nibbles(wp.add(6)), hi);
-        let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        let p = _mm256_maddubs_epi16(qx, qy);
-        let p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(16), qy));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-    })
+unsafe fn dot_q5_0_avx2<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    block_dot!(
+        T,
+        PRE,
+        nb,
+        w,
+        a,
+        ah,
+        Q5_0_BYTES,
+        Q8_0_BYTES,
+        false,
+        |wp| {
+            let hi = _mm256_and_si256(bytes_from_bits(wp.add(2)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles(wp.add(6)), hi)
+        },
+        |qx, ap| {
+            let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+            let p = _mm256_maddubs_epi16(qx, qy);
+            let p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(16), qy));
+            _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+        }
+    )
 }
 
 /// Q8_0 × Q8_0 (AVX2): `|x| · (sign(x) · y)`. SAFETY: as [`dot_q4_1_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_avx2(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q8_0_BYTES, Q8_0_BYTES, false, |wp, ap| {
-        let qx = _mm256_loadu_si256(wp.add(2) as *const __m256i);
-        let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        mul_us_avx2(_mm256_abs_epi8(qx), _mm256_sign_epi8(qy, qx))
-    })
+unsafe fn dot_q8_0_avx2<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    block_dot!(
+        T,
+        PRE,
+        nb,
+        w,
+        a,
+        ah,
+        Q8_0_BYTES,
+        Q8_0_BYTES,
+        false,
+        |wp| {
+            let qx = _mm256_loadu_si256(wp.add(2) as *const __m256i);
+            (_mm256_abs_epi8(qx), qx)
+        },
+        |qx, ap| {
+            let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+            mul_us_avx2(qx.0, _mm256_sign_epi8(qy, qx.1))
+        }
+    )
 }
 
 /// F32 × F32 with four FMA accumulators. SAFETY: AVX2/FMA present; `n` f32s readable at each.
@@ -434,50 +728,170 @@ unsafe fn float_dot(
 // ---------------------------------------------------------------------------------------------
 // AVX-512 VNNI kernels (256-bit `vpdpbusd`)
 // ---------------------------------------------------------------------------------------------
+//
+// With AVX-512 VL the 32 `ymm` registers hold four tokens' accumulators: the multi-token wrappers
+// use `T` = 4.
 
-/// Q4_1 × Q8_1 (VNNI). SAFETY: AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C present; `w` / `a` point to
-/// `nb` blocks each.
+/// Q4_1 × Q8_1 (VNNI). SAFETY: AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C present; `w` and every `a[t]`
+/// point to `nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_1_avx512(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q4_1_BYTES, Q8_1_BYTES, true, hi_scale = 1.0 / 16.0, |wp, ap| {
-        let qy = _mm256_loadu_si256(ap.add(4) as *const __m256i);
-        mul_us_vnni(nibbles_x16(wp.add(4)), qy)
-    })
+unsafe fn dot_q4_1_avx512<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    block_dot!(
+        T,
+        PRE,
+        nb,
+        w,
+        a,
+        ah,
+        Q4_1_BYTES,
+        Q8_1_BYTES,
+        true,
+        hi_scale = 1.0 / 16.0,
+        |wp| nibbles_x16(wp.add(4)),
+        |qx, ap| mul_us_vnni(qx, _mm256_loadu_si256(ap.add(4) as *const __m256i))
+    )
 }
 
 /// Q4_0 × Q8_0 (VNNI): `Σ q·a − Σ 8·a`, quants as in [`nibbles_x16`]. SAFETY: as [`dot_q4_1_avx512`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q4_0_avx512(nb: usize, w: *const u8, a: *const u8) -> f32 {
+unsafe fn dot_q4_0_avx512<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
     // The offset in the same ×16 layout as the quants: 8 in the low lane, 8 · 16 in the high.
     const LO: i64 = 0x0808_0808_0808_0808;
     const HI: i64 = 0x8080_8080_8080_8080_u64 as i64;
     let off = _mm256_setr_epi64x(LO, LO, HI, HI);
-    block_dot!(nb, w, a, Q4_0_BYTES, Q8_0_BYTES, false, hi_scale = 1.0 / 16.0, |wp, ap| {
-        let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        _mm256_sub_epi32(mul_us_vnni(nibbles_x16(wp.add(2)), qy), mul_us_vnni(off, qy))
-    })
+    block_dot!(
+        T,
+        PRE,
+        nb,
+        w,
+        a,
+        ah,
+        Q4_0_BYTES,
+        Q8_0_BYTES,
+        false,
+        hi_scale = 1.0 / 16.0,
+        |wp| nibbles_x16(wp.add(2)),
+        |qx, ap| {
+            let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+            _mm256_sub_epi32(mul_us_vnni(qx, qy), mul_us_vnni(off, qy))
+        }
+    )
 }
 
 /// Q5_0 × Q8_0 (VNNI): the fifth bits come in as a byte mask. SAFETY: as [`dot_q4_1_avx512`].
+///
+/// One token: `Σ q·a − 16·Σ a` (two `vpdpbusd`). Several tokens: the weights' `q − 16` (signed)
+/// times the activations made unsigned, `a + 128` (`a ^ 0x80`), which adds `128·Σ (q − 16)`; that
+/// correction depends on the weights only, so it is computed once per block and seeds the
+/// accumulator of each token's single `vpdpbusd`. Both sums are exact, so they are equal.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q5_0_avx512(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q5_0_BYTES, Q8_0_BYTES, false, |wp, ap| {
+unsafe fn dot_q5_0_avx512<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    let q5 = |wp: *const u8| {
         let qh: __mmask32 = std::ptr::read_unaligned(wp.add(2) as *const u32);
         let nib = nibbles(wp.add(6));
-        let qx = _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16));
-        let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        _mm256_sub_epi32(mul_us_vnni(qx, qy), mul_us_vnni(_mm256_set1_epi8(16), qy))
-    })
+        _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+    };
+    if T == 1 || crate::ALT.load(std::sync::atomic::Ordering::Relaxed) {
+        block_dot!(T, PRE, nb, w, a, ah, Q5_0_BYTES, Q8_0_BYTES, false, |wp| q5(wp), |qx, ap| {
+            let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+            _mm256_sub_epi32(mul_us_vnni(qx, qy), mul_us_vnni(_mm256_set1_epi8(16), qy))
+        })
+    } else {
+        let x80 = _mm256_set1_epi8(0x80u8 as i8);
+        block_dot!(
+            T,
+            PRE,
+            nb,
+            w,
+            a,
+            ah,
+            Q5_0_BYTES,
+            Q8_0_BYTES,
+            false,
+            |wp| {
+                let q = q5(wp);
+                // (q − 16, −128·Σ (q − 16) = 128·Σ (16 − q)); 16 − q fits an i8.
+                let sixteen = _mm256_set1_epi8(16);
+                (_mm256_sub_epi8(q, sixteen), mul_us_vnni(x80, _mm256_sub_epi8(sixteen, q)))
+            },
+            |qx, ap| {
+                let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                _mm256_dpbusd_epi32(qx.1, _mm256_xor_si256(qy, x80), qx.0)
+            }
+        )
+    }
 }
 
 /// Q8_0 × Q8_0 (VNNI). SAFETY: as [`dot_q4_1_avx512`].
+///
+/// One token: `|x| · sign(y, x)` (one `vpdpbusd`; `y = −128` never comes out of the activation
+/// quantizers). Several tokens: `x · (y + 128) − 128·Σ x` as in [`dot_q5_0_avx512`], the
+/// correction computed once per block (one `vpxor` and one `vpdpbusd` per token instead of
+/// `vpsignb` and `vpdpbusd`). Both sums are exact for every `x` and every `y > −128`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn dot_q8_0_avx512(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    block_dot!(nb, w, a, Q8_0_BYTES, Q8_0_BYTES, false, |wp, ap| {
-        let qx = _mm256_loadu_si256(wp.add(2) as *const __m256i);
-        let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
-        mul_us_vnni(_mm256_abs_epi8(qx), _mm256_sign_epi8(qy, qx))
-    })
+unsafe fn dot_q8_0_avx512<const T: usize, const PRE: bool>(
+    nb: usize,
+    w: *const u8,
+    a: [*const u8; T],
+    ah: [*const f32; T],
+) -> [f32; T] {
+    if T == 1 || crate::ALT.load(std::sync::atomic::Ordering::Relaxed) {
+        block_dot!(
+            T,
+            PRE,
+            nb,
+            w,
+            a,
+            ah,
+            Q8_0_BYTES,
+            Q8_0_BYTES,
+            false,
+            |wp| {
+                let qx = _mm256_loadu_si256(wp.add(2) as *const __m256i);
+                (_mm256_abs_epi8(qx), qx)
+            },
+            |qx, ap| {
+                let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                mul_us_vnni(qx.0, _mm256_sign_epi8(qy, qx.1))
+            }
+        )
+    } else {
+        let x80 = _mm256_set1_epi8(0x80u8 as i8);
+        block_dot!(
+            T,
+            PRE,
+            nb,
+            w,
+            a,
+            ah,
+            Q8_0_BYTES,
+            Q8_0_BYTES,
+            false,
+            |wp| {
+                let qx = _mm256_loadu_si256(wp.add(2) as *const __m256i);
+                (qx, _mm256_sub_epi32(_mm256_setzero_si256(), mul_us_vnni(x80, qx)))
+            },
+            |qx, ap| {
+                let qy = _mm256_loadu_si256(ap.add(2) as *const __m256i);
+                _mm256_dpbusd_epi32(qx.1, _mm256_xor_si256(qy, x80), qx.0)
+            }
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

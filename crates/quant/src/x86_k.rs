@@ -33,44 +33,86 @@ use crate::scalar_k::{unpack_scales_k4, QK_K};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-/// Checks `n` and the slice lengths once and views them as `n / 256` blocks each.
+/// Checks `n` and the slice lengths once and views the weight row and each of the `T` activation
+/// rows as `n / 256` blocks.
 #[inline(always)]
-fn as_blocks<'a, W: bytemuck::Pod>(n: usize, w: &'a [u8], a: &'a [u8]) -> (&'a [W], &'a [BlockQ8K]) {
+fn as_blocks<'a, W: bytemuck::Pod, const T: usize>(
+    n: usize,
+    w: &'a [u8],
+    a: [&'a [u8]; T],
+) -> (&'a [W], [&'a [BlockQ8K]; T]) {
     assert!(n.is_multiple_of(QK_K), "row length {n} is not a multiple of {QK_K}");
     let nb = n / QK_K;
     let wb = nb * std::mem::size_of::<W>();
     let ab = nb * std::mem::size_of::<BlockQ8K>();
-    assert!(w.len() >= wb && a.len() >= ab, "row of {n} values: {} weight / {} activation bytes", w.len(), a.len());
-    (bytemuck::cast_slice(&w[..wb]), bytemuck::cast_slice(&a[..ab]))
+    for a in &a {
+        assert!(w.len() >= wb && a.len() >= ab, "row of {n} values: {} weight / {} activation bytes", w.len(), a.len());
+    }
+    (bytemuck::cast_slice(&w[..wb]), a.map(|a| bytemuck::cast_slice(&a[..ab])))
 }
 
+/// Safe wrappers: `$name` (a [`crate::DotFn`]) runs the kernel's 1-token instance, `$name4` (a
+/// [`crate::Dot4Fn`]) its 4-token instance, or its 2-token instance twice (`tokens = 2`, for
+/// AVX2, whose 16 registers do not hold four tokens' state).
 macro_rules! safe_wrappers {
-    ($($(#[$doc:meta])* $name:ident => $kernel:ident($wty:ty), $feat:tt;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident, $name4:ident => $kernel:ident($wty:ty), $feat:tt, tokens = $tok:tt;)*) => {$(
         $(#[$doc])*
         pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             debug_assert!(is_x86_feature_detected!($feat), concat!(stringify!($name), " needs ", $feat));
-            let (xs, ys) = as_blocks::<$wty>(n, w, a);
+            let (xs, [ys]) = as_blocks::<$wty, 1>(n, w, [a]);
             // SAFETY: this function is only handed out by the dispatcher (`x86::avx2_dot_fn` /
             // `x86::avx512_dot_fn`) after `is_x86_feature_detected!` confirmed at run time every
             // feature the kernel is compiled for; `xs` and `ys` are whole blocks of equal count.
-            unsafe { $kernel(xs, ys) }
+            unsafe { $kernel::<1>(xs, [ys])[0] }
         }
+        safe_wrappers!(@four $(#[$doc])* $name4, $kernel, $wty, $feat, $tok);
     )*};
+    (@four $(#[$doc:meta])* $name4:ident, $kernel:ident, $wty:ty, $feat:tt, 4) => {
+        $(#[$doc])*
+        /// Four tokens.
+        pub(crate) fn $name4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            debug_assert!(is_x86_feature_detected!($feat), concat!(stringify!($name4), " needs ", $feat));
+            let (xs, ys) = as_blocks::<$wty, 4>(n, w, a);
+            // SAFETY: as for the 1-token wrapper (dispatched by `x86::avx*_dot4_fn` after the same
+            // detection); every `ys[t]` has as many blocks as `xs`.
+            unsafe { $kernel::<4>(xs, ys) }
+        }
+    };
+    (@four $(#[$doc:meta])* $name4:ident, $kernel:ident, $wty:ty, $feat:tt, 2) => {
+        $(#[$doc])*
+        /// Four tokens, two at a time.
+        pub(crate) fn $name4(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            debug_assert!(is_x86_feature_detected!($feat), concat!(stringify!($name4), " needs ", $feat));
+            let (xs, ys) = as_blocks::<$wty, 4>(n, w, a);
+            // SAFETY: as for the 1-token wrapper (dispatched by `x86::avx*_dot4_fn` after the same
+            // detection); every `ys[t]` has as many blocks as `xs`.
+            let ([r0, r1], [r2, r3]) = unsafe { ($kernel::<2>(xs, [ys[0], ys[1]]), $kernel::<2>(xs, [ys[2], ys[3]])) };
+            [r0, r1, r2, r3]
+        }
+    };
 }
+
+// Multi-row kernels: one four-token call per row (K-quant headers need no conversion).
+crate::rows_by_dot4!(pub(crate) avx2_dot4_rows_q4_k = avx2_dot4_q4_k);
+crate::rows_by_dot4!(pub(crate) avx2_dot4_rows_q5_k = avx2_dot4_q5_k);
+crate::rows_by_dot4!(pub(crate) avx2_dot4_rows_q6_k = avx2_dot4_q6_k);
+crate::rows_by_dot4!(pub(crate) avx512_dot4_rows_q4_k = avx512_dot4_q4_k);
+crate::rows_by_dot4!(pub(crate) avx512_dot4_rows_q5_k = avx512_dot4_q5_k);
+crate::rows_by_dot4!(pub(crate) avx512_dot4_rows_q6_k = avx512_dot4_q6_k);
 
 safe_wrappers! {
     /// Q4_K · Q8_K, AVX2 + FMA + F16C.
-    avx2_dot_q4_k => q4k_avx2(BlockQ4K), "avx2";
+    avx2_dot_q4_k, avx2_dot4_q4_k => q4k_avx2(BlockQ4K), "avx2", tokens = 2;
     /// Q5_K · Q8_K, AVX2 + FMA + F16C.
-    avx2_dot_q5_k => q5k_avx2(BlockQ5K), "avx2";
+    avx2_dot_q5_k, avx2_dot4_q5_k => q5k_avx2(BlockQ5K), "avx2", tokens = 2;
     /// Q6_K · Q8_K, AVX2 + FMA + F16C.
-    avx2_dot_q6_k => q6k_avx2(BlockQ6K), "avx2";
+    avx2_dot_q6_k, avx2_dot4_q6_k => q6k_avx2(BlockQ6K), "avx2", tokens = 2;
     /// Q4_K · Q8_K, AVX-512 F/BW/VL + VNNI.
-    avx512_dot_q4_k => q4k_avx512(BlockQ4K), "avx512vnni";
+    avx512_dot_q4_k, avx512_dot4_q4_k => q4k_avx512(BlockQ4K), "avx512vnni", tokens = 4;
     /// Q5_K · Q8_K, AVX-512 F/BW/VL + VNNI.
-    avx512_dot_q5_k => q5k_avx512(BlockQ5K), "avx512vnni";
+    avx512_dot_q5_k, avx512_dot4_q5_k => q5k_avx512(BlockQ5K), "avx512vnni", tokens = 4;
     /// Q6_K · Q8_K, AVX-512 F/BW/VL + VNNI.
-    avx512_dot_q6_k => q6k_avx512(BlockQ6K), "avx512vnni";
+    avx512_dot_q6_k, avx512_dot4_q6_k => q6k_avx512(BlockQ6K), "avx512vnni", tokens = 4;
 }
 
 /// f16 (little-endian bytes) → f32 with F16C.
@@ -111,73 +153,109 @@ fn shuffle_k4(i: usize) -> i16 {
     (((2 * i + 1) << 8) | (2 * i)) as i16
 }
 
+/// Block `i` of each token's activation row.
+///
+/// SAFETY: `i < ys[t].len()` for every `t`.
+#[inline(always)]
+unsafe fn act_blocks<'a, const T: usize>(ys: &[&'a [BlockQ8K]; T], i: usize) -> [&'a BlockQ8K; T] {
+    std::array::from_fn(|t| ys[t].get_unchecked(i))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-token kernels
+// ---------------------------------------------------------------------------------------------
+//
+// Every kernel takes one weight row and `T` activation rows (`T` = 1: the single-row dot) and
+// keeps per token its own accumulators, updated by the same operations in the same order whatever
+// `T` is; only the weight unpacking (quants, sub-block scales, f16 block scales) is shared. So
+// token `t` of a `T`-token call is bit for bit the 1-token result for that token.
+
 // ---------------------------------------------------------------------------------------------
 // AVX2
 // ---------------------------------------------------------------------------------------------
 
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX2, FMA and F16C; `ys[t].len() == xs.len()` for every `t`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_avx2(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q4k_avx2<const T: usize>(xs: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (x, y) in xs.iter().zip(ys) {
-        let dy = f32::from_le_bytes(y.d);
-        let d = dy * f16_to_f32(x.d);
-        let dmin = -dy * f16_to_f32(x.dmin);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_m = [_mm_setzero_ps(); T];
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let (xd, xdmin) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
         let u = unpack_scales_k4(&x.scales);
         let mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128(u.as_ptr() as *const __m128i));
-
-        let q8sums = load256(y.bsums.as_ptr());
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
+        let mut d = [0f32; T];
+        for t in 0..T {
+            let dy = f32::from_le_bytes(y[t].d);
+            d[t] = dy * xd;
+            let dmin = -dy * xdmin;
+            let q8sums = load256(y[t].bsums.as_ptr());
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+            let prod = _mm_madd_epi16(mins, q8s);
+            acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[t]);
+        }
 
         let sc128 = _mm256_castsi256_si128(mins_and_scales);
         let scales = _mm256_set_m128i(sc128, sc128);
-        let mut sumi = _mm256_setzero_si256();
-        let (q4, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        let mut sumi = [_mm256_setzero_si256(); T];
+        let q4 = x.qs.as_ptr();
         for j in 0..QK_K / 64 {
             let scale_l = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j)));
             let scale_h = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j + 1)));
             let q4bits = load256(q4.add(32 * j));
             let q4l = _mm256_and_si256(q4bits, m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
-            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
-            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+            for t in 0..T {
+                let q8 = y[t].qs.as_ptr();
+                let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p16l, p16h));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for t in 0..T {
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d[t]), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
     }
-    hsum_ps_256(acc) + hsum_ps_128(acc_m)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_ps_256(acc[t]) + hsum_ps_128(acc_m[t]);
+    }
+    out
 }
 
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX2, FMA and F16C; `ys[t].len() == xs.len()` for every `t`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5k_avx2(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q5k_avx2<const T: usize>(xs: &[BlockQ5K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m4 = _mm256_set1_epi8(0xF);
     let mone = _mm256_set1_epi8(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (x, y) in xs.iter().zip(ys) {
-        let dy = f32::from_le_bytes(y.d);
-        let d = dy * f16_to_f32(x.d);
-        let dmin = -dy * f16_to_f32(x.dmin);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_m = [_mm_setzero_ps(); T];
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let (xd, xdmin) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
         let u = unpack_scales_k4(&x.scales);
         let mins_and_scales = _mm256_cvtepu8_epi16(_mm_loadu_si128(u.as_ptr() as *const __m128i));
-
-        let q8sums = load256(y.bsums.as_ptr());
-        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
+        let mut d = [0f32; T];
+        for t in 0..T {
+            let dy = f32::from_le_bytes(y[t].d);
+            d[t] = dy * xd;
+            let dmin = -dy * xdmin;
+            let q8sums = load256(y[t].bsums.as_ptr());
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+            let prod = _mm_madd_epi16(mins, q8s);
+            acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[t]);
+        }
 
         let sc128 = _mm256_castsi256_si128(mins_and_scales);
         let scales = _mm256_set_m128i(sc128, sc128);
         let hbits = load256(x.qh.as_ptr());
-        let mut sumi = _mm256_setzero_si256();
-        let (q5, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
+        let mut sumi = [_mm256_setzero_si256(); T];
+        let q5 = x.qs.as_ptr();
         for j in 0..QK_K / 64 {
             let scale_0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j)));
             let scale_1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(shuffle_k4(2 * j + 1)));
@@ -190,31 +268,38 @@ unsafe fn q5k_avx2(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
             let q5_0 = _mm256_or_si256(_mm256_and_si256(q5bits, m4), _mm256_slli_epi16::<4>(h0));
             let q5_1 =
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q5bits), m4), _mm256_slli_epi16::<4>(h1));
-            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, load256(q8.add(64 * j))));
-            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, load256(q8.add(64 * j + 32))));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+            for t in 0..T {
+                let q8 = y[t].qs.as_ptr();
+                let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, load256(q8.add(64 * j))));
+                let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, load256(q8.add(64 * j + 32))));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p16_0, p16_1));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for t in 0..T {
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d[t]), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
     }
-    hsum_ps_256(acc) + hsum_ps_128(acc_m)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_ps_256(acc[t]) + hsum_ps_128(acc_m[t]);
+    }
+    out
 }
 
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX2, FMA and F16C; `ys[t].len() == xs.len()` for every `t`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_avx2(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q6k_avx2<const T: usize>(xs: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in xs.iter().zip(ys) {
-        let d = f32::from_le_bytes(y.d) * f16_to_f32(x.d);
-        let q8sums = load256(y.bsums.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let xd = f16_to_f32(x.d);
         let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
         let scales_16 = _mm256_cvtepi8_epi16(scales);
-        // The −32 offset of every quant: 32 · Σ scale · bsum, taken out once per block.
-        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
-        let mut sumi = _mm256_setzero_si256();
-        let (ql, qh, q8) = (x.ql.as_ptr(), x.qh.as_ptr(), y.qs.as_ptr());
+        let mut sumi = [_mm256_setzero_si256(); T];
+        let (ql, qh) = (x.ql.as_ptr(), x.qh.as_ptr());
         for j in 0..QK_K / 128 {
             let q4bits1 = load256(ql.add(64 * j));
             let q4bits2 = load256(ql.add(64 * j + 32));
@@ -230,29 +315,38 @@ unsafe fn q6k_avx2(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
             let q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15), q4h_2);
             let q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15), q4h_3);
 
-            let p16_0 = _mm256_maddubs_epi16(q4_0, load256(q8.add(128 * j)));
-            let p16_1 = _mm256_maddubs_epi16(q4_1, load256(q8.add(128 * j + 32)));
-            let p16_2 = _mm256_maddubs_epi16(q4_2, load256(q8.add(128 * j + 64)));
-            let p16_3 = _mm256_maddubs_epi16(q4_3, load256(q8.add(128 * j + 96)));
-
             // Sub-blocks 8j + 2k, 8j + 2k + 1 for the k-th 32 values.
             let sc = |k: usize| {
                 let lo = (8 * j + 2 * k) as u64 * 0x0101_0101_0101_0101;
                 let hi = (8 * j + 2 * k + 1) as u64 * 0x0101_0101_0101_0101;
                 _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_set_epi64x(hi as i64, lo as i64)))
             };
-            let p16_0 = _mm256_madd_epi16(sc(0), p16_0);
-            let p16_1 = _mm256_madd_epi16(sc(1), p16_1);
-            let p16_2 = _mm256_madd_epi16(sc(2), p16_2);
-            let p16_3 = _mm256_madd_epi16(sc(3), p16_3);
+            let sc = [sc(0), sc(1), sc(2), sc(3)];
 
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+            for t in 0..T {
+                let q8 = y[t].qs.as_ptr();
+                let p16_0 = _mm256_madd_epi16(sc[0], _mm256_maddubs_epi16(q4_0, load256(q8.add(128 * j))));
+                let p16_1 = _mm256_madd_epi16(sc[1], _mm256_maddubs_epi16(q4_1, load256(q8.add(128 * j + 32))));
+                let p16_2 = _mm256_madd_epi16(sc[2], _mm256_maddubs_epi16(q4_2, load256(q8.add(128 * j + 64))));
+                let p16_3 = _mm256_madd_epi16(sc[3], _mm256_maddubs_epi16(q4_3, load256(q8.add(128 * j + 96))));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p16_0, p16_1));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p16_2, p16_3));
+            }
         }
-        sumi = _mm256_sub_epi32(sumi, q8sclsub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        for t in 0..T {
+            let d = f32::from_le_bytes(y[t].d) * xd;
+            // The −32 offset of every quant: 32 · Σ scale · bsum, taken out once per block.
+            let q8sums = load256(y[t].bsums.as_ptr());
+            let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+            let s = _mm256_sub_epi32(sumi[t], q8sclsub);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[t]);
+        }
     }
-    hsum_ps_256(acc)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_ps_256(acc[t]);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -264,9 +358,9 @@ unsafe fn q6k_avx2(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
 // Each asm statement is one register-only (or stack-reading) VNNI instruction that touches no
 // flags and no memory other than the operand named.
 
-/// `acc += vpdpwssd(p, s)` on `zmm` registers.
+/// `acc += vpdpwssd(p, s)` on `zmm` registers (`$acc`: a place, e.g. `sumi[t]`).
 macro_rules! dpwssd512 {
-    ($acc:ident, $p:expr, $s:expr) => {{
+    ($acc:expr, $p:expr, $s:expr) => {{
         let (p, s): (__m512i, __m512i) = ($p, $s);
         // SAFETY: AVX-512 VNNI is enabled on the enclosing function; registers only.
         asm!("vpdpwssd {acc}, {p}, {s}", acc = inout(zmm_reg) $acc, p = in(zmm_reg) p, s = in(zmm_reg) s,
@@ -275,9 +369,10 @@ macro_rules! dpwssd512 {
 }
 
 /// `s0 += vpdpwssd(p0, broadcast(sp[k0]))`, `s1 += vpdpwssd(p1, broadcast(sp[k0 + 1]))` on `ymm`
-/// registers, the i32 scale pairs broadcast from memory for free (`{1to8}`).
+/// registers, the i32 scale pairs broadcast from memory for free (`{1to8}`). `$s0` / `$s1` are
+/// places (e.g. `s0[t]`).
 macro_rules! dpwssd256_bcast2 {
-    ($s0:ident, $p0:expr, $s1:ident, $p1:expr, $sp:expr, $k0:expr) => {{
+    ($s0:expr, $p0:expr, $s1:expr, $p1:expr, $sp:expr, $k0:expr) => {{
         let (p0, p1, sp): (__m256i, __m256i, *const u32) = ($p0, $p1, $sp);
         const { assert!(($k0) + 1 < 8) };
         // SAFETY: AVX-512 VNNI + VL are enabled on the enclosing function; `sp` points at 8
@@ -292,14 +387,6 @@ macro_rules! dpwssd256_bcast2 {
     }};
 }
 
-/// `[d_w · d_a, dmin_w · d_a, …]` from the first 4 bytes of a Q4_K / Q5_K block (f16 `d`, `dmin`)
-/// and the Q8_K block's f32 `d`.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn d_dmin(header: i32, dy: [u8; 4]) -> __m128 {
-    _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(header)), _mm_set1_ps(f32::from_le_bytes(dy)))
-}
-
 /// The first 4 bytes of a block (both f16 scales of a Q4_K / Q5_K block), in one load.
 #[inline(always)]
 fn header<T: bytemuck::Pod>(x: &T) -> i32 {
@@ -308,16 +395,30 @@ fn header<T: bytemuck::Pod>(x: &T) -> i32 {
 }
 
 /// The eight 6-bit sub-block scales of a Q4_K / Q5_K block as `(sc, sc)` i16 pairs (for
-/// `vpdpwssd`), and `Σ_k bsums[k] · min[k / 2]` as 8 i32 lanes (`bsums`: the Q8_K block's 16 sums).
+/// `vpdpwssd`), and its eight mins as `(min, min)` i16 pairs: `madd(bsums, mins2)` is
+/// `Σ_k bsums[k] · min[k / 2]` as 8 i32 lanes (`bsums`: a Q8_K block's 16 sums).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-fn scales_and_mins_k4(scales: &[u8; 12], bsums: __m256i) -> (__m256i, __m256i) {
+fn scales_and_mins_k4(scales: &[u8; 12]) -> (__m256i, __m256i) {
     let u = unpack_scales_k4(scales);
     let sc = _mm_cvtsi64_si128(((u[0] as u64) | ((u[1] as u64) << 32)) as i64);
     let mn = _mm_cvtsi64_si128(((u[2] as u64) | ((u[3] as u64) << 32)) as i64);
     let mins2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
     let s32 = _mm256_cvtepu8_epi32(sc);
-    (_mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32)), _mm256_madd_epi16(bsums, mins2))
+    (_mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32)), mins2)
+}
+
+/// One token's super-block epilogue of the Q4_K / Q5_K AVX-512 kernels: `acc += d · sumi`,
+/// `acc_m += dmin · Σ bsum · min`, with `[d, dmin] = [d_w, dmin_w] · d_a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn k4_epilogue(hw: __m128, y: &BlockQ8K, mins2: __m256i, sumi: __m256i, acc: &mut __m256, acc_m: &mut __m256) {
+    let dd = _mm_mul_ps(hw, _mm_set1_ps(f32::from_le_bytes(y.d)));
+    // SAFETY: reads the 32 bytes of `y.bsums`.
+    let mins = _mm256_madd_epi16(unsafe { load256(y.bsums.as_ptr()) }, mins2);
+    *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), *acc);
+    let vdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
+    *acc_m = _mm256_fmadd_ps(vdmin, _mm256_cvtepi32_ps(mins), *acc_m);
 }
 
 #[inline]
@@ -327,66 +428,78 @@ fn hsum_diff_256(acc: __m256, acc_m: __m256) -> f32 {
 }
 
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `ys[t].len() == xs.len()` for every
+/// `t`.
 ///
 /// 256-bit registers throughout (the multiplies then issue on two ports, not one): per 64 values
-/// one 32-byte quant load, nibble split, two `vpmaddubsw` and two `vpdpwssd` whose scale operand is
-/// broadcast from a small stack array.
+/// one 32-byte quant load and nibble split (shared by the tokens), then per token two
+/// `vpmaddubsw` and two `vpdpwssd` whose scale operand is broadcast from a small stack array.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_avx512(xs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q4k_avx512<const T: usize>(xs: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_m = [_mm256_setzero_ps(); T];
     let mut sbuf = [0u32; 8];
-    for (x, y) in xs.iter().zip(ys) {
-        let dd = d_dmin(header(x), y.d);
-        let (sc_pairs, mins) = scales_and_mins_k4(&x.scales, load256(y.bsums.as_ptr()));
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let hw = _mm_cvtph_ps(_mm_cvtsi32_si128(header(x)));
+        let (sc_pairs, mins2) = scales_and_mins_k4(&x.scales);
         _mm256_storeu_si256(sbuf.as_mut_ptr() as *mut __m256i, sc_pairs);
         let sp = sbuf.as_ptr();
-        let (q4, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
-        let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let q4 = x.qs.as_ptr();
+        let mut s0 = [_mm256_setzero_si256(); T];
+        let mut s1 = [_mm256_setzero_si256(); T];
         macro_rules! chunk {
             ($j:literal) => {{
                 let qb = load256(q4.add(32 * $j));
                 let lo = _mm256_and_si256(qb, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4);
-                let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
-                let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
-                dpwssd256_bcast2!(s0, plo, s1, phi, sp, 2 * $j);
+                for t in 0..T {
+                    let q8 = y[t].qs.as_ptr();
+                    let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
+                    let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
+                    dpwssd256_bcast2!(s0[t], plo, s1[t], phi, sp, 2 * $j);
+                }
             }};
         }
         chunk!(0);
         chunk!(1);
         chunk!(2);
         chunk!(3);
-        let sumi = _mm256_add_epi32(s0, s1);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-        let vdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
-        acc_m = _mm256_fmadd_ps(vdmin, _mm256_cvtepi32_ps(mins), acc_m);
+        for t in 0..T {
+            k4_epilogue(hw, y[t], mins2, _mm256_add_epi32(s0[t], s1[t]), &mut acc[t], &mut acc_m[t]);
+        }
     }
-    hsum_diff_256(acc, acc_m)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_diff_256(acc[t], acc_m[t]);
+    }
+    out
 }
 
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `ys[t].len() == xs.len()` for every
+/// `t`.
 ///
 /// As [`q4k_avx512`]; the fifth bit of chunk `j` (bit `2j` / `2j + 1` of `qh`) is shifted to bit 4
 /// and merged with one `vpternlogd`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5k_avx512(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q5k_avx512<const T: usize>(xs: &[BlockQ5K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m4 = _mm256_set1_epi8(0xF);
     let m16 = _mm256_set1_epi8(16);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_m = [_mm256_setzero_ps(); T];
     let mut sbuf = [0u32; 8];
-    for (x, y) in xs.iter().zip(ys) {
-        let dd = d_dmin(header(x), y.d);
-        let (sc_pairs, mins) = scales_and_mins_k4(&x.scales, load256(y.bsums.as_ptr()));
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let hw = _mm_cvtph_ps(_mm_cvtsi32_si128(header(x)));
+        let (sc_pairs, mins2) = scales_and_mins_k4(&x.scales);
         _mm256_storeu_si256(sbuf.as_mut_ptr() as *mut __m256i, sc_pairs);
         let sp = sbuf.as_ptr();
         let hb = load256(x.qh.as_ptr());
-        let (q5, q8) = (x.qs.as_ptr(), y.qs.as_ptr());
-        let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let q5 = x.qs.as_ptr();
+        let mut s0 = [_mm256_setzero_si256(); T];
+        let mut s1 = [_mm256_setzero_si256(); T];
         // `a | (b & c)`.
         const OR_AND: i32 = 0xF8;
         macro_rules! chunk {
@@ -395,9 +508,12 @@ unsafe fn q5k_avx512(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
                 let lo = _mm256_ternarylogic_epi32::<OR_AND>(_mm256_and_si256(qb, m4), $hlo, m16);
                 let hi =
                     _mm256_ternarylogic_epi32::<OR_AND>(_mm256_and_si256(_mm256_srli_epi16::<4>(qb), m4), $hhi, m16);
-                let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
-                let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
-                dpwssd256_bcast2!(s0, plo, s1, phi, sp, 2 * $j);
+                for t in 0..T {
+                    let q8 = y[t].qs.as_ptr();
+                    let plo = _mm256_maddubs_epi16(lo, load256(q8.add(64 * $j)));
+                    let phi = _mm256_maddubs_epi16(hi, load256(q8.add(64 * $j + 32)));
+                    dpwssd256_bcast2!(s0[t], plo, s1[t], phi, sp, 2 * $j);
+                }
             }};
         }
         // 16-bit shifts move bit k of every byte to bit 4 of the same byte (|4 − k| ≤ 4).
@@ -405,24 +521,28 @@ unsafe fn q5k_avx512(xs: &[BlockQ5K], ys: &[BlockQ8K]) -> f32 {
         chunk!(1, _mm256_slli_epi16::<2>(hb), _mm256_slli_epi16::<1>(hb));
         chunk!(2, hb, _mm256_srli_epi16::<1>(hb));
         chunk!(3, _mm256_srli_epi16::<2>(hb), _mm256_srli_epi16::<3>(hb));
-        let sumi = _mm256_add_epi32(s0, s1);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-        let vdmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
-        acc_m = _mm256_fmadd_ps(vdmin, _mm256_cvtepi32_ps(mins), acc_m);
+        for t in 0..T {
+            k4_epilogue(hw, y[t], mins2, _mm256_add_epi32(s0[t], s1[t]), &mut acc[t], &mut acc_m[t]);
+        }
     }
-    hsum_diff_256(acc, acc_m)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_diff_256(acc[t], acc_m[t]);
+    }
+    out
 }
 
 /// Mask of the upper 32 bytes (upper 16 i16 lanes) of a `zmm`.
 const UPPER_HALF_W: __mmask32 = 0xFFFF_0000;
 
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `xs.len() == ys.len()`.
+/// The CPU must support AVX-512 F/BW/VL, VNNI, FMA and F16C; `ys[t].len() == xs.len()` for every
+/// `t`.
 ///
 /// 512-bit registers, 64 values each: a 16-value sub-block fills one 128-bit lane, so the scale
 /// vector for a register is one `vpermw` of the sixteen sign-extended scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6k_avx512(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+unsafe fn q6k_avx512<const T: usize>(xs: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let m4 = _mm512_set1_epi8(0x0F);
     let m33 = _mm512_set1_epi8(0x33);
     // vpermw indices for 64-value chunk c: sub-block 4c + k fills 128-bit lane k.
@@ -430,15 +550,19 @@ unsafe fn q6k_avx512(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
         let lane = |k: usize| 0x0001_0001_0001_0001 * (4 * c + k) as i64;
         _mm512_set_epi64(lane(3), lane(3), lane(2), lane(2), lane(1), lane(1), lane(0), lane(0))
     });
-    let mut acc = _mm512_setzero_ps();
-    for (x, y) in xs.iter().zip(ys) {
-        let d = f32::from_le_bytes(y.d) * f16_to_f32(x.d);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for (i, x) in xs.iter().enumerate() {
+        let y = act_blocks(&ys, i);
+        let xd = f16_to_f32(x.d);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr() as *const __m128i));
         let sc512 = _mm512_castsi256_si512(sc16);
-        // −32 · Σ scale · bsum: the quants' offset, seeded into the accumulator.
-        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load256(y.bsums.as_ptr()), sc16));
-        let mut sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
-        let (ql, qh, q8) = (x.ql.as_ptr(), x.qh.as_ptr(), y.qs.as_ptr());
+        let mut sumi = [_mm512_setzero_si512(); T];
+        for t in 0..T {
+            // −32 · Σ scale · bsum: the quants' offset, seeded into the accumulator.
+            let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load256(y[t].bsums.as_ptr()), sc16));
+            sumi[t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+        }
+        let (ql, qh) = (x.ql.as_ptr(), x.qh.as_ptr());
         for h in 0..QK_K / 128 {
             let l = load512(ql.add(64 * h));
             // qh for values 0..32 in the low half, qh >> 2 for values 32..64 in the high half;
@@ -448,12 +572,24 @@ unsafe fn q6k_avx512(xs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
             // Bitwise select (imm 0xE4): bits 0-3 from the nibble, bits 4-7 from the high bits.
             let z01 = _mm512_ternarylogic_epi32::<0xE4>(l, _mm512_slli_epi16::<4>(hb), m4);
             let z23 = _mm512_ternarylogic_epi32::<0xE4>(_mm512_srli_epi16::<4>(l), hb, m4);
-            let p01 = _mm512_maddubs_epi16(z01, load512(q8.add(128 * h)));
-            let p23 = _mm512_maddubs_epi16(z23, load512(q8.add(128 * h + 64)));
-            dpwssd512!(sumi, p01, _mm512_permutexvar_epi16(sidx[2 * h], sc512));
-            dpwssd512!(sumi, p23, _mm512_permutexvar_epi16(sidx[2 * h + 1], sc512));
+            let s01 = _mm512_permutexvar_epi16(sidx[2 * h], sc512);
+            let s23 = _mm512_permutexvar_epi16(sidx[2 * h + 1], sc512);
+            for t in 0..T {
+                let q8 = y[t].qs.as_ptr();
+                let p01 = _mm512_maddubs_epi16(z01, load512(q8.add(128 * h)));
+                let p23 = _mm512_maddubs_epi16(z23, load512(q8.add(128 * h + 64)));
+                dpwssd512!(sumi[t], p01, s01);
+                dpwssd512!(sumi[t], p23, s23);
+            }
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        for t in 0..T {
+            let d = f32::from_le_bytes(y[t].d) * xd;
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        }
     }
-    _mm512_reduce_add_ps(acc)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = _mm512_reduce_add_ps(acc[t]);
+    }
+    out
 }
