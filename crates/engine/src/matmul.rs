@@ -142,9 +142,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         let w_row = |r: usize| &file[base + r * rb..base + (r + 1) * rb];
         let act = |t: usize| &j.act[t * j.act_rb..(t + 1) * j.act_rb];
         let mut t = 0;
-        static NO4: std::sync::OnceLock<bool> = std::sync::OnceLock::new(); // TEMP A/B
-        let no4 = *NO4.get_or_init(|| std::env::var_os("SIFT_NO_DOT4").is_some());
-        while !no4 && t + 4 <= n_tok {
+        while t + 4 <= n_tok {
             let a = [act(t), act(t + 1), act(t + 2), act(t + 3)];
             let mut y = [[0f32; 4]; ROW_CHUNK_BATCH];
             let y = &mut y[..r1 - r0];
@@ -167,4 +165,83 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sift_quant::WeightType;
+
+    /// Deterministic pseudo-random values in `-1..1` (xorshift; no dev-dependency needed).
+    fn values(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                (*seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// A batch (groups of four tokens plus a remainder, several jobs, chunks that end mid-way)
+    /// computes bit for bit what one token at a time computes.
+    #[test]
+    fn batched_products_equal_token_by_token_products() {
+        let pool = ThreadPool::new(2);
+        let mut seed = 0x5eed_0001u64;
+        for ty in [
+            WeightType::Q4_0,
+            WeightType::Q4_1,
+            WeightType::Q5_0,
+            WeightType::Q8_0,
+            WeightType::Q4_K,
+            WeightType::Q5_K,
+            WeightType::Q6_K,
+            WeightType::F16,
+        ] {
+            let cols = 512;
+            let shapes = [150usize, 70];
+            let mut file = Vec::new();
+            let mut tensors = Vec::new();
+            for (k, &rows) in shapes.iter().enumerate() {
+                let start = file.len();
+                for _ in 0..rows {
+                    file.extend(sift_quant::scalar::quantize_row(ty, &values(&mut seed, cols)));
+                }
+                tensors.push(QTensor {
+                    name: format!("w{k}"),
+                    ty,
+                    rows,
+                    cols,
+                    row_bytes: ty.row_bytes(cols).unwrap(),
+                    range: start..file.len(),
+                });
+            }
+            let n_tok = 11;
+            let x = values(&mut seed, n_tok * cols);
+            let mut acts = QuantActs::new();
+            acts.quantize(&pool, ty.act_type(), &x, cols, n_tok);
+            let mut out: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n_tok * r]).collect();
+            {
+                let [o0, o1] = &mut out[..] else { unreachable!() };
+                let mut jobs = [
+                    MatJob { w: &tensors[0], out: o0, stride: shapes[0] },
+                    MatJob { w: &tensors[1], out: o1, stride: shapes[1] },
+                ];
+                matmul_many(&pool, &file, &acts, n_tok, &mut jobs);
+            }
+            for t in 0..n_tok {
+                let mut one = QuantActs::new();
+                one.quantize(&pool, ty.act_type(), &x[t * cols..(t + 1) * cols], cols, 1);
+                for (k, w) in tensors.iter().enumerate() {
+                    let mut o = vec![f32::NAN; w.rows];
+                    matmul_many(&pool, &file, &one, 1, &mut [MatJob { w, out: &mut o, stride: w.rows }]);
+                    for (r, (a, b)) in out[k][t * w.rows..(t + 1) * w.rows].iter().zip(&o).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{} job {k} token {t} row {r}: {a} vs {b}", ty.name());
+                    }
+                }
+            }
+        }
+    }
 }

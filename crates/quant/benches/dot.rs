@@ -121,7 +121,11 @@ fn main() {
         let a4 = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
         let mut out4 = vec![0f32; 4 * c.rows];
         for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
-            let (Some(dot), Some(dot4)) = (c.t.dot_fn_for(isa), c.t.dot4_fn_for(isa)) else { continue };
+            let (Some(dot), Some(dot4), Some(rows)) =
+                (c.t.dot_fn_for(isa), c.t.dot4_fn_for(isa), c.t.dot4_rows_fn_for(isa))
+            else {
+                continue;
+            };
             let one = best_time(
                 || {
                     for (o, wr) in out4.chunks_exact_mut(4).zip(w.chunks_exact(row_bytes)) {
@@ -142,15 +146,27 @@ fn main() {
                 },
                 Duration::from_millis(100),
             );
+            let mut out_rows = vec![[0f32; 4]; c.rows];
+            let multi = best_time(
+                || {
+                    for (o, wr) in out_rows.chunks_mut(64).zip(w.chunks(64 * row_bytes)) {
+                        rows(c.n, black_box(wr), row_bytes, black_box(a4), o);
+                    }
+                    black_box(&out_rows);
+                },
+                Duration::from_millis(100),
+            );
             let ns = |t: Duration| t.as_secs_f64() * 1e9 / (4 * c.rows) as f64;
             println!(
-                "{:<6} {:>12}  {:<11} x4: dot {:>7.2} ns/row/token, dot4 {:>7.2} ({:.2}x)",
+                "{:<6} {:>12}  {:<11} x4: dot {:>7.2} ns/row/token, dot4 {:>7.2} ({:.2}x), dot4_rows {:>7.2} ({:.2}x)",
                 c.t.name(),
                 format!("{}x{}", c.rows, c.n),
                 format!("{isa:?}"),
                 ns(one),
                 ns(four),
-                one.as_secs_f64() / four.as_secs_f64()
+                one.as_secs_f64() / four.as_secs_f64(),
+                ns(multi),
+                one.as_secs_f64() / multi.as_secs_f64()
             );
         }
     }

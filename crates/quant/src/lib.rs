@@ -9,10 +9,18 @@
 //! [`x86`] and are chosen at run time by [`Isa::detect`]. Tests compare SIMD against scalar against
 //! an f32 computation on dequantized values.
 //!
+//! Batches of tokens (prompt processing) use the multi-token kernels: [`Dot4Fn`] (one weight row,
+//! four activation rows) and [`Dot4RowsFn`] (many weight rows, four activation rows), which unpack
+//! each weight block once for four tokens. Per token they are bit-identical to the single-row
+//! [`DotFn`] of the same instruction set, so batched and token-by-token evaluation agree exactly
+//! (`tests/dot4.rs`).
+//!
 //! Module map:
 //! - [`blocks`]: `#[repr(C)]` block structs with `const` size asserts.
 //! - [`scalar`]: reference dequantize / quantize / dot for every format.
-//! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`), each beside its reference.
+//! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`) for the non-K formats,
+//!   single- and multi-token; [`x86_k`]: the same for the K-quants; [`x86_pair`]: the AVX-512
+//!   multi-row four-token kernels of the non-K formats (512-bit, token pairs interleaved).
 //! - this file: the public, safe, dispatching API.
 
 /// Defines `fn $name` (a [`Dot4Fn`]) as four calls of the [`DotFn`] `$dot`, one per activation
@@ -38,11 +46,6 @@ macro_rules! rows_by_dot4 {
     };
 }
 pub(crate) use rows_by_dot4;
-
-#[doc(hidden)]
-pub static ALT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false); // TEMP
-#[doc(hidden)]
-pub static ALT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false); // TEMP
 
 pub mod blocks;
 pub mod scalar;

@@ -18,6 +18,11 @@
 //! - `vpdpwssd` is written as inline asm (see `dpwssd512!`), because LLVM's generic tuning splits
 //!   the intrinsic into `vpmaddwd` + `vpaddd`.
 //!
+//! Every kernel is generic over the number of activation rows `T` (see "Multi-token kernels"
+//! below): `T = 1` is the single-row [`crate::DotFn`], `T = 4` (AVX-512) or `T = 2` twice (AVX2)
+//! the [`crate::Dot4Fn`], bit-identical to it per token. The [`crate::Dot4RowsFn`]s run the
+//! four-token kernel row by row (the Q8_K headers need no conversion to share).
+//!
 //! The i32 sums per super-block are exact (no `vpmaddubsw` saturation is possible: q ≤ 63,
 //! |a| ≤ 128), so results differ from the scalar reference only by f32 rounding. Loads are
 //! unaligned; horizontal sums happen once per row.

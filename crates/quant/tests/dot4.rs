@@ -187,7 +187,8 @@ fn check(t: WeightType, n: usize, w: &[u8], acts: [&[u8]; 4], what: &str) {
 fn check_rows(t: WeightType, n: usize, w: &[u8], row_bytes: usize, rows: usize, acts: [&[u8]; 4], what: &str) {
     for isa in Isa::available() {
         let dot = t.dot_fn_for(isa).unwrap();
-        let f = t.dot4_rows_fn_for(isa).unwrap_or_else(|| panic!("{} has a dot but no dot4_rows for {isa:?}", t.name()));
+        let f =
+            t.dot4_rows_fn_for(isa).unwrap_or_else(|| panic!("{} has a dot but no dot4_rows for {isa:?}", t.name()));
         let mut out = vec![[f32::NAN; 4]; rows];
         f(n, w, row_bytes, acts, &mut out);
         for (r, o) in out.iter().enumerate() {
