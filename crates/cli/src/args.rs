@@ -54,6 +54,7 @@ impl ModelArgs {
             n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1),
             n_ctx: self.ctx_size,
             n_batch: self.batch_size.max(1),
+            sparse_head: 0.0,
         }
     }
 }
@@ -118,6 +119,8 @@ impl SamplingArgs {
 #[derive(Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
+    pub sparsity: crate::sparsity::SparsityArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -138,6 +141,8 @@ pub struct GenerateArgs {
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
+    pub sparsity: crate::sparsity::SparsityArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -148,6 +153,8 @@ pub struct ChatArgs {
 
 #[derive(Args)]
 pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub sparsity: crate::sparsity::SparsityArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -170,6 +177,8 @@ pub struct PerplexityArgs {
 
 #[derive(Args)]
 pub struct BenchArgs {
+    #[command(flatten)]
+    pub sparsity: crate::sparsity::SparsityArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,

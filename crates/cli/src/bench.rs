@@ -13,7 +13,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
     let filename = a.model.display().to_string();
     let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
-    let mut engine = Engine::new(model, &EngineOptions { n_threads: threads[0], n_ctx, n_batch: a.batch_size.max(1) });
+    let opts = |t: usize| EngineOptions {
+        n_threads: t,
+        n_ctx,
+        n_batch: a.batch_size.max(1),
+        sparse_head: a.sparsity.sparse_head,
+    };
+    let mut engine = Engine::new(model, &opts(threads[0]));
+    a.sparsity.apply(&mut engine)?;
     let mut rows: Vec<(usize, BenchResult)> = Vec::new();
     let md = a.output == "md";
     if md {
@@ -23,7 +30,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     for &t in &threads {
         if t != engine.n_threads() {
             let model = engine.model;
-            engine = Engine::new(model, &EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1) });
+            engine = Engine::new(model, &opts(t));
+            a.sparsity.apply(&mut engine)?;
         }
         let mut tests: Vec<BenchResult> = Vec::new();
         for &p in a.n_prompt.iter().filter(|&&p| p > 0) {

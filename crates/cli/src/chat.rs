@@ -11,7 +11,10 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let opts = a.sampling.generate_options()?;
     let (model, tok) = crate::generate::load(&a.model.model)?;
     let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
-    let mut engine = Engine::new(model, &a.model.engine_options());
+    let mut eo = a.model.engine_options();
+    eo.sparse_head = a.sparsity.sparse_head;
+    let mut engine = Engine::new(model, &eo);
+    a.sparsity.apply(&mut engine)?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });

@@ -41,7 +41,10 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     };
     let tokens = tok.encode(&text, true, a.chat)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
-    let mut engine = Engine::new(model, &a.model.engine_options());
+    let mut eo = a.model.engine_options();
+    eo.sparse_head = a.sparsity.sparse_head;
+    let mut engine = Engine::new(model, &eo);
+    a.sparsity.apply(&mut engine)?;
     let mut out = std::io::stdout().lock();
     if !a.no_display_prompt {
         write!(out, "{text}")?;

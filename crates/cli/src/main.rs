@@ -9,6 +9,7 @@ mod chat;
 mod generate;
 mod inspect;
 mod perplexity;
+mod sparsity;
 
 use clap::Parser;
 

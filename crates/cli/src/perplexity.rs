@@ -15,8 +15,15 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
     let mut engine = Engine::new(
         model,
-        &EngineOptions { n_threads: threads, n_ctx: a.ctx_size, n_batch: a.batch_size.min(a.ctx_size).max(1) },
+        &EngineOptions {
+            n_threads: threads,
+            n_ctx: a.ctx_size,
+            n_batch: a.batch_size.min(a.ctx_size).max(1),
+            sparse_head: a.sparsity.sparse_head,
+        },
     );
+    a.sparsity.apply(&mut engine)?;
+    eprintln!("sparsity: {}", engine.selector().describe());
     let chunks = usize::try_from(a.chunks).ok();
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
@@ -31,6 +38,16 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
         r.n_scored,
         t1.elapsed().as_secs_f64(),
         t1.elapsed().as_secs_f64() / r.n_chunks as f64
+    );
+    let st = engine.sparsity_stats();
+    let frac: Vec<String> = sift_engine::sparsity::Site::ALL
+        .iter()
+        .map(|&s| format!("{} {:.3}", s.name(), st.active_fraction(s)))
+        .collect();
+    eprintln!(
+        "active units: {}; active weight bytes per token: {:.2} MiB",
+        frac.join(", "),
+        engine.active_bytes_per_token() / (1 << 20) as f64
     );
     println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.ppl_err);
     Ok(())

@@ -8,6 +8,7 @@ use crate::matmul::{matmul_many, MatJob, QuantActs};
 use crate::pool::{split, SharedMut, ThreadPool};
 use crate::vecops;
 use sift_model::{Config, LayerWeights, Model, QTensor, RopeStyle};
+use sift_sparsity::{top_k_indices, DenseSelector, Phase, Selection, Selector, Site, SiteDims};
 
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,11 +27,13 @@ pub struct EngineOptions {
     pub n_ctx: usize,
     /// Tokens per forward batch (llama.cpp's `-ub`).
     pub n_batch: usize,
+    /// Fraction of the output head's input channels skipped per token (magnitude Top-K; 0 = dense).
+    pub sparse_head: f32,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_threads: default_threads(), n_ctx: 4096, n_batch: 512 }
+        EngineOptions { n_threads: default_threads(), n_ctx: 4096, n_batch: 512, sparse_head: 0.0 }
     }
 }
 
@@ -84,6 +87,41 @@ pub struct Engine {
     n_past: usize,
     /// `freq_base^(-2/rope_dim)`, iterated as ggml does.
     theta_scale: f32,
+    /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
+    selector: Box<dyn Selector>,
+    phase: Phase,
+    sparse_head: f32,
+    active: Vec<u32>,
+    keep: Vec<bool>,
+    head_scores: Vec<f32>,
+    head_scratch: Vec<u32>,
+    stats: SparsityStats,
+}
+
+/// How many input units each site used, summed over the tokens run since the last reset.
+#[derive(Clone, Debug, Default)]
+pub struct SparsityStats {
+    /// Token-layers that passed each site.
+    pub visits: [u64; 4],
+    /// Active units summed over those visits.
+    pub active: [u64; 4],
+    /// Units at each site (per visit).
+    pub units: [u64; 4],
+    /// Tokens whose output head ran, and the head's active input units over them.
+    pub head_visits: u64,
+    pub head_active: u64,
+}
+
+impl SparsityStats {
+    /// Mean fraction of units active at `site`.
+    pub fn active_fraction(&self, site: Site) -> f64 {
+        let i = site.index();
+        if self.visits[i] == 0 || self.units[i] == 0 {
+            1.0
+        } else {
+            self.active[i] as f64 / (self.visits[i] * self.units[i]) as f64
+        }
+    }
 }
 
 impl Engine {
@@ -112,7 +150,85 @@ impl Engine {
             v: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect(),
         };
         let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
-        Engine { model, pool, kv, s, n_ctx, n_batch: b, n_past: 0, theta_scale }
+        let stats = SparsityStats {
+            units: [c.n_embd as u64, c.n_embd_q() as u64, c.n_embd as u64, c.n_ff as u64],
+            ..Default::default()
+        };
+        Engine {
+            model,
+            pool,
+            kv,
+            s,
+            n_ctx,
+            n_batch: b,
+            n_past: 0,
+            theta_scale,
+            selector: Box::new(DenseSelector),
+            phase: Phase::Prompt,
+            sparse_head: opts.sparse_head.clamp(0.0, 0.99),
+            active: Vec::new(),
+            keep: Vec::new(),
+            head_scores: Vec::new(),
+            head_scratch: Vec::new(),
+            stats,
+        }
+    }
+
+    /// Units at each selection site, for building selectors.
+    pub fn site_dims(&self) -> SiteDims {
+        let c = &self.model.config;
+        SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] }
+    }
+
+    /// Replaces the selection method (the sequence state of the old one is dropped).
+    pub fn set_selector(&mut self, selector: Box<dyn Selector>) {
+        self.selector = selector;
+        self.selector.reset();
+    }
+
+    pub fn selector(&self) -> &dyn Selector {
+        self.selector.as_ref()
+    }
+
+    /// Units used per site since the last [`Engine::reset_stats`].
+    pub fn sparsity_stats(&self) -> &SparsityStats {
+        &self.stats
+    }
+
+    pub fn reset_stats(&mut self) {
+        let units = self.stats.units;
+        self.stats = SparsityStats { units, ..Default::default() };
+    }
+
+    /// Weight bytes each site's ops read per token when dense: [q+k+v, o, gate+up, down], summed
+    /// over layers; and the output head's bytes.
+    pub fn site_bytes(&self) -> ([u64; 4], u64) {
+        let mut b = [0u64; 4];
+        for lw in &self.model.layers {
+            let n = |t: &QTensor| (t.range.end - t.range.start) as u64;
+            b[0] += n(&lw.wq) + n(&lw.wk) + n(&lw.wv);
+            b[1] += n(&lw.wo);
+            b[2] += n(&lw.w_gate) + n(&lw.w_up);
+            b[3] += n(&lw.w_down);
+        }
+        let o = &self.model.output;
+        (b, (o.range.end - o.range.start) as u64)
+    }
+
+    /// Mean weight bytes per token that the selections since the last stats reset needed
+    /// (the seven linears scaled by their sites' active fractions, plus the output head).
+    pub fn active_bytes_per_token(&self) -> f64 {
+        let (b, head) = self.site_bytes();
+        let mut total = 0.0;
+        for s in Site::ALL {
+            total += b[s.index()] as f64 * self.stats.active_fraction(s);
+        }
+        let head_frac = if self.stats.head_visits == 0 {
+            1.0
+        } else {
+            self.stats.head_active as f64 / (self.stats.head_visits as f64 * self.model.config.n_embd as f64)
+        };
+        total + head as f64 * head_frac
     }
 
     pub fn config(&self) -> &Config {
@@ -132,14 +248,27 @@ impl Engine {
         self.n_past
     }
 
-    /// Forgets everything after the first `n` tokens (a new conversation: `truncate(0)`).
+    /// Forgets everything after the first `n` tokens (a new conversation: `truncate(0)`, which also
+    /// resets the selector's sequence state).
     pub fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+        if n == 0 {
+            self.selector.reset();
+        }
     }
 
     /// Evaluates `tokens` after the cached ones and returns logits: `n_vocab` values for
-    /// [`Logits::Last`], `tokens.len() * n_vocab` for [`Logits::All`].
+    /// [`Logits::Last`], `tokens.len() * n_vocab` for [`Logits::All`]. A batch of more than one
+    /// token counts as prompt ([`Phase::Prompt`]), a single token as generation.
     pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<&[f32], EvalError> {
+        let phase = if tokens.len() > 1 { Phase::Prompt } else { Phase::Generate };
+        self.eval_phase(tokens, want, phase)
+    }
+
+    /// [`Engine::eval`] with an explicit phase: selectors that fix their choice at prefill
+    /// (core neurons) observe [`Phase::Prompt`] tokens and apply their set to [`Phase::Generate`]
+    /// ones, however many arrive at once (perplexity scores a window's second half as a batch).
+    pub fn eval_phase(&mut self, tokens: &[u32], want: Logits, phase: Phase) -> Result<&[f32], EvalError> {
         let c = &self.model.config;
         if tokens.is_empty() {
             return Err(EvalError::Empty);
@@ -161,6 +290,8 @@ impl Engine {
             all.reserve(tokens.len() * n_vocab);
         }
         let n_batches = tokens.len().div_ceil(self.n_batch);
+        self.phase = phase;
+        self.selector.begin_batch(phase);
         for (i, batch) in tokens.chunks(self.n_batch).enumerate() {
             let last = i + 1 == n_batches;
             let rows = match want {
@@ -173,6 +304,7 @@ impl Engine {
                 all.extend_from_slice(&self.s.logits[..rows * n_vocab]);
             }
         }
+        self.selector.end_batch(phase);
         if want == Logits::All {
             self.s.logits = all;
         }
@@ -198,15 +330,104 @@ impl Engine {
         }
     }
 
+    /// Asks the selector for each of `n` token rows of `x` (row length `len`) at `site` and zeroes
+    /// the inactive inputs: a skipped input channel contributes nothing, exactly as if its weight
+    /// column were not read. Dense kernels on masked inputs therefore compute what sparse column
+    /// kernels compute, which is how quality is measured on any file.
+    fn select_and_mask(&mut self, l: usize, site: Site, which: Buf, len: usize, n: usize) {
+        let Engine { selector, phase, active, keep, s, stats, .. } = self;
+        let x = match which {
+            Buf::H => &mut s.h,
+            Buf::Att => &mut s.att,
+            Buf::G => &mut s.g,
+        };
+        let i = site.index();
+        for row in x[..n * len].chunks_exact_mut(len) {
+            stats.visits[i] += 1;
+            match selector.select(l, site, *phase, row, active) {
+                Selection::All => stats.active[i] += len as u64,
+                Selection::Subset => {
+                    stats.active[i] += active.len() as u64;
+                    keep.clear();
+                    keep.resize(len, false);
+                    for &j in active.iter() {
+                        if let Some(k) = keep.get_mut(j as usize) {
+                            *k = true;
+                        }
+                    }
+                    for (v, &k) in row.iter_mut().zip(keep.iter()) {
+                        if !k {
+                            *v = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
     fn layer(&mut self, l: usize, n: usize) {
+        self.attention_block(l, n);
+        self.ffn_block(l, n);
+    }
+
+    fn ffn_block(&mut self, l: usize, n: usize) {
+        let (e, ff) = (self.model.config.n_embd, self.model.config.n_ff);
+        {
+            let Engine { model, pool, s, .. } = self;
+            let eps = model.config.rms_eps;
+            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
+        }
+        self.select_and_mask(l, Site::FfnIn, Buf::H, e, n);
+        {
+            let Engine { model, pool, s, .. } = self;
+            let lw = &model.layers[l];
+            quantize_for(pool, &mut s.acts, &[&lw.w_gate, &lw.w_up], &s.h, e, n);
+            matmul_many(
+                pool,
+                model.file.bytes(),
+                &s.acts,
+                n,
+                &mut [
+                    MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff },
+                    MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff },
+                ],
+            );
+            vecops::silu_mul(&mut s.g[..n * ff], &s.u[..n * ff]);
+        }
+        self.select_and_mask(l, Site::FfnMid, Buf::G, ff, n);
+        let Engine { model, pool, s, .. } = self;
+        let lw = &model.layers[l];
+        quantize_for(pool, &mut s.acts, &[&lw.w_down], &s.g, ff, n);
+        matmul_many(pool, model.file.bytes(), &s.acts, n, &mut [MatJob { w: &lw.w_down, out: &mut s.o[..n * e], stride: e }]);
+        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
+    }
+
+    fn attention_block(&mut self, l: usize, n: usize) {
+        {
+            let Engine { model, pool, s, .. } = self;
+            let c = &model.config;
+            let e = c.n_embd;
+            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, c.rms_eps, &mut s.h[..n * e], e);
+        }
+        let (e, qd) = (self.model.config.n_embd, self.model.config.n_embd_q());
+        self.select_and_mask(l, Site::AttnIn, Buf::H, e, n);
+        self.attention_core(l, n);
+        self.select_and_mask(l, Site::AttnOut, Buf::Att, qd, n);
+        let Engine { model, pool, s, .. } = self;
+        let lw = &model.layers[l];
+        quantize_for(pool, &mut s.acts, &[&lw.wo], &s.att, qd, n);
+        matmul_many(pool, model.file.bytes(), &s.acts, n, &mut [MatJob { w: &lw.wo, out: &mut s.o[..n * e], stride: e }]);
+        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
+    }
+
+    /// q, k, v projections of the (masked) normed input, RoPE, KV cache append and attention into `s.att`.
+    fn attention_core(&mut self, l: usize, n: usize) {
         let Engine { model, pool, kv, s, n_past, theta_scale, .. } = self;
         let c = &model.config;
         let lw: &LayerWeights = &model.layers[l];
         let file = model.file.bytes();
-        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
-
-        // Attention block.
-        rms_norm_rows(pool, &s.x[..n * e], &lw.attn_norm, c.rms_eps, &mut s.h[..n * e], e);
+        let (e, qd, kvd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv());
         quantize_for(pool, &mut s.acts, &[&lw.wq, &lw.wk, &lw.wv], &s.h, e, n);
         matmul_many(
             pool,
@@ -242,35 +463,36 @@ impl Engine {
         kv.k[l][p0..p0 + n * kvd].copy_from_slice(&s.k[..n * kvd]);
         kv.v[l][p0..p0 + n * kvd].copy_from_slice(&s.v[..n * kvd]);
         attention(pool, c, &s.q[..n * qd], &kv.k[l], &kv.v[l], *n_past, n, &mut s.scores, &mut s.att[..n * qd]);
-        quantize_for(pool, &mut s.acts, &[&lw.wo], &s.att, qd, n);
-        matmul_many(pool, file, &s.acts, n, &mut [MatJob { w: &lw.wo, out: &mut s.o[..n * e], stride: e }]);
-        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
-
-        // Feed-forward block (SwiGLU).
-        rms_norm_rows(pool, &s.x[..n * e], &lw.ffn_norm, c.rms_eps, &mut s.h[..n * e], e);
-        quantize_for(pool, &mut s.acts, &[&lw.w_gate, &lw.w_up], &s.h, e, n);
-        matmul_many(
-            pool,
-            file,
-            &s.acts,
-            n,
-            &mut [
-                MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff },
-                MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff },
-            ],
-        );
-        vecops::silu_mul(&mut s.g[..n * ff], &s.u[..n * ff]);
-        quantize_for(pool, &mut s.acts, &[&lw.w_down], &s.g, ff, n);
-        matmul_many(pool, file, &s.acts, n, &mut [MatJob { w: &lw.w_down, out: &mut s.o[..n * e], stride: e }]);
-        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
     }
 
     fn output_head(&mut self, n: usize, n_logits: usize) {
-        let Engine { model, pool, s, .. } = self;
+        let Engine { model, pool, s, sparse_head, head_scores, head_scratch, active, stats, .. } = self;
         let c = &model.config;
         let e = c.n_embd;
         let first = n - n_logits;
         rms_norm_rows(pool, &s.x[first * e..n * e], &model.output_norm, c.rms_eps, &mut s.h[..n_logits * e], e);
+        if *sparse_head > 0.0 {
+            // Input-channel Top-K on the output head (`--sparse-head R`).
+            let k = e - ((*sparse_head as f64 * e as f64).round() as usize).min(e);
+            for row in s.h[..n_logits * e].chunks_exact_mut(e) {
+                head_scores.clear();
+                head_scores.extend(row.iter().map(|v| v.abs()));
+                top_k_indices(head_scores, k, head_scratch, active);
+                let mut next = active.iter().peekable();
+                for (j, v) in row.iter_mut().enumerate() {
+                    if next.peek().is_some_and(|&&a| a as usize == j) {
+                        next.next();
+                    } else {
+                        *v = 0.0;
+                    }
+                }
+                stats.head_active += k as u64;
+                stats.head_visits += 1;
+            }
+        } else {
+            stats.head_active += (n_logits * e) as u64;
+            stats.head_visits += n_logits as u64;
+        }
         quantize_for(pool, &mut s.acts, &[&model.output], &s.h, e, n_logits);
         let nv = c.n_vocab;
         if s.logits.len() < n_logits * nv {
@@ -284,6 +506,14 @@ impl Engine {
             &mut [MatJob { w: &model.output, out: &mut s.logits[..n_logits * nv], stride: nv }],
         );
     }
+}
+
+/// Scratch buffers a site's activation lives in.
+#[derive(Clone, Copy)]
+enum Buf {
+    H,
+    Att,
+    G,
 }
 
 /// Rounds every value to the nearest f16 (kept as f32).

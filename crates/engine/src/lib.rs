@@ -13,6 +13,7 @@ pub mod pool;
 pub mod sampling;
 pub mod vecops;
 
-pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits};
+pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits, SparsityStats};
+pub use sift_sparsity as sparsity;
 pub use generate::{GenerateOptions, Generation, StopReason};
 pub use sampling::{Sampler, SamplerOptions};

@@ -1,8 +1,13 @@
 //! Perplexity with llama.cpp's method (`llama-perplexity`): the text is cut into non-overlapping
 //! windows of `n_ctx` tokens, the first token of each window is replaced by BOS when the model adds
 //! one, and only the second half of each window is scored.
+//!
+//! The first half runs as the prompt ([`Phase::Prompt`]) and the scored half as generation
+//! ([`Phase::Generate`]): the same numbers for per-token selectors, and the natural split for
+//! selectors that fix their units at prefill (core neurons).
 
 use crate::{Engine, EvalError, Logits};
+use sift_sparsity::Phase;
 
 /// The result of a perplexity run.
 #[derive(Clone, Debug)]
@@ -54,9 +59,10 @@ pub fn perplexity(
             window[0] = b;
         }
         engine.truncate(0);
-        let logits = engine.eval(&window, Logits::All)?;
+        engine.eval_phase(&window[..first], Logits::Last, Phase::Prompt)?;
+        let logits = engine.eval_phase(&window[first..], Logits::All, Phase::Generate)?;
         for j in first..n_ctx - 1 {
-            let row = &logits[j * n_vocab..(j + 1) * n_vocab];
+            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
             let target = tokens[i * n_ctx + j + 1] as usize;
             let v = -log_softmax_at(row, target);
             nll += v;

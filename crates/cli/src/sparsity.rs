@@ -1,0 +1,76 @@
+//! The selection flags shared by every command that runs the model: `--sparsity METHOD --ratio R`
+//! and their refinements, turned into a [`Selector`](sift_engine::sparsity::Selector) on an engine.
+
+use anyhow::Context;
+use clap::Args;
+use sift_engine::sparsity::{build_selector, Calibration, Method, Ratios, SparsityConfig};
+use sift_engine::Engine;
+use std::path::PathBuf;
+
+#[derive(Args, Clone, Debug)]
+pub struct SparsityArgs {
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim
+    #[arg(long = "sparsity", default_value = "dense")]
+    pub method: Method,
+    /// Fraction of units skipped at each sparsified site (0 = dense)
+    #[arg(long = "ratio", default_value_t = 0.5)]
+    pub ratio: f64,
+    /// JSON file with per-site / per-layer ratio overrides (see docs/sparsity.md)
+    #[arg(long = "sparsity-config")]
+    pub config: Option<PathBuf>,
+    /// Calibration file from `sift calibrate` (threshold, core-sim)
+    #[arg(long = "calib")]
+    pub calib: Option<PathBuf>,
+    /// DIP-CA: penalty for units not in cache (Eq. 10)
+    #[arg(long = "gamma", default_value_t = 0.2)]
+    pub gamma: f32,
+    /// DIP-CA: cache size as a fraction of each site's units (default: 1 - ratio)
+    #[arg(long = "cache-frac")]
+    pub cache_frac: Option<f32>,
+    /// core: token-wise fraction of positive activations that are core (SparseInfer's alpha)
+    #[arg(long = "alpha", default_value_t = 0.4)]
+    pub alpha: f32,
+    /// Fraction of the output head's input channels skipped per token (magnitude Top-K)
+    #[arg(long = "sparse-head", default_value_t = 0.0)]
+    pub sparse_head: f32,
+}
+
+impl SparsityArgs {
+    /// Checks the flags; errors name the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.sparse_head),
+            "--sparse-head must be in [0, 1), got {}",
+            self.sparse_head
+        );
+        if let Some(f) = self.cache_frac {
+            anyhow::ensure!((0.0..=1.0).contains(&f), "--cache-frac must be in [0, 1], got {f}");
+        }
+        Ok(())
+    }
+
+    /// The config these flags describe for a model of `n_layer` layers.
+    pub fn config(&self, n_layer: usize) -> anyhow::Result<SparsityConfig> {
+        let ratio = if self.method == Method::Dense { 0.0 } else { self.ratio };
+        let mut ratios = Ratios::uniform(self.method, n_layer, ratio).context("--ratio")?;
+        if let Some(p) = &self.config {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read '{}'", p.display()))?;
+            ratios.apply_overrides(self.method, &text).with_context(|| format!("in '{}'", p.display()))?;
+        }
+        Ok(SparsityConfig { method: self.method, ratios, gamma: self.gamma, cache_fraction: self.cache_frac, alpha: self.alpha })
+    }
+
+    /// Installs the selector on `engine`.
+    pub fn apply(&self, engine: &mut Engine) -> anyhow::Result<()> {
+        self.validate()?;
+        let dims = engine.site_dims();
+        let cfg = self.config(dims.n_layer)?;
+        let calib = match &self.calib {
+            Some(p) => Some(Calibration::load(p)?),
+            None => None,
+        };
+        let sel = build_selector(&cfg, dims, calib.as_ref())?;
+        engine.set_selector(sel);
+        Ok(())
+    }
+}

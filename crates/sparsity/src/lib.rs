@@ -1,0 +1,264 @@
+//! Activation sparsity: which units of each linear op one token needs.
+//!
+//! A transformer layer has four places where a linear op reads an activation vector; sift calls
+//! them [`Site`]s: the attention input (read by q, k and v), the attention output (read by o), the
+//! FFN input (read by gate and up) and the FFN's GLU activation (read by down). A [`Selector`]
+//! looks at the activation at a site and returns the *active input channels*: the columns of the
+//! site's weight matrices that this token needs. Skipped channels contribute nothing, which is the
+//! same as zeroing those inputs, so a selection can run either on sparse column kernels (only the
+//! active columns are read) or, for measuring quality, on the dense kernels with masked inputs.
+//!
+//! The methods, chosen with `--sparsity METHOD --ratio R` (R = fraction of units skipped):
+//! - `topk` ([`TopKSelector`]): per-token magnitude Top-K at every site (ActiveFlow, TEAL);
+//! - `threshold` ([`ThresholdSelector`]): per-layer/per-site magnitude thresholds from
+//!   `sift calibrate` ([`calib`]), with the ratio allocated across sites and layers;
+//! - `dip` ([`DipSelector`]): Dynamic Input Pruning of the MLP (Top-K of |x| for gate/up, of |GLU|
+//!   for down);
+//! - `dip-ca` ([`DipSelector`] with a [`LfuCacheState`]): DIP with cache-aware re-weighting (DIP Eq. 10);
+//! - `glu` ([`TopKSelector`] on the GLU site only): prune down-projection columns by |GLU|;
+//! - `core` / `core-sim` ([`CoreNeuronSelector`]): SparseInfer's sentence-level core neurons,
+//!   fixed at prefill (stability-guided) or taken from the nearest calibration cluster
+//!   (similarity-guided);
+//! - `dense` ([`DenseSelector`]).
+
+pub mod calib;
+mod core_neurons;
+mod dip;
+mod ratios;
+mod threshold;
+mod topk;
+
+pub use calib::{Calibration, CalibrationError, SiteHistogram};
+pub use core_neurons::{CoreNeuronSelector, CoreParams};
+pub use dip::{DipSelector, LfuCacheState};
+pub use ratios::{RatioError, Ratios};
+pub use threshold::ThresholdSelector;
+pub use topk::{top_k_indices, TopKSelector};
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Where in a layer a linear op reads its input. Ops that share an input share the selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Site {
+    /// Output of the attention norm, read by q, k and v.
+    AttnIn = 0,
+    /// Output of attention, read by o.
+    AttnOut = 1,
+    /// Output of the FFN norm, read by gate and up.
+    FfnIn = 2,
+    /// The GLU activation silu(gate) * up, read by down. Its units are the FFN neurons.
+    FfnMid = 3,
+}
+
+impl Site {
+    pub const ALL: [Site; 4] = [Site::AttnIn, Site::AttnOut, Site::FfnIn, Site::FfnMid];
+
+    /// The name used in config and calibration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Site::AttnIn => "qkv",
+            Site::AttnOut => "o",
+            Site::FfnIn => "gate_up",
+            Site::FfnMid => "down",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Site> {
+        match s {
+            "qkv" | "q" | "k" | "v" | "attn_in" => Some(Site::AttnIn),
+            "o" | "attn_out" => Some(Site::AttnOut),
+            "gate_up" | "gate" | "up" | "ffn_in" => Some(Site::FfnIn),
+            "down" | "glu" | "ffn_mid" => Some(Site::FfnMid),
+            _ => None,
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Whether the engine is reading a prompt or generating. Most selectors act the same in both;
+/// core-neuron selection observes the prompt (dense) and fixes its set for generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Prompt,
+    Generate,
+}
+
+/// The outcome of one selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// Every unit is active (dense at this site).
+    All,
+    /// Only the units written to `active` (ascending) are.
+    Subset,
+}
+
+/// A selection method: given a token's activation at a site, the active input units.
+pub trait Selector: Send {
+    /// A short description, e.g. `topk r=0.50`.
+    fn describe(&self) -> String;
+    /// A new sequence starts (the KV cache was cleared).
+    fn reset(&mut self) {}
+    /// A batch of tokens in `phase` is about to run.
+    fn begin_batch(&mut self, _phase: Phase) {}
+    /// The batch has run.
+    fn end_batch(&mut self, _phase: Phase) {}
+    /// Chooses the active units of `site` in `layer` for one token whose input there is `x`.
+    /// Returns [`Selection::All`] for dense, or fills `active` (cleared first) with the active unit
+    /// indices in ascending order.
+    fn select(&mut self, layer: usize, site: Site, phase: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection;
+}
+
+/// Every unit active.
+#[derive(Clone, Debug, Default)]
+pub struct DenseSelector;
+
+impl Selector for DenseSelector {
+    fn describe(&self) -> String {
+        "dense".into()
+    }
+    fn select(&mut self, _: usize, _: Site, _: Phase, _: &[f32], _: &mut Vec<u32>) -> Selection {
+        Selection::All
+    }
+}
+
+/// The selection methods sift knows, as named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Dense,
+    TopK,
+    Threshold,
+    Dip,
+    DipCa,
+    Glu,
+    Core,
+    CoreSim,
+}
+
+impl Method {
+    pub const ALL: [Method; 8] =
+        [Method::Dense, Method::TopK, Method::Threshold, Method::Dip, Method::DipCa, Method::Glu, Method::Core, Method::CoreSim];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Dense => "dense",
+            Method::TopK => "topk",
+            Method::Threshold => "threshold",
+            Method::Dip => "dip",
+            Method::DipCa => "dip-ca",
+            Method::Glu => "glu",
+            Method::Core => "core",
+            Method::CoreSim => "core-sim",
+        }
+    }
+
+    /// The sites a method sparsifies.
+    pub fn sites(self) -> &'static [Site] {
+        match self {
+            Method::Dense => &[],
+            Method::TopK | Method::Threshold => &Site::ALL,
+            Method::Dip | Method::DipCa => &[Site::FfnIn, Site::FfnMid],
+            Method::Glu | Method::Core | Method::CoreSim => &[Site::FfnMid],
+        }
+    }
+
+    /// Whether the method needs a calibration file (`--calib`).
+    pub fn needs_calibration(self) -> bool {
+        matches!(self, Method::Threshold | Method::CoreSim)
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Method::ALL.iter().copied().find(|m| m.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Method::ALL.iter().map(|m| m.name()).collect();
+            format!("unknown sparsity method '{s}'; known: {}", names.join(", "))
+        })
+    }
+}
+
+/// Everything that defines a selection run, from the command line or a config file.
+#[derive(Clone, Debug)]
+pub struct SparsityConfig {
+    pub method: Method,
+    /// Fraction of units skipped at each sparsified site, per layer (after overrides).
+    pub ratios: Ratios,
+    /// DIP-CA's penalty for units not in cache (Eq. 10).
+    pub gamma: f32,
+    /// DIP-CA's cache size as a fraction of each site's units (None: 1 - ratio).
+    pub cache_fraction: Option<f32>,
+    /// SparseInfer's token-wise top-alpha fraction of positive activations.
+    pub alpha: f32,
+}
+
+/// Errors building a selector.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectorError {
+    #[error("--sparsity {0} needs a calibration file: run `sift calibrate MODEL -f TEXT -o CALIB` and pass --calib CALIB")]
+    NeedsCalibration(Method),
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Model shape facts a selector needs.
+#[derive(Clone, Copy, Debug)]
+pub struct SiteDims {
+    pub n_layer: usize,
+    /// Units at each site: n_embd, n_embd_q, n_embd, n_ff.
+    pub units: [usize; 4],
+}
+
+/// Builds the selector a config asks for.
+pub fn build_selector(
+    cfg: &SparsityConfig,
+    dims: SiteDims,
+    calib: Option<&Calibration>,
+) -> Result<Box<dyn Selector>, SelectorError> {
+    if !(0.0..=1.0).contains(&cfg.gamma) {
+        return Err(SelectorError::Invalid(format!("--gamma must be in [0, 1], got {}", cfg.gamma)));
+    }
+    if !(cfg.alpha > 0.0 && cfg.alpha <= 1.0) {
+        return Err(SelectorError::Invalid(format!("--alpha must be in (0, 1], got {}", cfg.alpha)));
+    }
+    if let Some(c) = calib {
+        c.check_dims(dims)?;
+    }
+    let r = cfg.ratios.clone();
+    Ok(match cfg.method {
+        Method::Dense => Box::new(DenseSelector),
+        Method::TopK => Box::new(TopKSelector::new("topk", r)),
+        Method::Glu => Box::new(TopKSelector::new("glu", r)),
+        Method::Threshold => {
+            let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
+            Box::new(ThresholdSelector::new(c, &r)?)
+        }
+        Method::Dip => Box::new(DipSelector::new(r, None)),
+        Method::DipCa => {
+            let frac = |l: usize, s: Site| cfg.cache_fraction.unwrap_or(1.0 - r.get(l, s));
+            let cache = LfuCacheState::new(dims, &[Site::FfnIn, Site::FfnMid], frac);
+            Box::new(DipSelector::new(r, Some((cache, cfg.gamma))))
+        }
+        Method::Core => Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha }, None)),
+        Method::CoreSim => {
+            let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
+            let clusters = c.clusters.clone().ok_or_else(|| {
+                SelectorError::Invalid(
+                    "the calibration file has no core-neuron clusters; run `sift calibrate` with --clusters K".into(),
+                )
+            })?;
+            Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha }, Some(clusters)))
+        }
+    })
+}
