@@ -30,6 +30,14 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print a GGUF file's metadata and tensor table, like gguf-dump
     Inspect(InspectArgs),
+    /// Multiple-choice accuracy by log-likelihood (HellaSwag, ARC, WinoGrande, OpenBookQA, MMLU), like lm-eval
+    Eval(EvalArgs),
+    /// Perplexity and decode speed over selection methods x ratios: CSV and Pareto plots
+    Sweep(SweepArgs),
+    /// Activation histograms, greedy per-site allocation and core-neuron clusters for a model
+    Calibrate(CalibrateArgs),
+    /// Write a .sift pack: the GGUF plus column / neuron-bundle layouts for sparse kernels
+    Pack(PackArgs),
 }
 
 #[derive(Args, Clone)]
@@ -55,6 +63,8 @@ impl ModelArgs {
             n_ctx: self.ctx_size,
             n_batch: self.batch_size.max(1),
             sparse_head: 0.0,
+            column_kernels: true,
+            all_columns: false,
         }
     }
 }
@@ -209,4 +219,135 @@ pub struct InspectArgs {
     /// Print every element of long arrays (tokens, merges)
     #[arg(long)]
     pub full: bool,
+}
+
+#[derive(Args)]
+pub struct SweepArgs {
+    /// Model file (.gguf)
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Text file for perplexity
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Perplexity window in tokens
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    pub ctx_size: usize,
+    /// Perplexity windows per run
+    #[arg(long = "chunks", default_value_t = 40)]
+    pub chunks: usize,
+    /// Methods to sweep (comma-separated)
+    #[arg(long = "methods", value_delimiter = ',', default_value = "topk,dip,dip-ca,glu,core")]
+    pub methods: Vec<sift_engine::sparsity::Method>,
+    /// Ratios to sweep (comma-separated; 0 runs dense once)
+    #[arg(long = "ratios", value_delimiter = ',', default_value = "0,0.3,0.4,0.5,0.6,0.7")]
+    pub ratios: Vec<f64>,
+    /// Calibration file (needed by threshold and core-sim)
+    #[arg(long = "calib")]
+    pub calib: Option<PathBuf>,
+    /// DIP-CA's gamma
+    #[arg(long = "gamma", default_value_t = 0.2)]
+    pub gamma: f32,
+    /// SparseInfer's alpha
+    #[arg(long = "alpha", default_value_t = 0.4)]
+    pub alpha: f32,
+    /// Decode steps timed per run (0 = skip the speed measurement)
+    #[arg(long = "tg", default_value_t = 0)]
+    pub tg: usize,
+    /// Threads
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Output directory for sweep.csv and the SVG plots
+    #[arg(short = 'o', long = "out", default_value = "sweep-out")]
+    pub out: PathBuf,
+    /// With a .sift pack: time decoding on dense kernels with masked inputs
+    #[arg(long = "dense-kernels")]
+    pub dense_kernels: bool,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Evaluation file: HellaSwag text (6 lines per task) or JSON lines (centerpiece, options, correct_options_idx)
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// File format (default: from the extension, then the content)
+    #[arg(long = "format", value_parser = ["hellaswag", "mc"])]
+    pub format: Option<String>,
+    /// Prompt style: hellaswag, arc, openbookqa, winogrande, mmlu[-SUBJECT], generic (default: from config.yaml or the path)
+    #[arg(long = "task")]
+    pub task: Option<String>,
+    /// Score at most this many items
+    #[arg(long = "limit")]
+    pub limit: Option<usize>,
+    /// Skip this many items first
+    #[arg(long = "offset", default_value_t = 0)]
+    pub offset: usize,
+    /// Output format: text or json
+    #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+}
+
+#[derive(Args)]
+pub struct CalibrateArgs {
+    /// Model file (.gguf); also accepted as -m
+    #[arg(value_name = "MODEL")]
+    pub model_pos: Option<PathBuf>,
+    #[arg(short = 'm', long = "model", conflicts_with = "model_pos")]
+    pub model: Option<PathBuf>,
+    /// Calibration text
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Overall ratios to allocate across sites (comma-separated)
+    #[arg(long = "target", value_delimiter = ',', default_value = "0.3,0.4,0.5,0.6,0.7")]
+    pub targets: Vec<f32>,
+    /// Output calibration file (JSON)
+    #[arg(short = 'o', long = "output")]
+    pub out: PathBuf,
+    /// Tokens to skip at the start of the text (keep calibration text apart from evaluation text)
+    #[arg(long = "skip", default_value_t = 0)]
+    pub skip: usize,
+    /// Tokens for the activation histograms
+    #[arg(long = "tokens", default_value_t = 8192)]
+    pub n_tokens: usize,
+    /// Window length for the histogram passes
+    #[arg(long = "window", default_value_t = 512)]
+    pub window: usize,
+    /// Tokens the greedy allocation evaluates each layer on
+    #[arg(long = "greedy-tokens", default_value_t = 256)]
+    pub greedy_tokens: usize,
+    /// Ratio increment per greedy step
+    #[arg(long = "step", default_value_t = 0.05)]
+    pub step: f32,
+    /// Core-neuron clusters for --sparsity core-sim (0 = none)
+    #[arg(long = "clusters", default_value_t = 0)]
+    pub clusters: usize,
+    /// Passages clustered
+    #[arg(long = "cluster-passages", default_value_t = 128)]
+    pub cluster_passages: usize,
+    /// Tokens per clustered passage
+    #[arg(long = "cluster-len", default_value_t = 64)]
+    pub cluster_len: usize,
+    /// SparseInfer's alpha for the clusters
+    #[arg(long = "alpha", default_value_t = 0.4)]
+    pub alpha: f32,
+    /// Threads
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct PackArgs {
+    /// Source model (.gguf)
+    #[arg(value_name = "MODEL")]
+    pub model: PathBuf,
+    /// Output pack (default: MODEL with extension .sift)
+    #[arg(short = 'o', long = "output")]
+    pub out: Option<PathBuf>,
+    /// Column format: auto (by source precision), Q4_1, Q5_0 or Q8_0
+    #[arg(long = "col-type", default_value = "auto")]
+    pub col_type: String,
+    /// Do not write FFN neuron bundles
+    #[arg(long = "no-bundles")]
+    pub no_bundles: bool,
 }

@@ -18,6 +18,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         n_ctx,
         n_batch: a.batch_size.max(1),
         sparse_head: a.sparsity.sparse_head,
+        column_kernels: !a.sparsity.dense_kernels,
+        all_columns: a.sparsity.all_columns,
     };
     let mut engine = Engine::new(model, &opts(threads[0]));
     a.sparsity.apply(&mut engine)?;

@@ -13,6 +13,8 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
     let mut eo = a.model.engine_options();
     eo.sparse_head = a.sparsity.sparse_head;
+    eo.column_kernels = !a.sparsity.dense_kernels;
+    eo.all_columns = a.sparsity.all_columns;
     let mut engine = Engine::new(model, &eo);
     a.sparsity.apply(&mut engine)?;
     let mut history: Vec<ChatMessage> = Vec::new();

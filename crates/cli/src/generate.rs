@@ -17,7 +17,7 @@ pub fn load(path: &Path) -> anyhow::Result<(Model, Tokenizer)> {
             path.display()
         );
     }
-    let model = Model::load(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
+    let model = sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
     let tok = Tokenizer::from_gguf(&model.file.gguf)
         .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
     Ok((model, tok))
@@ -43,6 +43,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
     let mut eo = a.model.engine_options();
     eo.sparse_head = a.sparsity.sparse_head;
+    eo.column_kernels = !a.sparsity.dense_kernels;
+    eo.all_columns = a.sparsity.all_columns;
     let mut engine = Engine::new(model, &eo);
     a.sparsity.apply(&mut engine)?;
     let mut out = std::io::stdout().lock();

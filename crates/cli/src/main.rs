@@ -5,11 +5,16 @@
 
 mod args;
 mod bench;
+mod calibrate;
 mod chat;
+mod eval;
 mod generate;
 mod inspect;
+mod pack;
 mod perplexity;
+mod plot;
 mod sparsity;
+mod sweep;
 
 use clap::Parser;
 
@@ -21,6 +26,10 @@ fn main() {
         args::Command::Perplexity(a) => perplexity::run(a),
         args::Command::Bench(a) => bench::run(a),
         args::Command::Inspect(a) => inspect::run(a),
+        args::Command::Eval(a) => eval::run(a),
+        args::Command::Sweep(a) => sweep::run(a),
+        args::Command::Calibrate(a) => calibrate::run(a),
+        args::Command::Pack(a) => pack::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

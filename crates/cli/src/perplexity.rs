@@ -20,6 +20,8 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
             n_ctx: a.ctx_size,
             n_batch: a.batch_size.min(a.ctx_size).max(1),
             sparse_head: a.sparsity.sparse_head,
+            column_kernels: !a.sparsity.dense_kernels,
+            all_columns: a.sparsity.all_columns,
         },
     );
     a.sparsity.apply(&mut engine)?;

@@ -33,6 +33,14 @@ pub struct SparsityArgs {
     /// Fraction of the output head's input channels skipped per token (magnitude Top-K)
     #[arg(long = "sparse-head", default_value_t = 0.0)]
     pub sparse_head: f32,
+    /// With a .sift pack: decode sparse selections on the dense kernels with masked inputs instead
+    /// of the column kernels (same results up to rounding; for comparisons)
+    #[arg(long = "dense-kernels")]
+    pub dense_kernels: bool,
+    /// With a .sift pack: run every product of the seven linears on the re-quantized columns,
+    /// prompts and dense selections too (measures what re-quantizing the columns costs)
+    #[arg(long = "all-columns", conflicts_with = "dense_kernels")]
+    pub all_columns: bool,
 }
 
 impl SparsityArgs {
@@ -57,7 +65,13 @@ impl SparsityArgs {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read '{}'", p.display()))?;
             ratios.apply_overrides(self.method, &text).with_context(|| format!("in '{}'", p.display()))?;
         }
-        Ok(SparsityConfig { method: self.method, ratios, gamma: self.gamma, cache_fraction: self.cache_frac, alpha: self.alpha })
+        Ok(SparsityConfig {
+            method: self.method,
+            ratios,
+            gamma: self.gamma,
+            cache_fraction: self.cache_frac,
+            alpha: self.alpha,
+        })
     }
 
     /// Installs the selector on `engine`.

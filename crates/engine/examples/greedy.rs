@@ -4,7 +4,10 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let model = sift_model::Model::load(&a[1]).expect("model");
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&a[2]).expect("fixture")).expect("json");
-    let mut e = sift_engine::Engine::new(model, &sift_engine::EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
+    let mut e = sift_engine::Engine::new(
+        model,
+        &sift_engine::EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512, ..Default::default() },
+    );
     for r in fx["runs"].as_array().expect("runs") {
         let prompt: Vec<u32> =
             r["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();

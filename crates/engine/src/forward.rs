@@ -6,6 +6,7 @@
 
 use crate::matmul::{matmul_many, MatJob, QuantActs};
 use crate::pool::{split, SharedMut, ThreadPool};
+use crate::sparse::{column_matmul, column_matmul_batch, ColJob, ColOp};
 use crate::vecops;
 use sift_model::{Config, LayerWeights, Model, QTensor, RopeStyle};
 use sift_sparsity::{top_k_indices, DenseSelector, Phase, Selection, Selector, Site, SiteDims};
@@ -29,11 +30,23 @@ pub struct EngineOptions {
     pub n_batch: usize,
     /// Fraction of the output head's input channels skipped per token (magnitude Top-K; 0 = dense).
     pub sparse_head: f32,
+    /// Decode sparse selections on a pack's column kernels (false: dense kernels on masked inputs).
+    pub column_kernels: bool,
+    /// Run every product of the seven linears on a pack's columns, batches and dense selections
+    /// too (measures what the re-quantized columns cost).
+    pub all_columns: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_threads: default_threads(), n_ctx: 4096, n_batch: 512, sparse_head: 0.0 }
+        EngineOptions {
+            n_threads: default_threads(),
+            n_ctx: 4096,
+            n_batch: 512,
+            sparse_head: 0.0,
+            column_kernels: true,
+            all_columns: false,
+        }
     }
 }
 
@@ -94,8 +107,13 @@ pub struct Engine {
     active: Vec<u32>,
     keep: Vec<bool>,
     head_scores: Vec<f32>,
-    head_scratch: Vec<u32>,
+    head_scratch: Vec<f32>,
     stats: SparsityStats,
+    /// Column tensors of every layer (q, k, v, o, gate, up, down) when running a sift pack with
+    /// column kernels enabled.
+    cols: Option<Vec<Vec<ColOp>>>,
+    coef: Vec<f32>,
+    all_columns: bool,
 }
 
 /// How many input units each site used, summed over the tokens run since the last reset.
@@ -110,6 +128,8 @@ pub struct SparsityStats {
     /// Tokens whose output head ran, and the head's active input units over them.
     pub head_visits: u64,
     pub head_active: u64,
+    /// Weight bytes read by the column kernels.
+    pub column_bytes: u64,
 }
 
 impl SparsityStats {
@@ -150,6 +170,10 @@ impl Engine {
             v: (0..c.n_layer).map(|_| vec![0.0; kv_len]).collect(),
         };
         let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
+        let cols = match (&model.columns, opts.column_kernels) {
+            (Some(p), true) => Some(p.layers.iter().map(|l| l.ops.iter().map(ColOp::new).collect()).collect()),
+            _ => None,
+        };
         let stats = SparsityStats {
             units: [c.n_embd as u64, c.n_embd_q() as u64, c.n_embd as u64, c.n_ff as u64],
             ..Default::default()
@@ -171,6 +195,9 @@ impl Engine {
             head_scores: Vec::new(),
             head_scratch: Vec::new(),
             stats,
+            all_columns: opts.all_columns && cols.is_some(),
+            cols,
+            coef: Vec::new(),
         }
     }
 
@@ -312,15 +339,54 @@ impl Engine {
         Ok(&self.s.logits[..n * n_vocab])
     }
 
-    /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
-    fn forward_batch(&mut self, tokens: &[u32], n_logits: usize) {
-        let n = tokens.len();
+    /// Runs `tokens` (at most one batch, from position 0) and returns each layer's input: the
+    /// residual stream entering layer `l`, `tokens.len() * n_embd` values per layer. For calibration.
+    pub fn layer_inputs(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EvalError> {
+        let c = &self.model.config;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(EvalError::BadToken { id, n_vocab: c.n_vocab });
+        }
+        let n = tokens.len().min(self.n_batch).min(self.n_ctx);
+        if n == 0 {
+            return Err(EvalError::Empty);
+        }
+        let e = c.n_embd;
+        self.truncate(0);
+        self.embed(&tokens[..n]);
+        let mut out = Vec::with_capacity(self.model.layers.len());
+        for l in 0..self.model.layers.len() {
+            out.push(self.s.x[..n * e].to_vec());
+            self.layer(l, n);
+        }
+        Ok(out)
+    }
+
+    /// Runs layer `l` alone on `x` (`n` tokens at positions `0..n`, at most one batch) with the
+    /// current selector and returns its output. Overwrites that layer's KV cache; call
+    /// `truncate(0)` before evaluating text again.
+    pub fn run_layer(&mut self, l: usize, x: &[f32], phase: Phase) -> Vec<f32> {
         let e = self.model.config.n_embd;
-        // Embedding lookup: dequantize one row per token.
+        let n = (x.len() / e).min(self.n_batch).min(self.n_ctx);
+        self.n_past = 0;
+        self.phase = phase;
+        self.s.x[..n * e].copy_from_slice(&x[..n * e]);
+        self.layer(l, n);
+        self.s.x[..n * e].to_vec()
+    }
+
+    /// Embedding lookup: dequantize one row per token into `s.x`.
+    fn embed(&mut self, tokens: &[u32]) {
+        let e = self.model.config.n_embd;
         for (t, &id) in tokens.iter().enumerate() {
             let row = self.model.row(&self.model.tok_embd, id as usize);
             self.model.tok_embd.ty.dequantize_row(row, &mut self.s.x[t * e..(t + 1) * e]);
         }
+    }
+
+    /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
+    fn forward_batch(&mut self, tokens: &[u32], n_logits: usize) {
+        let n = tokens.len();
+        self.embed(tokens);
         for l in 0..self.model.layers.len() {
             self.layer(l, n);
         }
@@ -332,9 +398,10 @@ impl Engine {
 
     /// Asks the selector for each of `n` token rows of `x` (row length `len`) at `site` and zeroes
     /// the inactive inputs: a skipped input channel contributes nothing, exactly as if its weight
-    /// column were not read. Dense kernels on masked inputs therefore compute what sparse column
-    /// kernels compute, which is how quality is measured on any file.
-    fn select_and_mask(&mut self, l: usize, site: Site, which: Buf, len: usize, n: usize) {
+    /// column were not read, so dense kernels on masked inputs compute what sparse column kernels
+    /// compute (which is how quality is measured on any file). Returns whether a single token's
+    /// selection is a subset, left in `self.active` for the column kernels.
+    fn select_and_mask(&mut self, l: usize, site: Site, which: Buf, len: usize, n: usize) -> bool {
         let Engine { selector, phase, active, keep, s, stats, .. } = self;
         let x = match which {
             Buf::H => &mut s.h,
@@ -342,10 +409,14 @@ impl Engine {
             Buf::G => &mut s.g,
         };
         let i = site.index();
+        let mut subset = false;
         for row in x[..n * len].chunks_exact_mut(len) {
             stats.visits[i] += 1;
             match selector.select(l, site, *phase, row, active) {
-                Selection::All => stats.active[i] += len as u64,
+                Selection::All => {
+                    stats.active[i] += len as u64;
+                    subset = false;
+                }
                 Selection::Subset => {
                     stats.active[i] += active.len() as u64;
                     keep.clear();
@@ -360,86 +431,146 @@ impl Engine {
                             *v = 0.0;
                         }
                     }
+                    subset = true;
                 }
+            }
+        }
+        subset && n == 1
+    }
+
+    /// The products of one site: q, k, v (attention input), o, gate and up, or down. A single token
+    /// whose selection is a subset runs on the pack's column kernels (only active columns are
+    /// read); everything else on the dense kernels over the (masked) input.
+    fn project(&mut self, l: usize, n: usize, site: Site, sparse: bool) {
+        let Engine { model, pool, s, cols, active, coef, stats, all_columns, .. } = self;
+        let c = &model.config;
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let lw = &model.layers[l];
+        if let (true, Some(cols)) = (*all_columns && !(sparse && n == 1), cols.as_ref()) {
+            let ops = &cols[l];
+            let file = model.file.file_bytes();
+            let (x, mut jobs): (&[f32], Vec<ColJob<'_>>) = match site {
+                Site::AttnIn => (
+                    &s.h[..n * e],
+                    vec![
+                        ColJob { op: &ops[0], out: &mut s.q[..n * qd] },
+                        ColJob { op: &ops[1], out: &mut s.k[..n * kvd] },
+                        ColJob { op: &ops[2], out: &mut s.v[..n * kvd] },
+                    ],
+                ),
+                Site::AttnOut => (&s.att[..n * qd], vec![ColJob { op: &ops[3], out: &mut s.o[..n * e] }]),
+                Site::FfnIn => (
+                    &s.h[..n * e],
+                    vec![
+                        ColJob { op: &ops[4], out: &mut s.g[..n * ff] },
+                        ColJob { op: &ops[5], out: &mut s.u[..n * ff] },
+                    ],
+                ),
+                Site::FfnMid => (&s.g[..n * ff], vec![ColJob { op: &ops[6], out: &mut s.o[..n * e] }]),
+            };
+            column_matmul_batch(pool, file, x, n, &mut jobs);
+            return;
+        }
+        if let (true, Some(cols)) = (sparse, cols.as_ref()) {
+            let ops = &cols[l];
+            let x: &[f32] = match site {
+                Site::AttnIn | Site::FfnIn => &s.h[..e],
+                Site::AttnOut => &s.att[..qd],
+                Site::FfnMid => &s.g[..ff],
+            };
+            coef.clear();
+            coef.extend(active.iter().map(|&j| x[j as usize]));
+            let file = model.file.file_bytes();
+            let mut jobs: Vec<ColJob<'_>> = match site {
+                Site::AttnIn => vec![
+                    ColJob { op: &ops[0], out: &mut s.q[..qd] },
+                    ColJob { op: &ops[1], out: &mut s.k[..kvd] },
+                    ColJob { op: &ops[2], out: &mut s.v[..kvd] },
+                ],
+                Site::AttnOut => vec![ColJob { op: &ops[3], out: &mut s.o[..e] }],
+                Site::FfnIn => {
+                    vec![ColJob { op: &ops[4], out: &mut s.g[..ff] }, ColJob { op: &ops[5], out: &mut s.u[..ff] }]
+                }
+                Site::FfnMid => vec![ColJob { op: &ops[6], out: &mut s.o[..e] }],
+            };
+            stats.column_bytes += jobs.iter().map(|j| j.op.bytes(active.len()) as u64).sum::<u64>();
+            column_matmul(pool, file, active, coef, &mut jobs);
+            return;
+        }
+        let file = model.file.bytes();
+        match site {
+            Site::AttnIn => {
+                quantize_for(pool, &mut s.acts, &[&lw.wq, &lw.wk, &lw.wv], &s.h, e, n);
+                matmul_many(
+                    pool,
+                    file,
+                    &s.acts,
+                    n,
+                    &mut [
+                        MatJob { w: &lw.wq, out: &mut s.q[..n * qd], stride: qd },
+                        MatJob { w: &lw.wk, out: &mut s.k[..n * kvd], stride: kvd },
+                        MatJob { w: &lw.wv, out: &mut s.v[..n * kvd], stride: kvd },
+                    ],
+                );
+            }
+            Site::AttnOut => {
+                quantize_for(pool, &mut s.acts, &[&lw.wo], &s.att, qd, n);
+                matmul_many(pool, file, &s.acts, n, &mut [MatJob { w: &lw.wo, out: &mut s.o[..n * e], stride: e }]);
+            }
+            Site::FfnIn => {
+                quantize_for(pool, &mut s.acts, &[&lw.w_gate, &lw.w_up], &s.h, e, n);
+                matmul_many(
+                    pool,
+                    file,
+                    &s.acts,
+                    n,
+                    &mut [
+                        MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff },
+                        MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff },
+                    ],
+                );
+            }
+            Site::FfnMid => {
+                quantize_for(pool, &mut s.acts, &[&lw.w_down], &s.g, ff, n);
+                matmul_many(pool, file, &s.acts, n, &mut [MatJob { w: &lw.w_down, out: &mut s.o[..n * e], stride: e }]);
             }
         }
     }
 
     /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
     fn layer(&mut self, l: usize, n: usize) {
-        self.attention_block(l, n);
-        self.ffn_block(l, n);
-    }
-
-    fn ffn_block(&mut self, l: usize, n: usize) {
-        let (e, ff) = (self.model.config.n_embd, self.model.config.n_ff);
+        let c = &self.model.config;
+        let (e, qd, ff, eps) = (c.n_embd, c.n_embd_q(), c.n_ff, c.rms_eps);
+        // Attention.
         {
             let Engine { model, pool, s, .. } = self;
-            let eps = model.config.rms_eps;
+            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
+        }
+        let sparse = self.select_and_mask(l, Site::AttnIn, Buf::H, e, n);
+        self.project(l, n, Site::AttnIn, sparse);
+        self.attention_core(l, n);
+        let sparse = self.select_and_mask(l, Site::AttnOut, Buf::Att, qd, n);
+        self.project(l, n, Site::AttnOut, sparse);
+        vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
+        // Feed-forward (SwiGLU).
+        {
+            let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
         }
-        self.select_and_mask(l, Site::FfnIn, Buf::H, e, n);
-        {
-            let Engine { model, pool, s, .. } = self;
-            let lw = &model.layers[l];
-            quantize_for(pool, &mut s.acts, &[&lw.w_gate, &lw.w_up], &s.h, e, n);
-            matmul_many(
-                pool,
-                model.file.bytes(),
-                &s.acts,
-                n,
-                &mut [
-                    MatJob { w: &lw.w_gate, out: &mut s.g[..n * ff], stride: ff },
-                    MatJob { w: &lw.w_up, out: &mut s.u[..n * ff], stride: ff },
-                ],
-            );
-            vecops::silu_mul(&mut s.g[..n * ff], &s.u[..n * ff]);
-        }
-        self.select_and_mask(l, Site::FfnMid, Buf::G, ff, n);
-        let Engine { model, pool, s, .. } = self;
-        let lw = &model.layers[l];
-        quantize_for(pool, &mut s.acts, &[&lw.w_down], &s.g, ff, n);
-        matmul_many(pool, model.file.bytes(), &s.acts, n, &mut [MatJob { w: &lw.w_down, out: &mut s.o[..n * e], stride: e }]);
-        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
+        let sparse = self.select_and_mask(l, Site::FfnIn, Buf::H, e, n);
+        self.project(l, n, Site::FfnIn, sparse);
+        vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+        let sparse = self.select_and_mask(l, Site::FfnMid, Buf::G, ff, n);
+        self.project(l, n, Site::FfnMid, sparse);
+        vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
     }
 
-    fn attention_block(&mut self, l: usize, n: usize) {
-        {
-            let Engine { model, pool, s, .. } = self;
-            let c = &model.config;
-            let e = c.n_embd;
-            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, c.rms_eps, &mut s.h[..n * e], e);
-        }
-        let (e, qd) = (self.model.config.n_embd, self.model.config.n_embd_q());
-        self.select_and_mask(l, Site::AttnIn, Buf::H, e, n);
-        self.attention_core(l, n);
-        self.select_and_mask(l, Site::AttnOut, Buf::Att, qd, n);
-        let Engine { model, pool, s, .. } = self;
-        let lw = &model.layers[l];
-        quantize_for(pool, &mut s.acts, &[&lw.wo], &s.att, qd, n);
-        matmul_many(pool, model.file.bytes(), &s.acts, n, &mut [MatJob { w: &lw.wo, out: &mut s.o[..n * e], stride: e }]);
-        vecops::add_assign(&mut s.x[..n * e], &s.o[..n * e]);
-    }
-
-    /// q, k, v projections of the (masked) normed input, RoPE, KV cache append and attention into `s.att`.
+    /// Biases, RoPE, the KV cache append and attention over the projected q, k, v into `s.att`.
     fn attention_core(&mut self, l: usize, n: usize) {
         let Engine { model, pool, kv, s, n_past, theta_scale, .. } = self;
         let c = &model.config;
         let lw: &LayerWeights = &model.layers[l];
-        let file = model.file.bytes();
-        let (e, qd, kvd) = (c.n_embd, c.n_embd_q(), c.n_embd_kv());
-        quantize_for(pool, &mut s.acts, &[&lw.wq, &lw.wk, &lw.wv], &s.h, e, n);
-        matmul_many(
-            pool,
-            file,
-            &s.acts,
-            n,
-            &mut [
-                MatJob { w: &lw.wq, out: &mut s.q[..n * qd], stride: qd },
-                MatJob { w: &lw.wk, out: &mut s.k[..n * kvd], stride: kvd },
-                MatJob { w: &lw.wv, out: &mut s.v[..n * kvd], stride: kvd },
-            ],
-        );
+        let (qd, kvd) = (c.n_embd_q(), c.n_embd_kv());
         for t in 0..n {
             if let Some(b) = &lw.bq {
                 vecops::add_assign(&mut s.q[t * qd..(t + 1) * qd], b);

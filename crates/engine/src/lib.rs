@@ -5,15 +5,17 @@
 //! the dot kernels of `sift_quant`.
 
 pub mod bench;
+pub mod calibrate;
 pub mod forward;
 pub mod generate;
 pub mod matmul;
 pub mod perplexity;
 pub mod pool;
 pub mod sampling;
+pub mod sparse;
 pub mod vecops;
 
 pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits, SparsityStats};
-pub use sift_sparsity as sparsity;
 pub use generate::{GenerateOptions, Generation, StopReason};
 pub use sampling::{Sampler, SamplerOptions};
+pub use sift_sparsity as sparsity;

@@ -40,7 +40,8 @@ fn check_final_logits(model: Model, fixture_name: &str) {
     let n_vocab = fx["n_vocab"].as_u64().unwrap() as usize;
     let bin = std::fs::read(root().join("tests/fixtures").join(fx["binary"].as_str().unwrap())).expect("logits binary");
     let reference: Vec<f32> = bin.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let mut engine = Engine::new(model, &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
+    let mut engine =
+        Engine::new(model, &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512, ..Default::default() });
     for (i, p) in fx["prompts"].as_array().unwrap().iter().enumerate() {
         let toks = ids(&p["tokens"]);
         engine.truncate(0);
@@ -89,7 +90,7 @@ fn batched_and_one_by_one_evaluation_agree() {
     // The prompt as one batch, as batches of 3, and token by token: same final logits.
     let toks: Vec<u32> = vec![504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282];
     let run = |n_batch: usize, step: usize| {
-        let mut e = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 64, n_batch });
+        let mut e = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 64, n_batch, ..Default::default() });
         let mut last = Vec::new();
         for c in toks.chunks(step) {
             last = e.eval(c, Logits::Last).unwrap().to_vec();
@@ -112,7 +113,8 @@ fn batched_and_one_by_one_evaluation_agree() {
 fn greedy_generation_matches_llama_cpp() {
     const NEAR_TIE: f64 = 0.25;
     let fx = fixture("greedy.json");
-    let mut engine = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512 });
+    let mut engine =
+        Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 512, ..Default::default() });
     let runs = fx["runs"].as_array().unwrap();
     let mut full = 0;
     for r in runs {
@@ -146,7 +148,7 @@ fn greedy_generation_matches_llama_cpp() {
 #[test]
 fn all_position_logits_equal_last_position_logits() {
     let toks: Vec<u32> = vec![1, 4093, 198, 1780, 314, 260, 2380];
-    let mut e = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 64, n_batch: 512 });
+    let mut e = Engine::new(model(), &EngineOptions { n_threads: 2, n_ctx: 64, n_batch: 512, ..Default::default() });
     let all = e.eval(&toks, Logits::All).unwrap().to_vec();
     e.truncate(0);
     let last = e.eval(&toks, Logits::Last).unwrap().to_vec();
@@ -157,7 +159,7 @@ fn all_position_logits_equal_last_position_logits() {
 
 #[test]
 fn bad_tokens_and_full_context_are_errors() {
-    let mut e = Engine::new(model(), &EngineOptions { n_threads: 1, n_ctx: 8, n_batch: 4 });
+    let mut e = Engine::new(model(), &EngineOptions { n_threads: 1, n_ctx: 8, n_batch: 4, ..Default::default() });
     let err = e.eval(&[1, 999_999], Logits::Last).unwrap_err().to_string();
     assert!(err.contains("999999") && err.contains("vocabulary"), "{err}");
     let err = e.eval(&[1; 9], Logits::Last).unwrap_err().to_string();

@@ -13,12 +13,24 @@ use crate::{Gguf, GgufError};
 pub struct GgufFile {
     pub gguf: Gguf,
     mmap: Mmap,
+    /// Where the GGUF bytes lie within the mapped file (all of it, or a section of a sift pack).
+    range: std::ops::Range<usize>,
     path: PathBuf,
 }
 
 impl GgufFile {
     /// Opens and maps `path`, then parses and validates its header and tensor table.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::open_section(path, None)
+    }
+
+    /// Opens a GGUF file embedded in a larger file (a sift pack) at `offset`, `len` bytes long.
+    /// `bytes()` then returns only that section, so offsets inside it work unchanged.
+    pub fn open_embedded(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<GgufFile, GgufError> {
+        Self::open_section(path, Some((offset, len)))
+    }
+
+    fn open_section(path: impl AsRef<Path>, section: Option<(u64, u64)>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
         let io_err = |source: io::Error| GgufError::Io { path: path.clone(), source };
         let file = File::open(&path).map_err(io_err)?;
@@ -34,12 +46,32 @@ impl GgufFile {
         // parser itself never trusts the contents, so a concurrent rewrite can at worst give
         // wrong data or a crash, not an out-of-bounds read at parse time.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-        let gguf = Gguf::parse(&mmap)?;
-        Ok(GgufFile { gguf, mmap, path })
+        let range = match section {
+            None => 0..mmap.len(),
+            Some((off, len)) => {
+                let end = off.checked_add(len).filter(|&e| e <= mmap.len() as u64).ok_or_else(|| {
+                    io_err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "embedded GGUF section {off}+{len} runs past the end of the file ({} bytes)",
+                            mmap.len()
+                        ),
+                    ))
+                })?;
+                off as usize..end as usize
+            }
+        };
+        let gguf = Gguf::parse(&mmap[range.clone()])?;
+        Ok(GgufFile { gguf, mmap, range, path })
     }
 
-    /// The whole file's bytes.
+    /// The GGUF's bytes (the whole file, or the embedded section).
     pub fn bytes(&self) -> &[u8] {
+        &self.mmap[self.range.clone()]
+    }
+
+    /// The whole mapped file, including what lies outside an embedded GGUF section.
+    pub fn file_bytes(&self) -> &[u8] {
         &self.mmap
     }
 

@@ -5,9 +5,11 @@
 //! - [`weights`]: the tensors of every layer, checked against the config, viewed in place (mmap).
 //! - [`tokenizer`]: BPE / SentencePiece tokenizer built from `tokenizer.ggml.*` metadata.
 //! - [`chat`]: `tokenizer.chat_template` rendered with minijinja.
+//! - [`layout`]: the column / neuron-bundle layouts a sift pack adds (input-channel sparsity).
 
 pub mod chat;
 pub mod config;
+pub mod layout;
 pub mod tokenizer;
 pub mod weights;
 

@@ -48,12 +48,18 @@ pub struct Model {
     /// The output head; the same bytes as `tok_embd` when the model ties them.
     pub output: QTensor,
     pub layers: Vec<LayerWeights>,
+    /// Column-major / neuron-bundle layouts, when the model was opened from a sift pack.
+    pub columns: Option<crate::layout::PackIndex>,
 }
 
 impl Model {
     /// Opens a GGUF file and checks every tensor the architecture needs.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        let file = GgufFile::open(path)?;
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    /// Builds the model from an opened GGUF (a file, or the section embedded in a sift pack).
+    pub fn from_file(file: GgufFile) -> Result<Model, ModelError> {
         let config = Config::from_gguf(&file.gguf)?;
         let c = &config;
         let (e, q, kv, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
@@ -91,7 +97,7 @@ impl Model {
             });
         }
         let output_norm = vec("output_norm.weight", e)?;
-        Ok(Model { file, config, tok_embd, output_norm, output, layers })
+        Ok(Model { file, config, tok_embd, output_norm, output, layers, columns: None })
     }
 
     /// The raw bytes of a tensor.

@@ -21,6 +21,9 @@
 //! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`) for the non-K formats,
 //!   single- and multi-token; [`x86_k`]: the same for the K-quants; [`x86_pair`]: the AVX-512
 //!   multi-row four-token kernels of the non-K formats (512-bit, token pairs interleaved).
+//! - [`columns`]: input-channel (column) sparse kernels over transposed, quantized matrices
+//!   (`y += Σ coef·column` over the active inputs only, for activation sparsity), with the column
+//!   formats' quantizers; [`x86_cols`]: their AVX2 and AVX-512 versions.
 //! - this file: the public, safe, dispatching API.
 
 /// Defines `fn $name` (a [`Dot4Fn`]) as four calls of the [`DotFn`] `$dot`, one per activation
@@ -48,14 +51,21 @@ macro_rules! rows_by_dot4 {
 pub(crate) use rows_by_dot4;
 
 pub mod blocks;
+pub mod columns;
 pub mod scalar;
 pub mod scalar_k;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
+pub mod x86_cols;
+#[cfg(target_arch = "x86_64")]
 pub mod x86_k;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_pair;
+
+pub use columns::{
+    axpy_cols_batch, axpy_cols_fn, check_axpy_cols, check_axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, ColsError,
+};
 
 /// A weight storage format sift can compute with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -330,9 +330,15 @@ pub fn quantize_row_q4_0(x: &[f32]) -> Vec<u8> {
 
 /// Q4_1 weight row: `d = (max - min) / 15`, `m = min`, `q = min(15, trunc((x - min) / d + 0.5))`.
 pub fn quantize_row_q4_1(x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; block_count(x.len(), 32) * std::mem::size_of::<BlockQ4_1>()];
+    quantize_q4_1(x, &mut out);
+    out
+}
+
+/// [`quantize_row_q4_1`] into a caller's buffer (`out` must hold at least the row's blocks).
+pub fn quantize_q4_1(x: &[f32], out: &mut [u8]) {
     let nb = block_count(x.len(), 32);
-    let mut out = vec![0u8; nb * std::mem::size_of::<BlockQ4_1>()];
-    for (b, x) in blocks_mut::<BlockQ4_1>(&mut out, nb).iter_mut().zip(x.chunks_exact(32)) {
+    for (b, x) in blocks_mut::<BlockQ4_1>(out, nb).iter_mut().zip(x.chunks_exact(32)) {
         let min = x.iter().fold(f32::MAX, |a, &v| if v < a { v } else { a });
         let max = x.iter().fold(-f32::MAX, |a, &v| if v > a { v } else { a });
         let d = (max - min) / 15.0;
@@ -345,14 +351,19 @@ pub fn quantize_row_q4_1(x: &[f32]) -> Vec<u8> {
             b.qs[j] = q0 | (q1 << 4);
         }
     }
-    out
 }
 
 /// Q5_0 weight row: `d = max / -16`, `q = min(31, trunc(x / d + 16.5))`, fifth bits in `qh`.
 pub fn quantize_row_q5_0(x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; block_count(x.len(), 32) * std::mem::size_of::<BlockQ5_0>()];
+    quantize_q5_0(x, &mut out);
+    out
+}
+
+/// [`quantize_row_q5_0`] into a caller's buffer (`out` must hold at least the row's blocks).
+pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
     let nb = block_count(x.len(), 32);
-    let mut out = vec![0u8; nb * std::mem::size_of::<BlockQ5_0>()];
-    for (b, x) in blocks_mut::<BlockQ5_0>(&mut out, nb).iter_mut().zip(x.chunks_exact(32)) {
+    for (b, x) in blocks_mut::<BlockQ5_0>(out, nb).iter_mut().zip(x.chunks_exact(32)) {
         let d = signed_absmax(x) / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f16_bits(d);
@@ -366,7 +377,6 @@ pub fn quantize_row_q5_0(x: &[f32]) -> Vec<u8> {
         }
         b.qh = qh.to_le_bytes();
     }
-    out
 }
 
 /// Q8_0 weight row; the same bytes as the Q8_0 activation quantizer.

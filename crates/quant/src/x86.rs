@@ -472,7 +472,7 @@ unsafe fn nibbles_x16(p: *const u8) -> __m256i {
 /// SAFETY: `p..p + 4` must be readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
+pub(crate) unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
     let x = _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32));
     let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     let bytes = _mm256_shuffle_epi8(x, shuf);

@@ -44,7 +44,7 @@ impl Default for SiteHistogram {
 }
 
 fn bin_of(v: f32) -> usize {
-    if !(v > HIST_LO) {
+    if v.is_nan() || v <= HIST_LO {
         return 0;
     }
     let f = (v / HIST_LO).ln() / (HIST_HI / HIST_LO).ln();
@@ -156,10 +156,12 @@ impl CoreClusters {
         let mut assign = vec![0usize; flat.len()];
         for _ in 0..iters {
             for (i, f) in flat.iter().enumerate() {
-                assign[i] = (0..cents.len()).min_by(|&a, &b| dist(f, &cents[a]).total_cmp(&dist(f, &cents[b]))).unwrap_or(0);
+                assign[i] =
+                    (0..cents.len()).min_by(|&a, &b| dist(f, &cents[a]).total_cmp(&dist(f, &cents[b]))).unwrap_or(0);
             }
             for (c, cent) in cents.iter_mut().enumerate() {
-                let members: Vec<&Vec<f32>> = flat.iter().zip(&assign).filter(|(_, &a)| a == c).map(|(f, _)| f).collect();
+                let members: Vec<&Vec<f32>> =
+                    flat.iter().zip(&assign).filter(|(_, &a)| a == c).map(|(f, _)| f).collect();
                 if members.is_empty() {
                     continue;
                 }
@@ -239,7 +241,8 @@ impl Calibration {
 
     pub fn save(&self, path: &Path) -> Result<(), CalibrationError> {
         let p = path.display().to_string();
-        let text = serde_json::to_string(self).map_err(|e| CalibrationError::Parse { path: p.clone(), msg: e.to_string() })?;
+        let text =
+            serde_json::to_string(self).map_err(|e| CalibrationError::Parse { path: p.clone(), msg: e.to_string() })?;
         std::fs::write(path, text).map_err(|e| CalibrationError::Io { path: p, source: e })
     }
 

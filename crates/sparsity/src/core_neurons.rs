@@ -23,9 +23,13 @@ pub struct CoreParams {
 }
 
 /// Writes the token-wise core neurons of activation `x` (Def. 1) to `out`, ascending.
-pub fn token_core(x: &[f32], alpha: f32, scores: &mut Vec<f32>, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+pub fn token_core(x: &[f32], alpha: f32, scores: &mut Vec<f32>, scratch: &mut Vec<f32>, out: &mut Vec<u32>) {
     let positives = x.iter().filter(|&&v| v > 0.0).count();
-    let m = ((alpha as f64 * positives as f64).ceil() as usize).min(positives);
+    // alpha arrives as f32 (0.4 is 0.40000000596): round it to the decimal the user gave and take
+    // off floating-point error before the ceiling, so that 0.4 × 770 keeps 308 neurons, not 309.
+    let a = (alpha as f64 * 1e6).round() / 1e6;
+    let p = positives as f64;
+    let m = ((a * p - 1e-9 * p).ceil().max(0.0) as usize).min(positives);
     scores.clear();
     scores.extend(x.iter().map(|&v| if v > 0.0 { v } else { f32::NEG_INFINITY }));
     top_k_indices(scores, m, scratch, out);
@@ -42,7 +46,7 @@ pub struct CoreNeuronSelector {
     clusters: Option<CoreClusters>,
     cluster: Option<usize>,
     scores: Vec<f32>,
-    scratch: Vec<u32>,
+    scratch: Vec<f32>,
     token: Vec<u32>,
 }
 

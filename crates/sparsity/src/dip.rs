@@ -125,7 +125,8 @@ impl LfuCacheState {
 
     /// Hit rate over all accesses so far.
     pub fn hit_rate(&self) -> f64 {
-        let (h, a) = self.caches.iter().flatten().flatten().fold((0u64, 0u64), |(h, a), c| (h + c.hits, a + c.accesses));
+        let (h, a) =
+            self.caches.iter().flatten().flatten().fold((0u64, 0u64), |(h, a), c| (h + c.hits, a + c.accesses));
         if a == 0 {
             0.0
         } else {
@@ -149,7 +150,7 @@ pub struct DipSelector {
     ratios: Ratios,
     cache_aware: Option<(LfuCacheState, f32)>,
     scores: Vec<f32>,
-    scratch: Vec<u32>,
+    scratch: Vec<f32>,
 }
 
 impl DipSelector {
@@ -200,7 +201,9 @@ impl Selector for DipSelector {
             Some((cache, gamma)) => {
                 let max_abs = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
                 self.scores.extend(
-                    x.iter().enumerate().map(|(j, &v)| dip_ca_score(v, max_abs, cache.is_cached(layer, site, j), *gamma)),
+                    x.iter()
+                        .enumerate()
+                        .map(|(j, &v)| dip_ca_score(v, max_abs, cache.is_cached(layer, site, j), *gamma)),
                 );
                 top_k_indices(&self.scores, k, &mut self.scratch, active);
                 cache.access(layer, site, active);

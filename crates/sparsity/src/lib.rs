@@ -139,8 +139,16 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [Method; 8] =
-        [Method::Dense, Method::TopK, Method::Threshold, Method::Dip, Method::DipCa, Method::Glu, Method::Core, Method::CoreSim];
+    pub const ALL: [Method; 8] = [
+        Method::Dense,
+        Method::TopK,
+        Method::Threshold,
+        Method::Dip,
+        Method::DipCa,
+        Method::Glu,
+        Method::Core,
+        Method::CoreSim,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -204,7 +212,9 @@ pub struct SparsityConfig {
 /// Errors building a selector.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {
-    #[error("--sparsity {0} needs a calibration file: run `sift calibrate MODEL -f TEXT -o CALIB` and pass --calib CALIB")]
+    #[error(
+        "--sparsity {0} needs a calibration file: run `sift calibrate MODEL -f TEXT -o CALIB` and pass --calib CALIB"
+    )]
     NeedsCalibration(Method),
     #[error(transparent)]
     Calibration(#[from] CalibrationError),

@@ -104,7 +104,10 @@ impl Ratios {
             for (k, v) in layers {
                 let l: usize = k.parse().map_err(|_| RatioError::Config(format!("layer key '{k}' is not a number")))?;
                 if l >= self.table.len() {
-                    return Err(RatioError::Config(format!("layer {l} does not exist (the model has {})", self.table.len())));
+                    return Err(RatioError::Config(format!(
+                        "layer {l} does not exist (the model has {})",
+                        self.table.len()
+                    )));
                 }
                 match v {
                     Value::Object(m) => {
@@ -145,7 +148,8 @@ mod tests {
     #[test]
     fn overrides_apply_in_order() {
         let mut r = Ratios::uniform(Method::TopK, 4, 0.5).unwrap();
-        r.apply_overrides(Method::TopK, r#"{"sites": {"qkv": 0.3}, "layers": {"0": {"down": 0.0}, "3": 0.1}}"#).unwrap();
+        r.apply_overrides(Method::TopK, r#"{"sites": {"qkv": 0.3}, "layers": {"0": {"down": 0.0}, "3": 0.1}}"#)
+            .unwrap();
         assert_eq!(r.get(1, Site::AttnIn), 0.3);
         assert_eq!(r.get(1, Site::FfnMid), 0.5);
         assert_eq!(r.get(0, Site::FfnMid), 0.0);

@@ -7,7 +7,7 @@ pub struct TopKSelector {
     name: &'static str,
     ratios: Ratios,
     mags: Vec<f32>,
-    scratch: Vec<u32>,
+    scratch: Vec<f32>,
 }
 
 impl TopKSelector {
@@ -24,7 +24,8 @@ pub fn kept(n: usize, ratio: f32) -> usize {
 
 /// Writes the indices of the `k` largest `scores` to `out` in ascending index order.
 /// Ties at the boundary are broken by index (lower first), so the result is deterministic.
-pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+/// O(n): the k-th largest value is found by selection on a copy, then one pass collects.
+pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<f32>, out: &mut Vec<u32>) {
     out.clear();
     let n = scores.len();
     if k >= n {
@@ -35,14 +36,21 @@ pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut
         return;
     }
     scratch.clear();
-    scratch.extend(0..n as u32);
-    let cmp = |a: &u32, b: &u32| {
-        let (sa, sb) = (scores[*a as usize], scores[*b as usize]);
-        sb.total_cmp(&sa).then(a.cmp(b))
-    };
-    scratch.select_nth_unstable_by(k - 1, cmp);
-    out.extend_from_slice(&scratch[..k]);
-    out.sort_unstable();
+    scratch.extend_from_slice(scores);
+    let (_, &mut t, _) = scratch.select_nth_unstable_by(n - k, |a, b| a.total_cmp(b));
+    let above = scores.iter().filter(|v| v.total_cmp(&t).is_gt()).count();
+    let mut equal_left = k - above;
+    out.reserve(k);
+    for (j, v) in scores.iter().enumerate() {
+        match v.total_cmp(&t) {
+            std::cmp::Ordering::Greater => out.push(j as u32),
+            std::cmp::Ordering::Equal if equal_left > 0 => {
+                out.push(j as u32);
+                equal_left -= 1;
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Selector for TopKSelector {

@@ -1,0 +1,26 @@
+//! `sift pack MODEL.gguf -o MODEL.sift`: write sift's pack file (the GGUF plus column and
+//! neuron-bundle layouts for activation sparsity).
+
+use crate::args::PackArgs;
+use anyhow::Context;
+use sift_store::{pack_model, ColPolicy, PackOptions};
+
+pub fn run(a: PackArgs) -> anyhow::Result<()> {
+    let cols = ColPolicy::parse(&a.col_type)
+        .with_context(|| format!("--col-type '{}' is not one of auto, Q4_1, Q5_0, Q8_0", a.col_type))?;
+    anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
+    let out = a.out.clone().unwrap_or_else(|| a.model.with_extension("sift"));
+    anyhow::ensure!(out != a.model, "the output would overwrite the input; pass -o OUT.sift");
+    let t0 = std::time::Instant::now();
+    let opts = PackOptions { cols, bundles: !a.no_bundles };
+    let n = pack_model(&a.model, &out, &opts, |m| eprint!("\rpacking {m}   "))
+        .with_context(|| format!("cannot pack '{}'", a.model.display()))?;
+    eprintln!();
+    eprintln!(
+        "wrote {} ({:.1} MiB) in {:.1} s",
+        out.display(),
+        n as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The layouts a sift pack adds to a model's weights, for activation sparsity: every
+//! sparsifiable op transposed into contiguous columns (one per input channel), and FFN neuron
+//! bundles. Byte ranges index the whole pack file ([`sift_gguf::GgufFile::file_bytes`]).
+
+use serde::{Deserialize, Serialize};
+use sift_quant::ColType;
+use std::ops::Range;
+
+/// The seven sparsifiable linear ops of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpKind {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 7] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::O, OpKind::Gate, OpKind::Up, OpKind::Down];
+}
+
+/// One op's transposed weight: `n_in` columns of `n_out` values, `col_bytes` each.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ColumnTensor {
+    pub layer: usize,
+    pub op: OpKind,
+    #[serde(with = "col_type_name")]
+    pub ty: ColType,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub col_bytes: usize,
+    /// Byte range in the pack file.
+    pub offset: u64,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+impl ColumnTensor {
+    pub fn range(&self) -> Range<usize> {
+        self.offset as usize..(self.offset + self.len) as usize
+    }
+}
+
+/// One layer's FFN neurons: `n_units` bundles of [gate row | up row | down column].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BundleTensor {
+    pub layer: usize,
+    pub n_units: usize,
+    pub gate_bytes: usize,
+    pub up_bytes: usize,
+    #[serde(with = "col_type_name")]
+    pub down_ty: ColType,
+    pub down_bytes: usize,
+    pub unit_bytes: usize,
+    pub offset: u64,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+mod col_type_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use sift_quant::ColType;
+    pub fn serialize<S: Serializer>(t: &ColType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(t.name())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ColType, D::Error> {
+        let s = String::deserialize(d)?;
+        ColType::from_name(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown column type {s}")))
+    }
+}
+
+/// The column and bundle tensors of one layer.
+#[derive(Clone, Debug)]
+pub struct LayerColumns {
+    /// Indexed by [`OpKind`] order: q, k, v, o, gate, up, down.
+    pub ops: Vec<ColumnTensor>,
+    pub bundles: Option<BundleTensor>,
+}
+
+impl LayerColumns {
+    pub fn op(&self, op: OpKind) -> &ColumnTensor {
+        &self.ops[op as usize]
+    }
+}
+
+/// What a pack adds to its GGUF, with byte ranges into the whole pack file
+/// (`Model::file.file_bytes()`).
+#[derive(Clone, Debug)]
+pub struct PackIndex {
+    pub layers: Vec<LayerColumns>,
+    pub source_name: String,
+}
+
+impl PackIndex {
+    /// Bytes of all column tensors.
+    pub fn column_bytes(&self) -> u64 {
+        self.layers.iter().flat_map(|l| &l.ops).map(|t| t.len).sum()
+    }
+}

@@ -1,0 +1,391 @@
+//! The `.sift` pack file.
+//!
+//! ```text
+//! 0       header (64 bytes, rest of the first 4 KiB zero):
+//!           magic "SIFTPACK", version u32, flags u32, toc_offset u64, toc_len u64, toc_crc32 u32,
+//!           file_len u64
+//! 4096    the source GGUF file, byte for byte (dense parts, tokenizer, chat template: it runs alone)
+//! ...     per layer and op, 4 KiB aligned: the op's weight transposed, one contiguous column per
+//!         input channel, quantized along the output dimension in 32-value blocks ([`ColType`])
+//! ...     per layer, 4 KiB aligned: n_ff neuron bundles [gate row | up row | down column]
+//! toc     JSON table of contents: every section's offset, length and CRC-32
+//! ```
+//! Opening checks the magic (a foreign file), the version (a pack from another format version is
+//! stale: run `sift pack` again), the length (truncated), and every section's CRC-32 (corrupt).
+
+use serde::{Deserialize, Serialize};
+use sift_gguf::GgufFile;
+use sift_model::layout::{BundleTensor, ColumnTensor, LayerColumns, OpKind, PackIndex};
+use sift_model::{Model, ModelError, QTensor};
+use sift_quant::ColType;
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+pub const PACK_MAGIC: &[u8; 8] = b"SIFTPACK";
+/// The pack format this sift writes and reads.
+pub const PACK_VERSION: u32 = 1;
+const ALIGN: u64 = 4096;
+const HEADER_LEN: usize = 64;
+
+/// Problems making or opening a pack.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a sift pack or a GGUF file (it starts with {magic:?}); pass a .gguf model or a pack made by `sift pack`")]
+    Foreign { path: PathBuf, magic: String },
+    #[error("{path} is a stale pack: it has format version {found}, this sift reads version {PACK_VERSION}; run `sift pack` on the GGUF again")]
+    Stale { path: PathBuf, found: u32 },
+    #[error("{path} is truncated: the header says {expected} bytes, the file has {found}; run `sift pack` again")]
+    Truncated { path: PathBuf, expected: u64, found: u64 },
+    #[error("{path} is corrupt: {what} fails its checksum; run `sift pack` again")]
+    Corrupt { path: PathBuf, what: String },
+    #[error("{path}: bad table of contents: {msg}")]
+    Toc { path: PathBuf, msg: String },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Gguf(#[from] sift_gguf::GgufError),
+}
+
+/// How column formats are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColPolicy {
+    /// By the source format's precision: ≤ 4.5 bits → Q4_1, ≤ 5.5 → Q5_0, else Q8_0.
+    Auto,
+    /// One format for every op.
+    Fixed(ColType),
+}
+
+impl ColPolicy {
+    pub fn parse(s: &str) -> Option<ColPolicy> {
+        if s == "auto" {
+            Some(ColPolicy::Auto)
+        } else {
+            ColType::from_name(s).map(ColPolicy::Fixed)
+        }
+    }
+
+    fn choose(self, src: sift_quant::WeightType) -> ColType {
+        use sift_quant::WeightType as W;
+        match self {
+            ColPolicy::Fixed(t) => t,
+            ColPolicy::Auto => match src {
+                W::Q4_0 | W::Q4_1 | W::Q4_K => ColType::Q4_1,
+                W::Q5_0 | W::Q5_K => ColType::Q5_0,
+                _ => ColType::Q8_0,
+            },
+        }
+    }
+}
+
+/// What `sift pack` writes.
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    pub cols: ColPolicy,
+    /// Also write neuron bundles.
+    pub bundles: bool,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions { cols: ColPolicy::Auto, bundles: true }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Toc {
+    version: u32,
+    source_name: String,
+    source_len: u64,
+    gguf_offset: u64,
+    gguf_len: u64,
+    gguf_crc32: u32,
+    columns: Vec<ColumnTensor>,
+    bundles: Vec<BundleTensor>,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> PackError + '_ {
+    move |source| PackError::Io { path: path.to_path_buf(), source }
+}
+
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Opens a model from a `.gguf` or a `.sift` pack (told apart by their magic, not their name).
+pub fn open_model(path: &Path) -> Result<Model, PackError> {
+    let mut magic = [0u8; 8];
+    {
+        use std::io::Read;
+        let mut f = File::open(path).map_err(io(path))?;
+        let n = f.read(&mut magic).map_err(io(path))?;
+        if n >= 4 && &magic[..4] == b"GGUF" {
+            return Ok(Model::load(path)?);
+        }
+        if n < 8 || &magic != PACK_MAGIC {
+            return Err(PackError::Foreign {
+                path: path.into(),
+                magic: String::from_utf8_lossy(&magic[..n]).escape_default().to_string(),
+            });
+        }
+    }
+    let file = File::open(path).map_err(io(path))?;
+    let file_len = file.metadata().map_err(io(path))?.len();
+    let mut head = [0u8; HEADER_LEN];
+    {
+        use std::io::Read;
+        let mut f = &file;
+        f.read_exact(&mut head).map_err(|_| PackError::Truncated {
+            path: path.into(),
+            expected: HEADER_LEN as u64,
+            found: file_len,
+        })?;
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32_at(8);
+    if version != PACK_VERSION {
+        return Err(PackError::Stale { path: path.into(), found: version });
+    }
+    let (toc_off, toc_len, toc_crc, total) = (u64_at(16), u64_at(24), u32_at(32), u64_at(36));
+    if file_len < total {
+        return Err(PackError::Truncated { path: path.into(), expected: total, found: file_len });
+    }
+    if toc_off.checked_add(toc_len).is_none_or(|e| e > total) || toc_len > (64 << 20) {
+        return Err(PackError::Toc { path: path.into(), msg: format!("toc {toc_off}+{toc_len} is outside the file") });
+    }
+    let mut toc_bytes = vec![0u8; toc_len as usize];
+    {
+        use std::io::Read;
+        let mut f = &file;
+        f.seek(SeekFrom::Start(toc_off)).map_err(io(path))?;
+        f.read_exact(&mut toc_bytes).map_err(io(path))?;
+    }
+    if crc32fast::hash(&toc_bytes) != toc_crc {
+        return Err(PackError::Corrupt { path: path.into(), what: "the table of contents".into() });
+    }
+    let toc: Toc =
+        serde_json::from_slice(&toc_bytes).map_err(|e| PackError::Toc { path: path.into(), msg: e.to_string() })?;
+    let gguf = GgufFile::open_embedded(path, toc.gguf_offset, toc.gguf_len)?;
+    let all = gguf.file_bytes();
+    let check = |what: String, off: u64, len: u64, crc: u32| -> Result<(), PackError> {
+        let end = off.checked_add(len).filter(|&e| e <= total).ok_or_else(|| PackError::Toc {
+            path: path.into(),
+            msg: format!("{what} at {off}+{len} is outside the file"),
+        })?;
+        if crc32fast::hash(&all[off as usize..end as usize]) != crc {
+            return Err(PackError::Corrupt { path: path.into(), what });
+        }
+        Ok(())
+    };
+    check("the embedded GGUF".into(), toc.gguf_offset, toc.gguf_len, toc.gguf_crc32)?;
+    for t in &toc.columns {
+        check(format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, t.crc32)?;
+    }
+    for b in &toc.bundles {
+        check(format!("layer {} bundles", b.layer), b.offset, b.len, b.crc32)?;
+    }
+    let mut model = Model::from_file(gguf)?;
+    let c = &model.config;
+    let mut layers: Vec<LayerColumns> =
+        (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), bundles: None }).collect();
+    for t in &toc.columns {
+        let lw = model.layers.get(t.layer).ok_or_else(|| PackError::Toc {
+            path: path.into(),
+            msg: format!("layer {} does not exist in the model", t.layer),
+        })?;
+        let w = op_weight(lw, t.op);
+        if t.n_in != w.cols
+            || t.n_out != w.rows
+            || t.col_bytes != t.ty.col_bytes(t.n_out)
+            || t.len != (t.col_bytes * t.n_in) as u64
+        {
+            return Err(PackError::Toc {
+                path: path.into(),
+                msg: format!("layer {} {:?}: shape does not match the model", t.layer, t.op),
+            });
+        }
+        let ops = &mut layers[t.layer].ops;
+        if ops.len() != t.op as usize {
+            return Err(PackError::Toc { path: path.into(), msg: format!("layer {} ops out of order", t.layer) });
+        }
+        ops.push(t.clone());
+    }
+    for b in &toc.bundles {
+        let l = layers.get_mut(b.layer).ok_or_else(|| PackError::Toc {
+            path: path.into(),
+            msg: format!("bundle layer {} does not exist", b.layer),
+        })?;
+        let lw = &model.layers[b.layer];
+        if b.n_units != c.n_ff
+            || b.gate_bytes != lw.w_gate.row_bytes
+            || b.up_bytes != lw.w_up.row_bytes
+            || b.down_bytes != b.down_ty.col_bytes(c.n_embd)
+            || b.unit_bytes != b.gate_bytes + b.up_bytes + b.down_bytes
+            || b.len != (b.unit_bytes * b.n_units) as u64
+        {
+            return Err(PackError::Toc {
+                path: path.into(),
+                msg: format!("layer {} bundles: shape does not match the model", b.layer),
+            });
+        }
+        l.bundles = Some(b.clone());
+    }
+    if layers.iter().any(|l| l.ops.len() != 7) {
+        return Err(PackError::Toc { path: path.into(), msg: "some layer lacks column tensors".into() });
+    }
+    model.columns = Some(PackIndex { layers, source_name: toc.source_name });
+    Ok(model)
+}
+
+fn op_weight(lw: &sift_model::LayerWeights, op: OpKind) -> &QTensor {
+    match op {
+        OpKind::Q => &lw.wq,
+        OpKind::K => &lw.wk,
+        OpKind::V => &lw.wv,
+        OpKind::O => &lw.wo,
+        OpKind::Gate => &lw.w_gate,
+        OpKind::Up => &lw.w_up,
+        OpKind::Down => &lw.w_down,
+    }
+}
+
+/// Dequantizes `w` and writes its columns (transposed, re-quantized to `ty`).
+fn transpose_columns(model: &Model, w: &QTensor, ty: ColType) -> Vec<u8> {
+    let (rows, cols) = (w.rows, w.cols);
+    let mut dense = vec![0f32; rows * cols];
+    for r in 0..rows {
+        w.ty.dequantize_row(model.row(w, r), &mut dense[r * cols..(r + 1) * cols]);
+    }
+    let cb = ty.col_bytes(rows);
+    let mut out = vec![0u8; cb * cols];
+    let mut col = vec![0f32; rows];
+    for j in 0..cols {
+        for (r, v) in col.iter_mut().enumerate() {
+            *v = dense[r * cols + j];
+        }
+        ty.quantize_col(&col, &mut out[j * cb..(j + 1) * cb]);
+    }
+    out
+}
+
+/// Writes a pack of the GGUF at `src` to `dst` (through a temporary file renamed at the end).
+pub fn pack_model(
+    src: &Path,
+    dst: &Path,
+    opts: &PackOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<u64, PackError> {
+    let model = Model::load(src)?;
+    let c = model.config.clone();
+    if c.n_embd % 32 != 0 || c.n_embd_kv() % 32 != 0 || c.n_ff % 32 != 0 || c.n_embd_q() % 32 != 0 {
+        return Err(PackError::Toc {
+            path: src.into(),
+            msg: "model dimensions are not multiples of 32; columns cannot be blocked".into(),
+        });
+    }
+    let tmp = dst.with_extension("sift.tmp");
+    let f = File::create(&tmp).map_err(io(&tmp))?;
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    let mut pos: u64 = 0;
+    let pad_to = |w: &mut BufWriter<File>, pos: &mut u64, to: u64| -> Result<(), PackError> {
+        let zeros = vec![0u8; (to - *pos) as usize];
+        w.write_all(&zeros).map_err(io(&tmp))?;
+        *pos = to;
+        Ok(())
+    };
+    pad_to(&mut w, &mut pos, ALIGN)?;
+    let gguf_bytes = model.file.bytes();
+    let gguf_offset = pos;
+    w.write_all(gguf_bytes).map_err(io(&tmp))?;
+    pos += gguf_bytes.len() as u64;
+    let gguf_crc32 = crc32fast::hash(gguf_bytes);
+    let mut columns = Vec::new();
+    let mut bundles = Vec::new();
+    for (l, lw) in model.layers.iter().enumerate() {
+        let mut down_cols: Option<(ColType, Vec<u8>)> = None;
+        for op in OpKind::ALL {
+            let wt = op_weight(lw, op);
+            let ty = opts.cols.choose(wt.ty);
+            let data = transpose_columns(&model, wt, ty);
+            let aligned = align_up(pos);
+            pad_to(&mut w, &mut pos, aligned)?;
+            w.write_all(&data).map_err(io(&tmp))?;
+            columns.push(ColumnTensor {
+                layer: l,
+                op,
+                ty,
+                n_in: wt.cols,
+                n_out: wt.rows,
+                col_bytes: ty.col_bytes(wt.rows),
+                offset: pos,
+                len: data.len() as u64,
+                crc32: crc32fast::hash(&data),
+            });
+            pos += data.len() as u64;
+            if op == OpKind::Down {
+                down_cols = Some((ty, data));
+            }
+        }
+        if opts.bundles {
+            let (down_ty, down) = down_cols.expect("down was written");
+            let db = down_ty.col_bytes(c.n_embd);
+            let (gb, ub) = (lw.w_gate.row_bytes, lw.w_up.row_bytes);
+            let unit = gb + ub + db;
+            let mut data = Vec::with_capacity(unit * c.n_ff);
+            for i in 0..c.n_ff {
+                data.extend_from_slice(model.row(&lw.w_gate, i));
+                data.extend_from_slice(model.row(&lw.w_up, i));
+                data.extend_from_slice(&down[i * db..(i + 1) * db]);
+            }
+            let aligned = align_up(pos);
+            pad_to(&mut w, &mut pos, aligned)?;
+            w.write_all(&data).map_err(io(&tmp))?;
+            bundles.push(BundleTensor {
+                layer: l,
+                n_units: c.n_ff,
+                gate_bytes: gb,
+                up_bytes: ub,
+                down_ty,
+                down_bytes: db,
+                unit_bytes: unit,
+                offset: pos,
+                len: data.len() as u64,
+                crc32: crc32fast::hash(&data),
+            });
+            pos += data.len() as u64;
+        }
+        progress(&format!("layer {}/{}", l + 1, c.n_layer));
+    }
+    let toc = Toc {
+        version: PACK_VERSION,
+        source_name: src.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default(),
+        source_len: gguf_bytes.len() as u64,
+        gguf_offset,
+        gguf_len: gguf_bytes.len() as u64,
+        gguf_crc32,
+        columns,
+        bundles,
+    };
+    let toc_bytes = serde_json::to_vec(&toc).map_err(|e| PackError::Toc { path: tmp.clone(), msg: e.to_string() })?;
+    let toc_off = align_up(pos);
+    pad_to(&mut w, &mut pos, toc_off)?;
+    w.write_all(&toc_bytes).map_err(io(&tmp))?;
+    pos += toc_bytes.len() as u64;
+    let mut head = [0u8; HEADER_LEN];
+    head[..8].copy_from_slice(PACK_MAGIC);
+    head[8..12].copy_from_slice(&PACK_VERSION.to_le_bytes());
+    head[16..24].copy_from_slice(&toc_off.to_le_bytes());
+    head[24..32].copy_from_slice(&(toc_bytes.len() as u64).to_le_bytes());
+    head[32..36].copy_from_slice(&crc32fast::hash(&toc_bytes).to_le_bytes());
+    head[36..44].copy_from_slice(&pos.to_le_bytes());
+    let mut f = w.into_inner().map_err(|e| PackError::Io { path: tmp.clone(), source: e.into_error() })?;
+    f.seek(SeekFrom::Start(0)).map_err(io(&tmp))?;
+    f.write_all(&head).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, dst).map_err(io(dst))?;
+    Ok(pos)
+}
