@@ -113,6 +113,7 @@ pub struct Engine {
     /// column kernels enabled.
     cols: Option<Vec<Vec<ColOp>>>,
     coef: Vec<f32>,
+    col_scratch: Vec<f32>,
     all_columns: bool,
 }
 
@@ -198,6 +199,7 @@ impl Engine {
             all_columns: opts.all_columns && cols.is_some(),
             cols,
             coef: Vec::new(),
+            col_scratch: Vec::new(),
         }
     }
 
@@ -442,7 +444,7 @@ impl Engine {
     /// whose selection is a subset runs on the pack's column kernels (only active columns are
     /// read); everything else on the dense kernels over the (masked) input.
     fn project(&mut self, l: usize, n: usize, site: Site, sparse: bool) {
-        let Engine { model, pool, s, cols, active, coef, stats, all_columns, .. } = self;
+        let Engine { model, pool, s, cols, active, coef, col_scratch, stats, all_columns, .. } = self;
         let c = &model.config;
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let lw = &model.layers[l];
@@ -494,7 +496,7 @@ impl Engine {
                 Site::FfnMid => vec![ColJob { op: &ops[6], out: &mut s.o[..e] }],
             };
             stats.column_bytes += jobs.iter().map(|j| j.op.bytes(active.len()) as u64).sum::<u64>();
-            column_matmul(pool, file, active, coef, &mut jobs);
+            column_matmul(pool, file, active, coef, &mut jobs, col_scratch);
             return;
         }
         let file = model.file.bytes();

@@ -6,7 +6,7 @@
 //! the `sift_quant` column kernel (AVX-512 / AVX2 / scalar, chosen at run time). Columns are
 //! stored contiguously, so a thread reads `blocks × block_bytes` contiguous bytes per column.
 
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::{split, SharedMut, ThreadPool};
 use sift_model::layout::ColumnTensor;
 use sift_quant::{axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, Isa};
 
@@ -38,50 +38,62 @@ pub struct ColJob<'a> {
     pub out: &'a mut [f32],
 }
 
-/// Output blocks per unit of work.
+/// Output blocks per unit of work (batched products).
 fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
     (total_blocks / (n_threads * 4).max(1)).clamp(2, 16)
 }
 
 /// Runs several column products over the same active inputs in one pool dispatch.
-pub fn column_matmul(pool: &ThreadPool, file: &[u8], active: &[u32], coef: &[f32], jobs: &mut [ColJob<'_>]) {
-    struct Prepared<'a> {
-        op: &'a ColOp,
-        data: &'a [u8],
-        out: SharedMut<f32>,
-        n_blocks: usize,
-        first_chunk: usize,
+///
+/// Work is split by *columns*: each unit of work is a contiguous run of the active columns of
+/// one op, summed over the op's whole output into the worker's own accumulator; the workers'
+/// accumulators are added at the end. Each column is thus read whole and in ascending order
+/// (near-sequential memory access), instead of every thread gathering small slices of every
+/// column. `scratch` holds the accumulators between calls.
+pub fn column_matmul(
+    pool: &ThreadPool,
+    file: &[u8],
+    active: &[u32],
+    coef: &[f32],
+    jobs: &mut [ColJob<'_>],
+    scratch: &mut Vec<f32>,
+) {
+    let nt = pool.n_threads();
+    let mut offsets = Vec::with_capacity(jobs.len());
+    let mut total = 0;
+    for j in jobs.iter() {
+        assert!(j.out.len() >= j.op.n_out, "column product output too small");
+        offsets.push(total);
+        total += j.op.n_out;
     }
-    let total: usize = jobs.iter().map(|j| j.op.n_out / 32).sum();
-    let bpc = blocks_per_chunk(total, pool.n_threads());
-    let mut chunks = 0;
-    let prepared: Vec<Prepared<'_>> = jobs
-        .iter_mut()
-        .map(|j| {
-            assert!(j.out.len() >= j.op.n_out, "column product output too small");
-            let n_blocks = j.op.n_out / 32;
-            let p = Prepared {
-                op: j.op,
-                data: &file[j.op.range.clone()],
-                out: SharedMut::new(&mut j.out[..j.op.n_out]),
-                n_blocks,
-                first_chunk: chunks,
-            };
-            chunks += n_blocks.div_ceil(bpc);
-            p
-        })
-        .collect();
-    pool.for_each(chunks, 1, &|range, _worker| {
-        for c in range {
-            let Some(p) = prepared.iter().rev().find(|p| p.first_chunk <= c) else { continue };
-            let b0 = (c - p.first_chunk) * bpc;
-            let b1 = (b0 + bpc).min(p.n_blocks);
-            // SAFETY: chunk c covers output blocks b0..b1 of one job, written by this thread only.
-            let y = unsafe { p.out.slice(b0 * 32..b1 * 32) };
-            y.fill(0.0);
-            (p.op.axpy)(p.data, p.op.col_bytes, active, coef, b0..b1, y);
+    scratch.clear();
+    scratch.resize(nt * total, 0.0);
+    // Pieces of the active list per op: enough to balance, each at least 32 columns.
+    let pieces = (nt * 2).min(active.len().div_ceil(32)).max(1);
+    let acc = SharedMut::new(&mut scratch[..]);
+    let ops: Vec<(&ColOp, &[u8])> = jobs.iter().map(|j| (j.op, &file[j.op.range.clone()])).collect();
+    pool.for_each(ops.len() * pieces, 1, &|range, worker| {
+        for item in range {
+            let (ji, pi) = (item / pieces, item % pieces);
+            let (op, data) = ops[ji];
+            let r = split(active.len(), pieces, pi);
+            let start = worker * total + offsets[ji];
+            // SAFETY: worker `worker`'s accumulator region is used by that thread alone.
+            let y = unsafe { acc.slice(start..start + op.n_out) };
+            (op.axpy)(data, op.col_bytes, &active[r.clone()], &coef[r], 0..op.n_out / 32, y);
         }
     });
+    for (j, &off) in jobs.iter_mut().zip(&offsets) {
+        let n = j.op.n_out;
+        let out = &mut j.out[..n];
+        out.copy_from_slice(&scratch[off..off + n]);
+        for w in 1..nt {
+            let part = &scratch[w * total + off..w * total + off + n];
+            for (o, p) in out.iter_mut().zip(part) {
+                *o += p;
+            }
+        }
+    }
 }
 
 /// Runs several column products for a batch of `n` tokens (`x`: `n` rows of each op's `n_in`

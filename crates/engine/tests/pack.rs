@@ -104,7 +104,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
             active.truncate(k.max(1));
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
-            column_matmul(&pool, file, &active, &coef, &mut [ColJob { op: &cop, out: &mut y }]);
+            column_matmul(&pool, file, &active, &coef, &mut [ColJob { op: &cop, out: &mut y }], &mut Vec::new());
             // Masked dense: zero the inactive inputs, multiply by the whole matrix.
             let mut masked = vec![0f32; t.n_in];
             for &j in &active {
