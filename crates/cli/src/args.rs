@@ -262,12 +262,20 @@ pub struct SweepArgs {
     /// With a .sift pack: time decoding on dense kernels with masked inputs
     #[arg(long = "dense-kernels")]
     pub dense_kernels: bool,
+    /// Multiple-choice set to score per run (HellaSwag text or mc/ JSON lines)
+    #[arg(long = "eval")]
+    pub eval: Option<PathBuf>,
+    /// Items of the eval set per run
+    #[arg(long = "eval-limit", default_value_t = 200)]
+    pub eval_limit: usize,
 }
 
 #[derive(Args)]
 pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub sparsity: crate::sparsity::SparsityArgs,
     /// Evaluation file: HellaSwag text (6 lines per task) or JSON lines (centerpiece, options, correct_options_idx)
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,

@@ -25,7 +25,13 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!items.is_empty(), "--limit 0 leaves nothing to score");
 
     let (model, tok) = crate::generate::load(&a.model.model)?;
-    let mut engine = Engine::new(model, &a.model.engine_options());
+    let mut eo = a.model.engine_options();
+    eo.sparse_head = a.sparsity.sparse_head;
+    eo.column_kernels = !a.sparsity.dense_kernels;
+    eo.all_columns = a.sparsity.all_columns;
+    let mut engine = Engine::new(model, &eo);
+    a.sparsity.apply(&mut engine)?;
+    eprintln!("sparsity: {}", engine.selector().describe());
     eprintln!(
         "eval: task {}, {:?} format, items {}..{} of {total} from '{}', n_ctx {}, {} threads",
         ds.name,
@@ -37,7 +43,11 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         engine.n_threads()
     );
     let t0 = std::time::Instant::now();
+    let stateful = a.sparsity.method != sift_engine::sparsity::Method::Dense;
     let mut scorer = EngineScorer::new(&mut engine);
+    // Selectors with sequence state (core neurons, DIP-CA's cache) must see each item from an
+    // empty context, so every context restarts instead of reusing a shared prefix.
+    scorer.reuse_prefix = !stateful;
     let opts = EvalOptions { max_tokens: scorer.max_tokens() };
     let rep = evaluate(&ds.task, items, &tok, &mut scorer, &opts, |p| {
         if p.done.is_multiple_of(PROGRESS_EVERY) || p.done == p.total {

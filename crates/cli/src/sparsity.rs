@@ -30,6 +30,9 @@ pub struct SparsityArgs {
     /// core: token-wise fraction of positive activations that are core (SparseInfer's alpha)
     #[arg(long = "alpha", default_value_t = 0.4)]
     pub alpha: f32,
+    /// core: rank neurons by |GLU| instead of positive GLU values (SwiGLU adaptation)
+    #[arg(long = "core-magnitude")]
+    pub core_magnitude: bool,
     /// Fraction of the output head's input channels skipped per token (magnitude Top-K)
     #[arg(long = "sparse-head", default_value_t = 0.0)]
     pub sparse_head: f32,
@@ -71,6 +74,7 @@ impl SparsityArgs {
             gamma: self.gamma,
             cache_fraction: self.cache_frac,
             alpha: self.alpha,
+            core_magnitude: self.core_magnitude,
         })
     }
 

@@ -1,4 +1,5 @@
-//! `sift sweep`: perplexity (and decode speed) over selection methods × ratios, written as a CSV
+//! `sift sweep`: perplexity, optionally a multiple-choice eval and decode speed, over selection
+//! methods × ratios, written as a CSV
 //! row per run as soon as it finishes, then Pareto plots (SVG): quality vs active weight bytes per
 //! token, and decode tok/s vs ratio.
 
@@ -9,6 +10,7 @@ use anyhow::Context;
 use sift_engine::perplexity::perplexity;
 use sift_engine::sparsity::Method;
 use sift_engine::{Engine, EngineOptions, Logits};
+use sift_eval::{evaluate, EngineScorer, EvalOptions};
 use std::io::Write;
 use std::time::Instant;
 
@@ -21,6 +23,8 @@ struct Row {
     ppl_err: f64,
     active_mib: f64,
     tok_s: f64,
+    acc: f64,
+    acc_norm: f64,
 }
 
 pub fn run(a: SweepArgs) -> anyhow::Result<()> {
@@ -37,11 +41,19 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         column_kernels: !a.dense_kernels,
         all_columns: false,
     };
+    let eval_set = match &a.eval {
+        Some(f) => {
+            let ds = sift_eval::load(f, None, None).with_context(|| format!("cannot load eval set '{}'", f.display()))?;
+            let n = a.eval_limit.min(ds.items.len());
+            Some((ds, n))
+        }
+        None => None,
+    };
     let mut engine = Engine::new(model, &opts);
     let csv_path = a.out.join("sweep.csv");
     let mut csv =
         std::fs::File::create(&csv_path).with_context(|| format!("cannot create '{}'", csv_path.display()))?;
-    writeln!(csv, "model,method,ratio,ppl,ppl_err,active_mib_per_token,decode_tok_s")?;
+    writeln!(csv, "model,method,ratio,ppl,ppl_err,active_mib_per_token,decode_tok_s,eval_acc,eval_acc_norm")?;
     let model_name = a.model.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let mut runs: Vec<(Method, f64)> = vec![(Method::Dense, 0.0)];
     for &m in &a.methods {
@@ -61,6 +73,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             gamma: a.gamma,
             cache_frac: None,
             alpha: a.alpha,
+            core_magnitude: false,
             sparse_head: 0.0,
             dense_kernels: a.dense_kernels,
             all_columns: false,
@@ -71,9 +84,19 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         let p = perplexity(&mut engine, &tokens, a.ctx_size, Some(a.chunks), bos, |_, _| {})?;
         let active_mib = engine.active_bytes_per_token() / (1 << 20) as f64;
         let tok_s = if a.tg > 0 { decode_speed(&mut engine, &tokens, a.tg)? } else { f64::NAN };
-        let row = Row { method: method.name().into(), ratio, ppl: p.ppl, ppl_err: p.ppl_err, active_mib, tok_s };
+        let (acc, acc_norm) = match &eval_set {
+            Some((ds, n)) => {
+                let mut scorer = EngineScorer::new(&mut engine);
+                scorer.reuse_prefix = method == Method::Dense;
+                let eo = EvalOptions { max_tokens: scorer.max_tokens() };
+                let rep = evaluate(&ds.task, &ds.items[..*n], &tok, &mut scorer, &eo, |_| {})?;
+                (rep.acc.value, rep.acc_norm.value)
+            }
+            None => (f64::NAN, f64::NAN),
+        };
+        let row = Row { method: method.name().into(), ratio, ppl: p.ppl, ppl_err: p.ppl_err, active_mib, tok_s, acc, acc_norm };
         eprintln!(
-            "[{}/{}] {:<9} r={:.2}: PPL {:.4} +/- {:.4}, {:.2} MiB/token, {:.1} tok/s ({:.0} s)",
+            "[{}/{}] {:<9} r={:.2}: PPL {:.4} +/- {:.4}, {:.2} MiB/token, {:.1} tok/s, acc {:.4} acc_norm {:.4} ({:.0} s)",
             i + 1,
             runs.len(),
             row.method,
@@ -82,12 +105,14 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             p.ppl_err,
             active_mib,
             tok_s,
+            acc,
+            acc_norm,
             t0.elapsed().as_secs_f64()
         );
         writeln!(
             csv,
-            "{model_name},{},{:.2},{:.4},{:.4},{:.3},{:.2}",
-            row.method, row.ratio, row.ppl, row.ppl_err, row.active_mib, row.tok_s
+            "{model_name},{},{:.2},{:.4},{:.4},{:.3},{:.2},{:.4},{:.4}",
+            row.method, row.ratio, row.ppl, row.ppl_err, row.active_mib, row.tok_s, row.acc, row.acc_norm
         )?;
         csv.flush()?;
         rows.push(row);
@@ -144,6 +169,16 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row]) -> anyhow::Resu
         series: series(&|r: &Row| (r.active_mib, r.ppl)),
     };
     std::fs::write(dir.join("ppl_vs_bytes.svg"), quality.to_svg())?;
+    if rows.iter().any(|r| r.acc_norm.is_finite()) {
+        let acc = Chart {
+            title: format!("{model}: accuracy vs active weight bytes"),
+            x_label: "active weight MiB per token (7 linears + head)".into(),
+            y_label: "acc_norm".into(),
+            log_y: false,
+            series: series(&|r: &Row| (r.active_mib, r.acc_norm)),
+        };
+        std::fs::write(dir.join("acc_vs_bytes.svg"), acc.to_svg())?;
+    }
     if rows.iter().any(|r| r.tok_s.is_finite()) {
         let speed = Chart {
             title: format!("{model}: decode speed vs ratio"),

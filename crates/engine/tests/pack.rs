@@ -38,6 +38,7 @@ fn topk(e: &Engine, ratio: f64) -> Box<dyn sift_engine::sparsity::Selector> {
         gamma: 0.2,
         cache_fraction: None,
         alpha: 0.4,
+        core_magnitude: false,
     };
     build_selector(&cfg, dims, None).unwrap()
 }

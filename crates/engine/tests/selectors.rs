@@ -83,6 +83,7 @@ fn config(method: Method, n_layer: usize, ratio: f64) -> SparsityConfig {
         gamma: 0.2,
         cache_fraction: None,
         alpha: 0.4,
+        core_magnitude: false,
     }
 }
 

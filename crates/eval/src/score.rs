@@ -27,6 +27,7 @@
 
 use crate::data::{Item, TaskKind};
 use crate::prompt::{self, Request};
+use sift_engine::sparsity::Phase;
 use sift_engine::perplexity::log_softmax_at;
 use sift_engine::{Engine, EvalError, Logits};
 use sift_model::tokenizer::{Tokenizer, TokenizerError};
@@ -109,12 +110,13 @@ impl<'e> EngineScorer<'e> {
         self.engine.n_ctx() + 1
     }
 
-    /// The engine calls of the scorer, in one place: contexts want the last token's logits,
-    /// continuations every token's.
+    /// The engine calls of the scorer, in one place: contexts want the last token's logits and
+    /// run as the prompt, continuations want every token's and run as generation (so selectors
+    /// that fix their units at prefill, like core neurons, see the context as the prompt).
     fn forward<'a>(engine: &'a mut Engine, tokens: &[u32], part: Part) -> Result<&'a [f32], EvalError> {
         match part {
-            Part::Context => engine.eval(tokens, Logits::Last),
-            Part::Continuation => engine.eval(tokens, Logits::All),
+            Part::Context => engine.eval_phase(tokens, Logits::Last, Phase::Prompt),
+            Part::Continuation => engine.eval_phase(tokens, Logits::All, Phase::Generate),
         }
     }
 

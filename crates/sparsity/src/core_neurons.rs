@@ -20,6 +20,9 @@ use crate::{Phase, Ratios, Selection, Selector, Site, SiteDims};
 pub struct CoreParams {
     /// Token-wise fraction of positive activations that are core (the paper uses 0.4).
     pub alpha: f32,
+    /// Rank by |activation| instead of positive activations (SwiGLU's GLU values are signed, and
+    /// strongly negative neurons matter as much as positive ones; the paper's models used ReLU).
+    pub magnitude: bool,
 }
 
 /// Writes the token-wise core neurons of activation `x` (Def. 1) to `out`, ascending.
@@ -115,7 +118,8 @@ impl CoreNeuronSelector {
 impl Selector for CoreNeuronSelector {
     fn describe(&self) -> String {
         let kind = if self.clusters.is_some() { "core-sim" } else { "core" };
-        format!("{kind} alpha={} beta={:.2}", self.params.alpha, 1.0 - self.ratios.get(0, Site::FfnMid))
+        let m = if self.params.magnitude { " |x|" } else { "" };
+        format!("{kind}{m} alpha={} beta={:.2}", self.params.alpha, 1.0 - self.ratios.get(0, Site::FfnMid))
     }
 
     fn reset(&mut self) {
@@ -141,7 +145,16 @@ impl Selector for CoreNeuronSelector {
         }
         match phase {
             Phase::Prompt => {
-                token_core(x, self.params.alpha, &mut self.scores, &mut self.scratch, &mut self.token);
+                if self.params.magnitude {
+                    self.scores.clear();
+                    self.scores.extend(x.iter().map(|v| v.abs()));
+                    let m = ((self.params.alpha as f64 * x.len() as f64).round() as usize).min(x.len());
+                    let scores = std::mem::take(&mut self.scores);
+                    top_k_indices(&scores, m, &mut self.scratch, &mut self.token);
+                    self.scores = scores;
+                } else {
+                    token_core(x, self.params.alpha, &mut self.scores, &mut self.scratch, &mut self.token);
+                }
                 for &n in &self.token {
                     self.counts[layer][n as usize] += 1;
                 }

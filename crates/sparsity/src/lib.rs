@@ -207,6 +207,8 @@ pub struct SparsityConfig {
     pub cache_fraction: Option<f32>,
     /// SparseInfer's token-wise top-alpha fraction of positive activations.
     pub alpha: f32,
+    /// Core neurons ranked by |GLU| instead of positive GLU values (see [`CoreParams`]).
+    pub core_magnitude: bool,
 }
 
 /// Errors building a selector.
@@ -260,7 +262,7 @@ pub fn build_selector(
             let cache = LfuCacheState::new(dims, &[Site::FfnIn, Site::FfnMid], frac);
             Box::new(DipSelector::new(r, Some((cache, cfg.gamma))))
         }
-        Method::Core => Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha }, None)),
+        Method::Core => Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude }, None)),
         Method::CoreSim => {
             let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
             let clusters = c.clusters.clone().ok_or_else(|| {
@@ -268,7 +270,7 @@ pub fn build_selector(
                     "the calibration file has no core-neuron clusters; run `sift calibrate` with --clusters K".into(),
                 )
             })?;
-            Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha }, Some(clusters)))
+            Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude }, Some(clusters)))
         }
     })
 }
