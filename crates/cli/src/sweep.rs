@@ -43,7 +43,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     };
     let eval_set = match &a.eval {
         Some(f) => {
-            let ds = sift_eval::load(f, None, None).with_context(|| format!("cannot load eval set '{}'", f.display()))?;
+            let ds =
+                sift_eval::load(f, None, None).with_context(|| format!("cannot load eval set '{}'", f.display()))?;
             let n = a.eval_limit.min(ds.items.len());
             Some((ds, n))
         }
@@ -94,7 +95,16 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             }
             None => (f64::NAN, f64::NAN),
         };
-        let row = Row { method: method.name().into(), ratio, ppl: p.ppl, ppl_err: p.ppl_err, active_mib, tok_s, acc, acc_norm };
+        let row = Row {
+            method: method.name().into(),
+            ratio,
+            ppl: p.ppl,
+            ppl_err: p.ppl_err,
+            active_mib,
+            tok_s,
+            acc,
+            acc_norm,
+        };
         eprintln!(
             "[{}/{}] {:<9} r={:.2}: PPL {:.4} +/- {:.4}, {:.2} MiB/token, {:.1} tok/s, acc {:.4} acc_norm {:.4} ({:.0} s)",
             i + 1,

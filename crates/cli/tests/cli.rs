@@ -236,3 +236,72 @@ fn bad_inputs_fail_with_clear_errors() {
     assert!(!out.status.success() && err.contains("context is full"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.sift");
+    let m = model();
+    let o = sift(&["pack", m.to_str().unwrap(), "-o", pack.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // The pack runs alone (tokenizer, template inside) and decodes on the column kernels.
+    let p = pack.to_str().unwrap();
+    let o = sift(&[
+        "generate",
+        "-m",
+        p,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--sparsity",
+        "topk",
+        "--ratio",
+        "0.3",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).starts_with("The capital of France is") && text(&o.stdout).len() > 30);
+    // Sweep over two methods on a short text: CSV rows and the plot.
+    let out = dir.path().join("sweep");
+    let f = root().join("tests/fixtures/wiki.test.head16k.raw");
+    let o = sift(&[
+        "sweep",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        f.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+        "--methods",
+        "topk,glu",
+        "--ratios",
+        "0,0.5",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 4, "header + dense + topk + glu:\n{csv}");
+    let ppl = |r: &str| r.split(',').nth(3).unwrap().parse::<f64>().unwrap();
+    assert!(ppl(rows[2]) > ppl(rows[1]) && ppl(rows[3]) > ppl(rows[1]) * 0.99, "{csv}");
+    assert!(std::fs::read_to_string(out.join("ppl_vs_bytes.svg")).unwrap().contains("<svg"));
+    // Bad flags name the problem.
+    let ms = m.to_str().unwrap();
+    let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "magic"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("unknown sparsity method 'magic'"));
+    let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "topk", "--ratio", "1.5"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("outside [0, 1)"), "{}", text(&o.stderr));
+    let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "threshold"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("sift calibrate"), "{}", text(&o.stderr));
+    let bad = dir.path().join("bad.sift");
+    let mut header = b"SIFTPACK\x09\0\0\0".to_vec();
+    header.resize(64, 0);
+    std::fs::write(&bad, &header).unwrap();
+    let o = sift(&["generate", "-m", bad.to_str().unwrap(), "-p", "x", "-n", "1"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("stale pack"), "{}", text(&o.stderr));
+}

@@ -141,7 +141,12 @@ pub fn calibrate(
         // Passages from the end of the text, so they differ from the histogram windows.
         for (i, chunk) in tokens.rchunks_exact(len).take(opts.cluster_passages).enumerate() {
             let r = Ratios::uniform(Method::Core, dims.n_layer, 0.5).expect("0.5 is a valid ratio");
-            let sel = Arc::new(Mutex::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: opts.alpha, magnitude: false }, None)));
+            let sel = Arc::new(Mutex::new(CoreNeuronSelector::new(
+                dims,
+                r,
+                CoreParams { alpha: opts.alpha, magnitude: false },
+                None,
+            )));
             engine.set_selector(Box::new(Shared(sel.clone())));
             let mut p = chunk.to_vec();
             if let Some(b) = bos {

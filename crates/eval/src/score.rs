@@ -27,8 +27,8 @@
 
 use crate::data::{Item, TaskKind};
 use crate::prompt::{self, Request};
-use sift_engine::sparsity::Phase;
 use sift_engine::perplexity::log_softmax_at;
+use sift_engine::sparsity::Phase;
 use sift_engine::{Engine, EvalError, Logits};
 use sift_model::tokenizer::{Tokenizer, TokenizerError};
 

@@ -262,7 +262,12 @@ pub fn build_selector(
             let cache = LfuCacheState::new(dims, &[Site::FfnIn, Site::FfnMid], frac);
             Box::new(DipSelector::new(r, Some((cache, cfg.gamma))))
         }
-        Method::Core => Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude }, None)),
+        Method::Core => Box::new(CoreNeuronSelector::new(
+            dims,
+            r,
+            CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude },
+            None,
+        )),
         Method::CoreSim => {
             let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
             let clusters = c.clusters.clone().ok_or_else(|| {
@@ -270,7 +275,12 @@ pub fn build_selector(
                     "the calibration file has no core-neuron clusters; run `sift calibrate` with --clusters K".into(),
                 )
             })?;
-            Box::new(CoreNeuronSelector::new(dims, r, CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude }, Some(clusters)))
+            Box::new(CoreNeuronSelector::new(
+                dims,
+                r,
+                CoreParams { alpha: cfg.alpha, magnitude: cfg.core_magnitude },
+                Some(clusters),
+            ))
         }
     })
 }
