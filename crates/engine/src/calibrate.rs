@@ -89,6 +89,8 @@ impl<S: Selector> Selector for Shared<S> {
     fn select(&mut self, layer: usize, site: Site, phase: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection {
         lock(&self.0).select(layer, site, phase, x, active)
     }
+    // `fixed_neurons` keeps its default (None): a borrow cannot outlive the lock; the row gather
+    // is a speed path only, results are the same without it.
 }
 
 fn lock<S>(m: &Mutex<S>) -> std::sync::MutexGuard<'_, S> {

@@ -4,7 +4,7 @@
 //! returns logits. Prompts run as batches (GEMM-like: each weight row is read once per batch),
 //! generation one token at a time (GEMV). All products go through [`crate::matmul`].
 
-use crate::matmul::{matmul_many, MatJob, QuantActs};
+use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 use crate::pool::{split, SharedMut, ThreadPool};
 use crate::sparse::{column_matmul, column_matmul_batch, ColJob, ColOp};
 use crate::vecops;
@@ -115,6 +115,8 @@ pub struct Engine {
     coef: Vec<f32>,
     col_scratch: Vec<f32>,
     all_columns: bool,
+    /// Compute only the fixed active neurons' gate/up rows (off with `column_kernels: false`).
+    row_gather: bool,
 }
 
 /// How many input units each site used, summed over the tokens run since the last reset.
@@ -197,6 +199,7 @@ impl Engine {
             head_scratch: Vec::new(),
             stats,
             all_columns: opts.all_columns && cols.is_some(),
+            row_gather: opts.column_kernels,
             cols,
             coef: Vec::new(),
             col_scratch: Vec::new(),
@@ -444,7 +447,21 @@ impl Engine {
     /// whose selection is a subset runs on the pack's column kernels (only active columns are
     /// read); everything else on the dense kernels over the (masked) input.
     fn project(&mut self, l: usize, n: usize, site: Site, sparse: bool) {
-        let Engine { model, pool, s, cols, active, coef, col_scratch, stats, all_columns, .. } = self;
+        let Engine {
+            model,
+            pool,
+            s,
+            cols,
+            active,
+            coef,
+            col_scratch,
+            stats,
+            all_columns,
+            selector,
+            phase,
+            row_gather,
+            ..
+        } = self;
         let c = &model.config;
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let lw = &model.layers[l];
@@ -521,6 +538,21 @@ impl Engine {
             }
             Site::FfnIn => {
                 quantize_for(pool, &mut s.acts, &[&lw.w_gate, &lw.w_up], &s.h, e, n);
+                if n == 1 && *row_gather {
+                    if let Some(rows) = selector.fixed_neurons(l, *phase) {
+                        matmul_rows(
+                            pool,
+                            file,
+                            &s.acts,
+                            rows,
+                            &mut [
+                                MatJob { w: &lw.w_gate, out: &mut s.g[..ff], stride: ff },
+                                MatJob { w: &lw.w_up, out: &mut s.u[..ff], stride: ff },
+                            ],
+                        );
+                        return;
+                    }
+                }
                 matmul_many(
                     pool,
                     file,

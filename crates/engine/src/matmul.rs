@@ -167,6 +167,37 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
     });
 }
 
+/// Row-gather products for one token: `out[r] = W[r] · x` for the rows in `rows` only (FFN
+/// neuron sparsity: the active neurons' gate and up rows); every other output is set to 0. Several
+/// matrices over the same input run in one dispatch. Each row's result is bit-identical to the
+/// dense product's.
+pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32], jobs: &mut [MatJob<'_>]) {
+    let prepared: Vec<(&QTensor, DotFn, &[u8], SharedMut<f32>)> = jobs
+        .iter_mut()
+        .map(|j| {
+            assert!(j.out.len() >= j.w.rows, "matmul output too small for {}", j.w.name);
+            assert!(rows.iter().all(|&r| (r as usize) < j.w.rows), "row index out of range for {}", j.w.name);
+            j.out[..j.w.rows].fill(0.0);
+            let (act_rb, act) = acts.get(j.w.ty.act_type());
+            (j.w, j.w.ty.dot_fn(), &act[..act_rb], SharedMut::new(j.out))
+        })
+        .collect();
+    let per_job = rows.len().div_ceil(ROW_CHUNK);
+    pool.for_each(prepared.len() * per_job, 1, &|range, _| {
+        for c in range {
+            let (w, dot, act, out) = &prepared[c / per_job];
+            let i0 = (c % per_job) * ROW_CHUNK;
+            let (rb, base) = (w.row_bytes, w.range.start);
+            for &r in &rows[i0..(i0 + ROW_CHUNK).min(rows.len())] {
+                let r = r as usize;
+                // SAFETY: each listed row is written by the one chunk that holds it (rows are distinct).
+                let o = unsafe { out.slice(r..r + 1) };
+                o[0] = dot(w.cols, &file[base + r * rb..base + (r + 1) * rb], act);
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,6 +133,11 @@ impl Selector for CoreNeuronSelector {
         self.cluster = None;
     }
 
+    fn fixed_neurons(&self, layer: usize, phase: Phase) -> Option<&[u32]> {
+        let set = &self.sets[layer];
+        (phase == Phase::Generate && !set.is_empty()).then_some(&set[..])
+    }
+
     fn end_batch(&mut self, phase: Phase) {
         if phase == Phase::Prompt {
             self.fix_sets();

@@ -110,6 +110,12 @@ pub trait Selector: Send {
     /// Returns [`Selection::All`] for dense, or fills `active` (cleared first) with the active unit
     /// indices in ascending order.
     fn select(&mut self, layer: usize, site: Site, phase: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection;
+    /// The FFN neurons of `layer` known to be active before the layer runs (ascending), for
+    /// selectors that fix them in advance (core neurons while generating). The engine then
+    /// computes only those rows of gate and up (row gather) and those columns of down.
+    fn fixed_neurons(&self, _layer: usize, _phase: Phase) -> Option<&[u32]> {
+        None
+    }
 }
 
 /// Every unit active.
