@@ -194,7 +194,7 @@ fn bad_inputs_fail_with_clear_errors() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("truncated.gguf", bytes[..bytes.len() / 2].to_vec(), "past the end"),
         ("header-only.gguf", bytes[..100].to_vec(), "truncated"),
-        ("foreign.gguf", b"PK\x03\x04 this is a zip file, not a model".to_vec(), "not a GGUF file"),
+        ("foreign.gguf", b"PK\x03\x04 this is a zip file, not a model".to_vec(), "not a sift pack or a GGUF file"),
         ("empty.gguf", Vec::new(), "GGUF"),
     ];
     for (name, data, want) in cases {

@@ -43,36 +43,40 @@ impl Lfu {
         }
     }
 
+    /// One token's use of `active` (ascending): counts go up; missing units are admitted, evicting
+    /// the least-used cached units (lowest index among equals) that this token does not use.
+    /// The victims are found in one pass over the cache order, so a token costs
+    /// O(cache + misses · log cache) however many units miss.
     fn access(&mut self, active: &[u32]) {
+        let mut misses = Vec::new();
         for &u in active {
             let u = u as usize;
             self.accesses += 1;
             let c = self.counts[u];
+            self.counts[u] = c + 1;
             if self.cached[u] {
                 self.hits += 1;
                 self.order.remove(&(c, u as u32));
-            }
-            self.counts[u] = c + 1;
-            if self.cached[u] {
                 self.order.insert((c + 1, u as u32));
-                continue;
+            } else {
+                misses.push(u);
             }
-            if self.capacity == 0 {
-                continue;
-            }
-            if self.order.len() >= self.capacity {
-                // Evict the least-used unit that this token does not need.
-                let victim = self.order.iter().find(|(_, v)| active.binary_search(v).is_err()).copied();
-                match victim {
-                    Some(v) => {
-                        self.order.remove(&v);
-                        self.cached[v.1 as usize] = false;
-                    }
-                    None => continue,
-                }
-            }
+        }
+        if self.capacity == 0 || misses.is_empty() {
+            return;
+        }
+        let free = self.capacity - self.order.len();
+        let need = misses.len().saturating_sub(free);
+        let victims: Vec<(u32, u32)> =
+            self.order.iter().filter(|(_, v)| active.binary_search(v).is_err()).take(need).copied().collect();
+        for v in &victims {
+            self.order.remove(v);
+            self.cached[v.1 as usize] = false;
+        }
+        let room = self.capacity - self.order.len();
+        for &u in misses.iter().take(room) {
             self.cached[u] = true;
-            self.order.insert((c + 1, u as u32));
+            self.order.insert((self.counts[u], u as u32));
         }
     }
 }
