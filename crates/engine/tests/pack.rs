@@ -101,7 +101,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
         for keep in [1.0f64, 0.75, 0.5, 0.25] {
             let k = (t.n_in as f64 * keep) as usize;
             let mut active: Vec<u32> =
-                (0..t.n_in as u32).filter(|j| (j * 2654435761u32) % 1000 < (keep * 1000.0) as u32).collect();
+                (0..t.n_in as u32).filter(|j| j.wrapping_mul(2654435761u32) % 1000 < (keep * 1000.0) as u32).collect();
             active.truncate(k.max(1));
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
