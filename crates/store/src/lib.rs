@@ -1,8 +1,10 @@
-//! Where weights live. For now: sift's pack file ([`pack`]), which holds a GGUF model unchanged
-//! plus, for every sparsifiable linear op, the layouts activation sparsity reads: columns (input
-//! channels) stored contiguously, and FFN neuron bundles (gate row + up row + down column).
-//! The tiered store (flash ↔ DRAM caches, prefetching) builds on these units.
+//! Where weights live: sift's pack file ([`pack`]), which holds a GGUF model unchanged plus, for
+//! every sparsifiable linear op, the layouts activation sparsity reads (columns stored
+//! contiguously, FFN neuron bundles, cross-layer interleaved groups); the slow tier that reads
+//! them from disk ([`io`]); and the fast tier that caches them in memory ([`cache`]).
 
+pub mod cache;
+pub mod io;
 pub mod pack;
 
 pub use pack::{open_model, pack_model, ColPolicy, PackError, PackOptions, PACK_VERSION};

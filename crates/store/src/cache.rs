@@ -1,0 +1,1 @@
+//! Fast tier: per-(layer, op) unit caches with switchable replacement policies.
