@@ -131,6 +131,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub sparsity: crate::sparsity::SparsityArgs,
     #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -153,6 +155,8 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sparsity: crate::sparsity::SparsityArgs,
     #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -165,6 +169,8 @@ pub struct ChatArgs {
 pub struct PerplexityArgs {
     #[command(flatten)]
     pub sparsity: crate::sparsity::SparsityArgs,
+    #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -189,6 +195,8 @@ pub struct PerplexityArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub sparsity: crate::sparsity::SparsityArgs,
+    #[command(flatten)]
+    pub memory: crate::memory::MemoryArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -358,4 +366,7 @@ pub struct PackArgs {
     /// Do not write FFN neuron bundles
     #[arg(long = "no-bundles")]
     pub no_bundles: bool,
+    /// Layers per cross-layer interleaved group, for preloading under --memory (0: none)
+    #[arg(long, default_value_t = 4)]
+    pub group: usize,
 }

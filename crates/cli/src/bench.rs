@@ -2,10 +2,10 @@
 
 use crate::args::BenchArgs;
 use sift_engine::bench::{bench_pp, bench_tg, BenchResult};
-use sift_engine::{Engine, EngineOptions};
+use sift_engine::EngineOptions;
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let (model, _tok) = crate::generate::load(&a.model)?;
+    let (model, _tok) = a.memory.load(&a.model)?;
     let threads = if a.threads.is_empty() { vec![sift_engine::default_threads()] } else { a.threads.clone() };
     anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
     let size = model.weight_bytes();
@@ -13,17 +13,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
     let filename = a.model.display().to_string();
     let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
-    let opts = |t: usize| EngineOptions {
-        n_threads: t,
-        n_ctx,
-        n_batch: a.batch_size.max(1),
-        sparse_head: a.sparsity.sparse_head,
-        column_kernels: !a.sparsity.dense_kernels,
-        all_columns: a.sparsity.all_columns,
+    let opts = |t: usize| {
+        let mut eo = EngineOptions {
+            n_threads: t,
+            n_ctx,
+            n_batch: a.batch_size.max(1),
+            sparse_head: a.sparsity.sparse_head,
+            column_kernels: !a.sparsity.dense_kernels,
+            all_columns: a.sparsity.all_columns,
+        };
+        a.memory.adjust(&mut eo);
+        eo
     };
-    let mut engine = Engine::new(model, &opts(threads[0]));
+    let mut engine = a.memory.engine(model, &a.model, &opts(threads[0]))?;
     a.sparsity.apply(&mut engine)?;
-    let mut rows: Vec<(usize, BenchResult)> = Vec::new();
+    let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();
     let md = a.output == "md";
     if md {
         println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
@@ -32,7 +36,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     for &t in &threads {
         if t != engine.n_threads() {
             let model = engine.model;
-            engine = Engine::new(model, &opts(t));
+            engine = a.memory.engine(model, &a.model, &opts(t))?;
             a.sparsity.apply(&mut engine)?;
         }
         let mut tests: Vec<BenchResult> = Vec::new();
@@ -43,12 +47,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+            if let Some(s) = engine.store_mut() {
+                s.reset_stats();
+            }
+            let t0 = std::time::Instant::now();
             tests.push(bench_tg(&mut engine, n, a.reps)?);
             if md {
                 print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+                crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
             }
         }
-        rows.extend(tests.into_iter().map(|r| (t, r)));
+        let store = crate::memory::stats_json(&engine);
+        rows.extend(tests.into_iter().map(|r| (t, r, store.clone())));
     }
     if md {
         println!(
@@ -59,8 +69,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         let arr: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(t, r)| {
-                serde_json::json!({
+            .map(|(t, r, store)| {
+                let mut v = serde_json::json!({
                     "build_commit": "sift",
                     "model_filename": filename,
                     "model_type": desc,
@@ -77,7 +87,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "stddev_ts": r.stddev_ts,
                     "samples_ns": r.samples_ns,
                     "samples_ts": r.samples_ts,
-                })
+                });
+                if let Some(st) = store {
+                    v["tiered"] = st.clone();
+                }
+                v
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&arr)?);

@@ -3,19 +3,20 @@
 
 use crate::args::ChatArgs;
 use anyhow::Context;
-use sift_engine::{generate::generate, Engine};
+use sift_engine::generate::generate;
 use sift_model::chat::{ChatMessage, ChatTemplate};
 use std::io::{BufRead, Write};
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let opts = a.sampling.generate_options()?;
-    let (model, tok) = crate::generate::load(&a.model.model)?;
+    let (model, tok) = a.memory.load(&a.model.model)?;
     let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
     let mut eo = a.model.engine_options();
     eo.sparse_head = a.sparsity.sparse_head;
     eo.column_kernels = !a.sparsity.dense_kernels;
     eo.all_columns = a.sparsity.all_columns;
-    let mut engine = Engine::new(model, &eo);
+    a.memory.adjust(&mut eo);
+    let mut engine = a.memory.engine(model, &a.model.model, &eo)?;
     a.sparsity.apply(&mut engine)?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {

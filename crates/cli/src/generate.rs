@@ -2,7 +2,7 @@
 
 use crate::args::GenerateArgs;
 use anyhow::Context;
-use sift_engine::{generate::generate, Engine};
+use sift_engine::generate::generate;
 use sift_model::chat::{ChatMessage, ChatTemplate};
 use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
@@ -32,7 +32,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     let opts = a.sampling.generate_options()?;
-    let (model, tok) = load(&a.model.model)?;
+    let (model, tok) = a.memory.load(&a.model.model)?;
     let text = if a.chat {
         let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
         tmpl.apply(&[ChatMessage { role: "user".into(), content: prompt.clone() }], true)?
@@ -45,8 +45,10 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     eo.sparse_head = a.sparsity.sparse_head;
     eo.column_kernels = !a.sparsity.dense_kernels;
     eo.all_columns = a.sparsity.all_columns;
-    let mut engine = Engine::new(model, &eo);
+    a.memory.adjust(&mut eo);
+    let mut engine = a.memory.engine(model, &a.model.model, &eo)?;
     a.sparsity.apply(&mut engine)?;
+    let t0 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     if !a.no_display_prompt {
         write!(out, "{text}")?;
@@ -59,6 +61,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     print_speed(&g);
+    crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod chat;
 mod eval;
 mod generate;
 mod inspect;
+mod memory;
 mod pack;
 mod perplexity;
 mod plot;

@@ -2,28 +2,27 @@
 
 use crate::args::PerplexityArgs;
 use anyhow::Context;
-use sift_engine::{perplexity::perplexity, Engine, EngineOptions};
+use sift_engine::{perplexity::perplexity, EngineOptions};
 use std::io::Write;
 
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
-    let (model, tok) = crate::generate::load(&a.model)?;
+    let (model, tok) = a.memory.load(&a.model)?;
     let t0 = std::time::Instant::now();
     let tokens = tok.encode(&text, true, false)?;
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
-    let mut engine = Engine::new(
-        model,
-        &EngineOptions {
-            n_threads: threads,
-            n_ctx: a.ctx_size,
-            n_batch: a.batch_size.min(a.ctx_size).max(1),
-            sparse_head: a.sparsity.sparse_head,
-            column_kernels: !a.sparsity.dense_kernels,
-            all_columns: a.sparsity.all_columns,
-        },
-    );
+    let mut eo = EngineOptions {
+        n_threads: threads,
+        n_ctx: a.ctx_size,
+        n_batch: a.batch_size.min(a.ctx_size).max(1),
+        sparse_head: a.sparsity.sparse_head,
+        column_kernels: !a.sparsity.dense_kernels,
+        all_columns: a.sparsity.all_columns,
+    };
+    a.memory.adjust(&mut eo);
+    let mut engine = a.memory.engine(model, &a.model, &eo)?;
     a.sparsity.apply(&mut engine)?;
     eprintln!("sparsity: {}", engine.selector().describe());
     let chunks = usize::try_from(a.chunks).ok();

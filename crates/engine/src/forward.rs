@@ -6,10 +6,13 @@
 
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 use crate::pool::{split, SharedMut, ThreadPool};
-use crate::sparse::{column_matmul, column_matmul_batch, ColJob, ColOp};
+use crate::sparse::{column_matmul, column_matmul_batch, tensor_job, ColJob, ColOp};
 use crate::vecops;
 use sift_model::{Config, LayerWeights, Model, QTensor, RopeStyle};
 use sift_sparsity::{top_k_indices, DenseSelector, Phase, Selection, Selector, Site, SiteDims};
+use sift_store::io::AlignedBuf;
+use sift_store::tiered::{TierError, TieredStore};
+use sift_store::OpKind;
 
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +67,8 @@ pub enum EvalError {
     BadToken { id: u32, n_vocab: usize },
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
+    #[error(transparent)]
+    Store(#[from] TierError),
 }
 
 /// Keys and values of every layer for positions `0..n_past`, f32, `[pos][kv_head * head_dim]`.
@@ -117,6 +122,14 @@ pub struct Engine {
     all_columns: bool,
     /// Compute only the fixed active neurons' gate/up rows (off with `column_kernels: false`).
     row_gather: bool,
+    /// The tiered store, when running under a memory budget: every linear op's weights come
+    /// from it (columns for a decoded token, the layer's rows streamed for a prompt batch).
+    tiered: Option<TieredStore>,
+    /// The current prompt layer's weights, read by the tiered store.
+    prefill_w: Option<(AlignedBuf, LayerWeights)>,
+    /// The first error of the tiered store during a batch.
+    store_error: Option<TierError>,
+    all_units: Vec<u32>,
 }
 
 /// How many input units each site used, summed over the tokens run since the last reset.
@@ -203,7 +216,47 @@ impl Engine {
             cols,
             coef: Vec::new(),
             col_scratch: Vec::new(),
+            tiered: None,
+            prefill_w: None,
+            store_error: None,
+            all_units: Vec::new(),
         }
+    }
+
+    /// Runs every linear op through `store` (a memory-budgeted run; see `sift_store::tiered`).
+    pub fn attach_store(&mut self, store: TieredStore) {
+        self.cols = self
+            .model
+            .columns
+            .as_ref()
+            .map(|p| p.layers.iter().map(|l| l.ops.iter().map(ColOp::new).collect()).collect());
+        self.all_columns = false;
+        self.row_gather = false;
+        self.tiered = Some(store);
+    }
+
+    /// The tiered store, when attached.
+    pub fn store(&self) -> Option<&TieredStore> {
+        self.tiered.as_ref()
+    }
+
+    pub fn store_mut(&mut self) -> Option<&mut TieredStore> {
+        self.tiered.as_mut()
+    }
+
+    /// Bytes of the KV cache and per-batch scratch buffers this engine allocated.
+    pub fn kv_and_scratch_bytes(model: &Model, opts: &EngineOptions) -> u64 {
+        let c = &model.config;
+        let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx } as u64;
+        let b = opts.n_batch.max(1) as u64;
+        let (e, q, kv, ff) = (c.n_embd as u64, c.n_embd_q() as u64, c.n_embd_kv() as u64, c.n_ff as u64);
+        let kv_cache = 2 * c.n_layer as u64 * n_ctx * kv * 4;
+        let scratch = b * (e + e.max(q) + q + 2 * kv + q + e + 2 * ff) * 4;
+        // Quantized activations (≤ one byte and a bit per value), scores, logits.
+        let acts = b * ff.max(e) * 2;
+        let scores = opts.n_threads.max(1) as u64 * n_ctx * 4;
+        let logits = c.n_vocab as u64 * 4 * 2;
+        kv_cache + scratch + acts + scores + logits
     }
 
     /// Units at each selection site, for building selectors.
@@ -286,6 +339,9 @@ impl Engine {
         self.n_past = self.n_past.min(n);
         if n == 0 {
             self.selector.reset();
+            if let Some(t) = &mut self.tiered {
+                t.reset_context();
+            }
         }
     }
 
@@ -324,6 +380,7 @@ impl Engine {
         let n_batches = tokens.len().div_ceil(self.n_batch);
         self.phase = phase;
         self.selector.begin_batch(phase);
+        let n_past0 = self.n_past;
         for (i, batch) in tokens.chunks(self.n_batch).enumerate() {
             let last = i + 1 == n_batches;
             let rows = match want {
@@ -332,6 +389,12 @@ impl Engine {
                 Logits::Last => 0,
             };
             self.forward_batch(batch, rows);
+            if let Some(e) = self.store_error.take() {
+                // The batch's KV entries are garbage: forget them, return no logits.
+                self.n_past = n_past0;
+                self.selector.end_batch(phase);
+                return Err(e.into());
+            }
             if want == Logits::All {
                 all.extend_from_slice(&self.s.logits[..rows * n_vocab]);
             }
@@ -383,8 +446,19 @@ impl Engine {
     fn embed(&mut self, tokens: &[u32]) {
         let e = self.model.config.n_embd;
         for (t, &id) in tokens.iter().enumerate() {
+            let out = &mut self.s.x[t * e..(t + 1) * e];
+            if let Some(store) = &mut self.tiered {
+                match store.embedding_row(id as usize, out) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(err) => {
+                        self.store_error.get_or_insert(err);
+                        continue;
+                    }
+                }
+            }
             let row = self.model.row(&self.model.tok_embd, id as usize);
-            self.model.tok_embd.ty.dequantize_row(row, &mut self.s.x[t * e..(t + 1) * e]);
+            self.model.tok_embd.ty.dequantize_row(row, out);
         }
     }
 
@@ -393,7 +467,13 @@ impl Engine {
         let n = tokens.len();
         self.embed(tokens);
         for l in 0..self.model.layers.len() {
+            if self.store_error.is_some() {
+                return;
+            }
             self.layer(l, n);
+        }
+        if self.store_error.is_some() {
+            return;
         }
         self.n_past += n;
         if n_logits > 0 {
@@ -447,6 +527,10 @@ impl Engine {
     /// whose selection is a subset runs on the pack's column kernels (only active columns are
     /// read); everything else on the dense kernels over the (masked) input.
     fn project(&mut self, l: usize, n: usize, site: Site, sparse: bool) {
+        if self.tiered.is_some() && n == 1 {
+            self.project_tiered(l, site, sparse);
+            return;
+        }
         let Engine {
             model,
             pool,
@@ -460,34 +544,39 @@ impl Engine {
             selector,
             phase,
             row_gather,
+            prefill_w,
             ..
         } = self;
         let c = &model.config;
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
-        let lw = &model.layers[l];
+        // A prompt batch under a memory budget reads the layer's rows from the store's buffer.
+        let (file, lw): (&[u8], &LayerWeights) = match prefill_w {
+            Some((buf, lw)) => (&buf[..], lw),
+            None => (model.file.bytes(), &model.layers[l]),
+        };
         if let (true, Some(cols)) = (*all_columns && !(sparse && n == 1), cols.as_ref()) {
             let ops = &cols[l];
-            let file = model.file.file_bytes();
+            let f = model.file.file_bytes();
             let (x, mut jobs): (&[f32], Vec<ColJob<'_>>) = match site {
                 Site::AttnIn => (
                     &s.h[..n * e],
                     vec![
-                        ColJob { op: &ops[0], out: &mut s.q[..n * qd] },
-                        ColJob { op: &ops[1], out: &mut s.k[..n * kvd] },
-                        ColJob { op: &ops[2], out: &mut s.v[..n * kvd] },
+                        tensor_job(&ops[0], f, &[], &mut s.q[..n * qd]),
+                        tensor_job(&ops[1], f, &[], &mut s.k[..n * kvd]),
+                        tensor_job(&ops[2], f, &[], &mut s.v[..n * kvd]),
                     ],
                 ),
-                Site::AttnOut => (&s.att[..n * qd], vec![ColJob { op: &ops[3], out: &mut s.o[..n * e] }]),
+                Site::AttnOut => (&s.att[..n * qd], vec![tensor_job(&ops[3], f, &[], &mut s.o[..n * e])]),
                 Site::FfnIn => (
                     &s.h[..n * e],
                     vec![
-                        ColJob { op: &ops[4], out: &mut s.g[..n * ff] },
-                        ColJob { op: &ops[5], out: &mut s.u[..n * ff] },
+                        tensor_job(&ops[4], f, &[], &mut s.g[..n * ff]),
+                        tensor_job(&ops[5], f, &[], &mut s.u[..n * ff]),
                     ],
                 ),
-                Site::FfnMid => (&s.g[..n * ff], vec![ColJob { op: &ops[6], out: &mut s.o[..n * e] }]),
+                Site::FfnMid => (&s.g[..n * ff], vec![tensor_job(&ops[6], f, &[], &mut s.o[..n * e])]),
             };
-            column_matmul_batch(pool, file, x, n, &mut jobs);
+            column_matmul_batch(pool, x, n, &mut jobs);
             return;
         }
         if let (true, Some(cols)) = (sparse, cols.as_ref()) {
@@ -499,24 +588,24 @@ impl Engine {
             };
             coef.clear();
             coef.extend(active.iter().map(|&j| x[j as usize]));
-            let file = model.file.file_bytes();
+            let f = model.file.file_bytes();
+            let a = &active[..];
             let mut jobs: Vec<ColJob<'_>> = match site {
                 Site::AttnIn => vec![
-                    ColJob { op: &ops[0], out: &mut s.q[..qd] },
-                    ColJob { op: &ops[1], out: &mut s.k[..kvd] },
-                    ColJob { op: &ops[2], out: &mut s.v[..kvd] },
+                    tensor_job(&ops[0], f, a, &mut s.q[..qd]),
+                    tensor_job(&ops[1], f, a, &mut s.k[..kvd]),
+                    tensor_job(&ops[2], f, a, &mut s.v[..kvd]),
                 ],
-                Site::AttnOut => vec![ColJob { op: &ops[3], out: &mut s.o[..e] }],
+                Site::AttnOut => vec![tensor_job(&ops[3], f, a, &mut s.o[..e])],
                 Site::FfnIn => {
-                    vec![ColJob { op: &ops[4], out: &mut s.g[..ff] }, ColJob { op: &ops[5], out: &mut s.u[..ff] }]
+                    vec![tensor_job(&ops[4], f, a, &mut s.g[..ff]), tensor_job(&ops[5], f, a, &mut s.u[..ff])]
                 }
-                Site::FfnMid => vec![ColJob { op: &ops[6], out: &mut s.o[..e] }],
+                Site::FfnMid => vec![tensor_job(&ops[6], f, a, &mut s.o[..e])],
             };
-            stats.column_bytes += jobs.iter().map(|j| j.op.bytes(active.len()) as u64).sum::<u64>();
-            column_matmul(pool, file, active, coef, &mut jobs, col_scratch);
+            stats.column_bytes += jobs.iter().map(|j| j.op.bytes(a.len()) as u64).sum::<u64>();
+            column_matmul(pool, coef, &mut jobs, col_scratch);
             return;
         }
-        let file = model.file.bytes();
         match site {
             Site::AttnIn => {
                 quantize_for(pool, &mut s.acts, &[&lw.wq, &lw.wk, &lw.wv], &s.h, e, n);
@@ -571,8 +660,89 @@ impl Engine {
         }
     }
 
+    /// A decoded token's products under a memory budget: the tiered store brings the active
+    /// columns (all of them when the selection is not a subset) into its arena, and the column
+    /// kernels run on them there.
+    fn project_tiered(&mut self, l: usize, site: Site, sparse: bool) {
+        let Engine { model, pool, s, cols, active, coef, col_scratch, stats, tiered, store_error, all_units, .. } =
+            self;
+        let (Some(store), Some(cols)) = (tiered.as_mut(), cols.as_ref()) else {
+            return;
+        };
+        let c = &model.config;
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let (x, ops): (&[f32], &[OpKind]) = match site {
+            Site::AttnIn => (&s.h[..e], &[OpKind::Q, OpKind::K, OpKind::V]),
+            Site::AttnOut => (&s.att[..qd], &[OpKind::O]),
+            Site::FfnIn => (&s.h[..e], &[OpKind::Gate, OpKind::Up]),
+            Site::FfnMid => (&s.g[..ff], &[OpKind::Down]),
+        };
+        let act: &[u32] = if sparse {
+            active
+        } else {
+            all_units.clear();
+            all_units.extend(0..x.len() as u32);
+            all_units
+        };
+        if let Err(err) = store.fetch(l, ops, act) {
+            store_error.get_or_insert(err);
+            return;
+        }
+        coef.clear();
+        coef.extend(act.iter().map(|&j| x[j as usize]));
+        let colops = &cols[l];
+        let view = |k: usize, op: OpKind| store.view(l, op, k);
+        let mut jobs: Vec<ColJob<'_>> = match site {
+            Site::AttnIn => {
+                let ((dq, iq), (dk, ik), (dv, iv)) = (view(0, OpKind::Q), view(1, OpKind::K), view(2, OpKind::V));
+                vec![
+                    ColJob { op: &colops[0], data: dq, idx: iq, out: &mut s.q[..qd] },
+                    ColJob { op: &colops[1], data: dk, idx: ik, out: &mut s.k[..kvd] },
+                    ColJob { op: &colops[2], data: dv, idx: iv, out: &mut s.v[..kvd] },
+                ]
+            }
+            Site::AttnOut => {
+                let (d, i) = view(0, OpKind::O);
+                vec![ColJob { op: &colops[3], data: d, idx: i, out: &mut s.o[..e] }]
+            }
+            Site::FfnIn => {
+                let ((dg, ig), (du, iu)) = (view(0, OpKind::Gate), view(1, OpKind::Up));
+                vec![
+                    ColJob { op: &colops[4], data: dg, idx: ig, out: &mut s.g[..ff] },
+                    ColJob { op: &colops[5], data: du, idx: iu, out: &mut s.u[..ff] },
+                ]
+            }
+            Site::FfnMid => {
+                let (d, i) = view(0, OpKind::Down);
+                vec![ColJob { op: &colops[6], data: d, idx: i, out: &mut s.o[..e] }]
+            }
+        };
+        stats.column_bytes += jobs.iter().map(|j| j.op.bytes(act.len()) as u64).sum::<u64>();
+        column_matmul(pool, coef, &mut jobs, col_scratch);
+    }
+
     /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
     fn layer(&mut self, l: usize, n: usize) {
+        if let Some(store) = &mut self.tiered {
+            if n == 1 {
+                store.begin_layer(l, &self.s.x[..self.model.config.n_embd]);
+            } else {
+                match store.prefill_layer(&self.model, l) {
+                    Ok(w) => self.prefill_w = Some(w),
+                    Err(err) => {
+                        self.store_error.get_or_insert(err);
+                        return;
+                    }
+                }
+            }
+        }
+        self.layer_compute(l, n);
+        if let (Some(store), Some((buf, _))) = (&mut self.tiered, self.prefill_w.take()) {
+            store.end_prefill_layer(buf);
+        }
+    }
+
+    fn layer_compute(&mut self, l: usize, n: usize) {
         let c = &self.model.config;
         let (e, qd, ff, eps) = (c.n_embd, c.n_embd_q(), c.n_ff, c.rms_eps);
         // Attention.

@@ -32,9 +32,14 @@ impl ColOp {
     }
 }
 
-/// One product of [`column_matmul`]: `out = Σ coef[i] · W[:, active[i]]`.
+/// One product of [`column_matmul`]: `out = Σ coef[i] · column idx[i] of data`.
 pub struct ColJob<'a> {
     pub op: &'a ColOp,
+    /// The columns, `op.col_bytes` each: the op's column tensor, or a cache arena.
+    pub data: &'a [u8],
+    /// Which column of `data` holds active input `i` (the active channel itself when `data` is
+    /// the whole column tensor).
+    pub idx: &'a [u32],
     pub out: &'a mut [f32],
 }
 
@@ -45,68 +50,70 @@ fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
 
 /// Runs several column products over the same active inputs in one pool dispatch.
 ///
-/// Work is split by *columns*: each unit of work is a contiguous run of the active columns of
-/// one op, summed over the op's whole output into the worker's own accumulator; the workers'
-/// accumulators are added at the end. Each column is thus read whole and in ascending order
-/// (near-sequential memory access), instead of every thread gathering small slices of every
-/// column. `scratch` holds the accumulators between calls.
-pub fn column_matmul(
-    pool: &ThreadPool,
-    file: &[u8],
-    active: &[u32],
-    coef: &[f32],
-    jobs: &mut [ColJob<'_>],
-    scratch: &mut Vec<f32>,
-) {
+/// Work is split by *columns*: the active list is cut into a few pieces (a number that depends
+/// only on its length and the thread count); each unit of work sums one piece of one op's active
+/// columns over the op's whole output into the piece's own accumulator, and the accumulators are
+/// added in piece order at the end. Each column is thus read whole and in ascending order
+/// (near-sequential memory access), and the result does not depend on which thread ran which
+/// piece, nor on where the columns sit (a tensor or a cache): the same inputs give the same bits.
+/// `scratch` holds the accumulators between calls.
+pub fn column_matmul(pool: &ThreadPool, coef: &[f32], jobs: &mut [ColJob<'_>], scratch: &mut Vec<f32>) {
     let nt = pool.n_threads();
+    let n_active = coef.len();
     let mut offsets = Vec::with_capacity(jobs.len());
     let mut total = 0;
     for j in jobs.iter() {
         assert!(j.out.len() >= j.op.n_out, "column product output too small");
+        assert_eq!(j.idx.len(), n_active, "one column index per active input");
         offsets.push(total);
         total += j.op.n_out;
     }
-    scratch.clear();
-    scratch.resize(nt * total, 0.0);
     // Pieces of the active list per op: enough to balance, each at least 32 columns.
-    let pieces = (nt * 2).min(active.len().div_ceil(32)).max(1);
+    let pieces = (nt * 2).min(n_active.div_ceil(32)).max(1);
+    scratch.clear();
+    scratch.resize(pieces * total, 0.0);
     let acc = SharedMut::new(&mut scratch[..]);
-    let ops: Vec<(&ColOp, &[u8])> = jobs.iter().map(|j| (j.op, &file[j.op.range.clone()])).collect();
-    pool.for_each(ops.len() * pieces, 1, &|range, worker| {
+    let ops: Vec<(&ColOp, &[u8], &[u32])> = jobs.iter().map(|j| (j.op, j.data, j.idx)).collect();
+    pool.for_each(ops.len() * pieces, 1, &|range, _worker| {
         for item in range {
             let (ji, pi) = (item / pieces, item % pieces);
-            let (op, data) = ops[ji];
-            let r = split(active.len(), pieces, pi);
-            let start = worker * total + offsets[ji];
-            // SAFETY: worker `worker`'s accumulator region is used by that thread alone.
+            let (op, data, idx) = ops[ji];
+            let r = split(n_active, pieces, pi);
+            let start = pi * total + offsets[ji];
+            // SAFETY: piece `pi` of job `ji` owns accumulator range `start..start + n_out`;
+            // every (job, piece) item runs exactly once.
             let y = unsafe { acc.slice(start..start + op.n_out) };
-            (op.axpy)(data, op.col_bytes, &active[r.clone()], &coef[r], 0..op.n_out / 32, y);
+            (op.axpy)(data, op.col_bytes, &idx[r.clone()], &coef[r], 0..op.n_out / 32, y);
         }
     });
     for (j, &off) in jobs.iter_mut().zip(&offsets) {
         let n = j.op.n_out;
         let out = &mut j.out[..n];
         out.copy_from_slice(&scratch[off..off + n]);
-        for w in 1..nt {
-            let part = &scratch[w * total + off..w * total + off + n];
-            for (o, p) in out.iter_mut().zip(part) {
-                *o += p;
+        for p in 1..pieces {
+            let part = &scratch[p * total + off..p * total + off + n];
+            for (o, v) in out.iter_mut().zip(part) {
+                *o += v;
             }
         }
     }
+}
+
+/// A column product of a whole column tensor (no cache): `data` from the pack file.
+pub fn tensor_job<'a>(op: &'a ColOp, file: &'a [u8], active: &'a [u32], out: &'a mut [f32]) -> ColJob<'a> {
+    ColJob { op, data: &file[op.range.clone()], idx: active, out }
 }
 
 /// Runs several column products for a batch of `n` tokens (`x`: `n` rows of each op's `n_in`
 /// inputs, zeros for skipped inputs): each column is dequantized once per output range and added
 /// for every token that uses it. Used when all products run on columns (`--all-columns`, to
 /// measure what the re-quantized columns cost).
-pub fn column_matmul_batch(pool: &ThreadPool, file: &[u8], x: &[f32], n: usize, jobs: &mut [ColJob<'_>]) {
+pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [ColJob<'_>]) {
     let isa = Isa::detect();
     for j in jobs.iter_mut() {
         let op = j.op;
         let (n_blocks, width) = (op.n_out / 32, op.n_out);
-        let m = ColMatrix::new(op.ty, &file[op.range.clone()], op.n_out, op.n_in)
-            .expect("column tensor shape checked at load");
+        let m = ColMatrix::new(op.ty, j.data, op.n_out, op.n_in).expect("column tensor shape checked at load");
         let bpc = blocks_per_chunk(n_blocks, pool.n_threads()).max(4);
         let n_chunks = n_blocks.div_ceil(bpc);
         let out = SharedMut::new(&mut j.out[..n * width]);

@@ -2,7 +2,7 @@
 //! and refusing corrupt, truncated, stale and foreign packs.
 
 use sift_engine::pool::ThreadPool;
-use sift_engine::sparse::{column_matmul, ColJob, ColOp};
+use sift_engine::sparse::{column_matmul, tensor_job, ColOp};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
 use sift_quant::ColType;
@@ -49,7 +49,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 fn make_pack(dir: &Path, policy: ColPolicy) -> PathBuf {
     let out = dir.join("m.sift");
-    pack_model(&gguf(), &out, &PackOptions { cols: policy, bundles: true }, |_| {}).unwrap();
+    pack_model(&gguf(), &out, &PackOptions { cols: policy, bundles: true, group: 4 }, |_| {}).unwrap();
     out
 }
 
@@ -105,7 +105,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
             active.truncate(k.max(1));
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
-            column_matmul(&pool, file, &active, &coef, &mut [ColJob { op: &cop, out: &mut y }], &mut Vec::new());
+            column_matmul(&pool, &coef, &mut [tensor_job(&cop, file, &active, &mut y)], &mut Vec::new());
             // Masked dense: zero the inactive inputs, multiply by the whole matrix.
             let mut masked = vec![0f32; t.n_in];
             for &j in &active {

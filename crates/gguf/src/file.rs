@@ -1,11 +1,13 @@
-//! Opening a GGUF file from disk as a read-only memory map.
+//! Opening a GGUF file from disk as a read-only memory map, or building a partial view of one in
+//! anonymous memory (only the tensors that must stay resident, for running under a memory budget).
 
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
+use std::ops::Range;
 
 use crate::{Gguf, GgufError};
 
@@ -65,6 +67,45 @@ impl GgufFile {
         Ok(GgufFile { gguf, mmap, range, path })
     }
 
+    /// Builds a view of a GGUF of `len` bytes in anonymous memory, holding only some tensors.
+    ///
+    /// `fill(buf, ranges)` must copy the GGUF's bytes for each range into `buf` (the same offsets):
+    /// it is called once for the header (`0..header_len`, the data offset, which the caller knows
+    /// from the pack's table of contents), then once for the data of every tensor `resident`
+    /// accepts. Pages nobody filled are never touched, so they cost no memory; they are made
+    /// inaccessible (`PROT_NONE`), so code that reads a tensor that is not resident crashes
+    /// instead of computing with zeros. Used to run a pack under a memory budget: the weights
+    /// streamed from disk are read elsewhere, through the tiered store.
+    pub fn from_parts(
+        path: impl AsRef<Path>,
+        len: usize,
+        header_len: usize,
+        mut fill: impl FnMut(&mut [u8], &[Range<usize>]) -> io::Result<()>,
+        resident: impl Fn(&Gguf, &crate::TensorInfo) -> bool,
+    ) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let io_err = |source: io::Error| GgufError::Io { path: path.clone(), source };
+        if header_len > len || len == 0 {
+            return Err(io_err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("GGUF header length {header_len} does not fit the section length {len}"),
+            )));
+        }
+        let mut anon = MmapOptions::new().len(len).map_anon().map_err(io_err)?;
+        fill(&mut anon, std::slice::from_ref(&(0..header_len))).map_err(io_err)?;
+        let gguf = Gguf::parse(&anon)?;
+        let mut keep: Vec<Range<usize>> = Vec::with_capacity(gguf.tensors.len() + 1);
+        keep.push(0..header_len);
+        for t in gguf.tensors.iter().filter(|t| resident(&gguf, t)) {
+            let start = gguf.data_offset.saturating_add(t.offset) as usize;
+            keep.push(start..start.saturating_add(t.n_bytes as usize).min(len));
+        }
+        fill(&mut anon, &keep[1..]).map_err(io_err)?;
+        let mmap = anon.make_read_only().map_err(io_err)?;
+        protect_gaps(&mmap, &mut keep).map_err(io_err)?;
+        Ok(GgufFile { gguf, mmap, range: 0..len, path })
+    }
+
     /// The GGUF's bytes (the whole file, or the embedded section).
     pub fn bytes(&self) -> &[u8] {
         &self.mmap[self.range.clone()]
@@ -97,4 +138,35 @@ impl fmt::Debug for GgufFile {
             .field("n_tensors", &self.gguf.tensors.len())
             .finish_non_exhaustive()
     }
+}
+
+/// Makes every page of `map` that no range in `keep` touches inaccessible.
+fn protect_gaps(map: &Mmap, keep: &mut [Range<usize>]) -> io::Result<()> {
+    const PAGE: usize = 4096;
+    keep.sort_by_key(|r| r.start);
+    let base = map.as_ptr() as usize;
+    let mut gaps = Vec::new();
+    let mut pos = 0usize; // first byte not yet known to be needed, page-rounded
+    for r in keep.iter() {
+        let start = r.start / PAGE * PAGE;
+        if start > pos {
+            gaps.push(pos..start);
+        }
+        pos = pos.max(r.end.div_ceil(PAGE) * PAGE);
+    }
+    let end = map.len().div_ceil(PAGE) * PAGE;
+    if end > pos {
+        gaps.push(pos..end);
+    }
+    for g in gaps {
+        // SAFETY: `g` lies inside the mapping (page-aligned, the mapping is page-aligned and
+        // rounded up to whole pages by the kernel); after this no code may read those bytes,
+        // and none does: they hold no tensor the model reads (the caller's contract), and a
+        // stray read faults instead of returning data.
+        let rc = unsafe { libc::mprotect((base + g.start) as *mut libc::c_void, g.len(), libc::PROT_NONE) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }

@@ -73,6 +73,47 @@ mod col_type_name {
     }
 }
 
+/// Where one (layer, op) column sits inside a [`GroupTensor`] unit.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GroupPart {
+    pub layer: usize,
+    pub op: OpKind,
+    /// Byte offset of the column within the unit record.
+    pub offset: usize,
+    pub col_bytes: usize,
+}
+
+/// Cross-layer interleaved columns (ActiveFlow §4, data layout): for a group of `n_layers`
+/// consecutive layers, unit `c` (input channel `c` of the ops reading the normed residual: q, k,
+/// v, gate, up) is one record holding that channel's column for every layer of the group and
+/// every such op, in unit → layer → op order. One read brings a channel for the whole group.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GroupTensor {
+    pub first_layer: usize,
+    pub n_layers: usize,
+    pub n_units: usize,
+    pub unit_bytes: usize,
+    pub parts: Vec<GroupPart>,
+    pub offset: u64,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+impl GroupTensor {
+    /// The layers of this group.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.first_layer..self.first_layer + self.n_layers
+    }
+
+    /// The part holding (`layer`, `op`), if this group has it.
+    pub fn part(&self, layer: usize, op: OpKind) -> Option<&GroupPart> {
+        self.parts.iter().find(|p| p.layer == layer && p.op == op)
+    }
+}
+
+/// The ops whose input is a layer's normed residual: the ones a cross-layer group interleaves.
+pub const GROUP_OPS: [OpKind; 5] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::Gate, OpKind::Up];
+
 /// The column and bundle tensors of one layer.
 #[derive(Clone, Debug)]
 pub struct LayerColumns {
@@ -92,12 +133,28 @@ impl LayerColumns {
 #[derive(Clone, Debug)]
 pub struct PackIndex {
     pub layers: Vec<LayerColumns>,
+    /// Cross-layer interleaved groups (empty when the pack was made with `--group 0`).
+    pub groups: Vec<GroupTensor>,
     pub source_name: String,
+    /// Where the GGUF section starts in the pack, and its header length (data offset).
+    pub gguf_offset: u64,
+    pub gguf_len: u64,
+    pub gguf_header_len: u64,
 }
 
 impl PackIndex {
     /// Bytes of all column tensors.
     pub fn column_bytes(&self) -> u64 {
         self.layers.iter().flat_map(|l| &l.ops).map(|t| t.len).sum()
+    }
+
+    /// Layers per cross-layer group (0: the pack has none).
+    pub fn group_size(&self) -> usize {
+        self.groups.first().map_or(0, |g| g.n_layers)
+    }
+
+    /// The group holding `layer`.
+    pub fn group_of(&self, layer: usize) -> Option<&GroupTensor> {
+        self.groups.iter().find(|g| g.layers().contains(&layer))
     }
 }

@@ -1,1 +1,1316 @@
 //! Fast tier: per-(layer, op) unit caches with switchable replacement policies.
+//!
+//! A [`UnitCache`] is the bookkeeping for ONE weight tensor (one layer's one sparsifiable op):
+//! `n_units` units (weight columns = input channels, or neuron bundles) of which at most `slots`
+//! live in memory at a time. It only decides which unit lives in which slot; the bytes live in a
+//! slab of `slots * unit_bytes` owned by the caller, who copies a unit's bytes into the slot
+//! this module hands out (or into a transient buffer when the policy declines to cache it).
+//!
+//! Per token the caller does, for each tensor:
+//! 1. [`UnitCache::record`] with the token's active units (always, even when none are active:
+//!    it advances the clock that LRU order and TAM decay are measured in);
+//! 2. splits the active units into hits ([`UnitCache::slot_of`]) and misses;
+//! 3. [`UnitCache::admit`] the misses, protecting the hits, and fills the slots it returns.
+//!
+//! Policies ([`Policy`]):
+//! - **LFU**, ActiveFlow §4.2 "Dynamic LLM Weight Caching" (context-level): one usage counter per
+//!   unit, counting the tokens that activated it since the context began
+//!   ([`UnitCache::reset_context`] zeroes them). "If a newly activated channel has a higher
+//!   count than the least-used channel in the cache, we evict the least-used channel." Here
+//!   "higher" is strict and a free slot is always used first; victims tie-break least recently
+//!   used, then lowest id.
+//!   (ActiveFlow's Fig. 12 walk-through replaces a count-1 channel by a count-1 newcomer; the
+//!   strict rule of the text is what is implemented, so a newcomer needs a second activation.)
+//! - **LRU**: the strawman of KAIROX §3.2: always admit, evict the least recently used unit.
+//! - **TAM**, KAIROX §6 "Temporal Activation Momentum": momentum `S ← λ·S + (1−λ)·A` per unit
+//!   and token (`A` = 1 when active). Only units with `S > τ_load = (1−λ) + ε` are candidates,
+//!   which filters "one-hit wonders" (a cold unit after one isolated activation has exactly
+//!   `1−λ`); the cache keeps the top-scoring units (Algorithm 1, line 16), so a candidate evicts
+//!   the lowest-momentum resident only when the candidate's momentum is higher. λ is a parameter
+//!   here (KAIROX's feedback loop that moves λ at run time is the caller's business).
+//! - **Static**, PowerInfer-style offline placement: [`UnitCache::set_hot`] pins the hottest
+//!   `slots` units of a profile ranking and nothing ever moves afterwards.
+//! - **None**: no slots; every unit is read per token.
+//!
+//! Batches. [`UnitCache::admit`] takes all of a token's misses at once. It keeps the best set in
+//! the sense of the policy: the eligible misses, ranked by score, and the evictable residents
+//! (not protected), ranked worst first, are matched pairwise; the `f` best misses take the free
+//! slots and the next ones evict the worst residents while they strictly beat them. For one miss
+//! this is exactly the single-channel rule above; for several it equals processing them one by
+//! one, strongest first, with the units admitted for this token protected (the token is about
+//! to use them). Victims are selected once per batch (`select_nth_unstable`), so a batch of `k`
+//! misses costs O(slots + k log k).
+//!
+//! State is a few flat `Vec`s indexed by unit or slot (no hashing). TAM momentum is decayed
+//! lazily: each unit stores `S` as of its last activation tick and its current value is
+//! `S·λ^(now − tick)`, which equals updating every unit every token but costs O(active).
+
+use std::cmp::Ordering;
+
+/// Returned by [`UnitCache::admit`] for a unit the policy does not cache: the caller reads it
+/// into a transient buffer for this token only.
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// KAIROX's default momentum decay λ.
+pub const TAM_DEFAULT_LAMBDA: f32 = 0.8;
+/// KAIROX's default admission margin ε over the one-hit-wonder momentum `1 − λ`.
+pub const TAM_DEFAULT_EPS: f32 = 0.05;
+
+/// A unit-cache replacement policy (see the module docs for the definitions).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// ActiveFlow context-level least-frequently-used with strict admission.
+    Lfu,
+    /// Least recently used; always admits.
+    Lru,
+    /// KAIROX Temporal Activation Momentum with decay `lambda` (in `[0, 1)`) and margin `eps`.
+    Tam { lambda: f32, eps: f32 },
+    /// Offline hot set pinned by [`UnitCache::set_hot`]; never admits or evicts.
+    Static,
+    /// No cache.
+    None,
+}
+
+impl Policy {
+    /// TAM with KAIROX's defaults (λ = 0.8, ε = 0.05).
+    pub const TAM_DEFAULT: Policy = Policy::Tam { lambda: TAM_DEFAULT_LAMBDA, eps: TAM_DEFAULT_EPS };
+
+    /// Parses `lfu`, `lru`, `tam` (default λ, ε), `static` or `none` (ASCII case-insensitive).
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "lfu" => Some(Policy::Lfu),
+            "lru" => Some(Policy::Lru),
+            "tam" => Some(Policy::TAM_DEFAULT),
+            "static" => Some(Policy::Static),
+            "none" => Some(Policy::None),
+            _ => None,
+        }
+    }
+
+    /// The name [`Policy::parse`] accepts.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Lfu => "lfu",
+            Policy::Lru => "lru",
+            Policy::Tam { .. } => "tam",
+            Policy::Static => "static",
+            Policy::None => "none",
+        }
+    }
+
+    /// TAM's admission threshold `τ_load = (1 − λ) + ε`; `None` for other policies.
+    pub fn tam_threshold(&self) -> Option<f32> {
+        match *self {
+            Policy::Tam { lambda, eps } => Some((1.0 - lambda) + eps),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What [`UnitCache::resize`] did: the caller drops `evicted` and then, for each
+/// `(unit, from, to)` in `moved`, copies the unit's bytes from slot `from` (>= the new slot
+/// count) to slot `to` (< it, free after the evictions) before shrinking its slab. The moves
+/// are independent of each other (every source is >= the new count, every target below it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resize {
+    /// Units evicted, worst first by the policy's order.
+    pub evicted: Vec<u32>,
+    /// Kept units that had to leave a slot past the new end: `(unit, from_slot, to_slot)`.
+    pub moved: Vec<(u32, u32, u32)>,
+}
+
+/// A cached unit with its policy ranking: lower sorts first = evicted first.
+#[derive(Clone, Copy, Debug)]
+struct Ranked {
+    /// Policy score (LFU count, TAM momentum, −static rank; 0 for LRU).
+    score: f64,
+    /// Tick of the unit's last access (tie-break: least recently used first).
+    last: u32,
+    unit: u32,
+}
+
+fn worst_first(a: &Ranked, b: &Ranked) -> Ordering {
+    a.score.total_cmp(&b.score).then(a.last.cmp(&b.last)).then(a.unit.cmp(&b.unit))
+}
+
+/// A miss competing for a slot.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    score: f64,
+    /// Position in the caller's list (tie-break: earlier first).
+    idx: u32,
+    unit: u32,
+}
+
+/// Slot bookkeeping and policy state for one weight tensor. See the module docs.
+#[derive(Clone, Debug)]
+pub struct UnitCache {
+    policy: Policy,
+    n_units: usize,
+    /// unit → slot, or `NO_SLOT`.
+    slot_of: Vec<u32>,
+    /// slot → unit, or `NO_SLOT` when free; its length is the slot count.
+    unit_in: Vec<u32>,
+    /// Free slots, used from the back (kept so the lowest ids come out first after a rebuild).
+    free: Vec<u32>,
+    /// Tokens recorded so far (LRU order and TAM decay are measured in these ticks).
+    clock: u32,
+    /// LFU/LRU/TAM: per unit, the tick of its last activation (LRU: last access, admission
+    /// included). For TAM it is also the tick `momentum` was last updated at. Empty otherwise.
+    last: Vec<u32>,
+    /// LFU only: per-unit activation counts in this context.
+    counts: Vec<u32>,
+    /// TAM only: per-unit momentum as of tick `last[unit]`.
+    momentum: Vec<f32>,
+    /// Static only: per-unit rank in the pinned ranking (`NO_SLOT` when not pinned).
+    hot_rank: Vec<u32>,
+    /// Scratch: per-slot protection marks (`mark[slot] == epoch` means protected).
+    mark: Vec<u32>,
+    epoch: u32,
+    /// Scratch buffers reused across calls.
+    ranked: Vec<Ranked>,
+    cands: Vec<Candidate>,
+    /// Units evicted by the last `admit`/`admit_predicted`/`set_hot` call.
+    evicted: Vec<u32>,
+}
+
+impl UnitCache {
+    /// A cache for `n_units` units with `slots` slots (clamped to `n_units`; 0 for
+    /// [`Policy::None`]). Panics if a TAM λ is outside `[0, 1)` or ε is not finite.
+    pub fn new(n_units: usize, slots: usize, policy: Policy) -> UnitCache {
+        assert!(n_units < NO_SLOT as usize, "UnitCache: too many units ({n_units})");
+        if let Policy::Tam { lambda, eps } = policy {
+            assert!((0.0..1.0).contains(&lambda), "UnitCache: TAM lambda {lambda} outside [0, 1)");
+            assert!(eps.is_finite(), "UnitCache: TAM eps {eps} not finite");
+        }
+        let slots = if policy == Policy::None { 0 } else { slots.min(n_units) };
+        let per_unit = |on: bool| if on { vec![0u32; n_units] } else { Vec::new() };
+        let tracks_last = matches!(policy, Policy::Lfu | Policy::Lru | Policy::Tam { .. });
+        UnitCache {
+            policy,
+            n_units,
+            slot_of: vec![NO_SLOT; n_units],
+            unit_in: vec![NO_SLOT; slots],
+            free: (0..slots as u32).rev().collect(),
+            clock: 0,
+            last: per_unit(tracks_last),
+            counts: per_unit(policy == Policy::Lfu),
+            momentum: if matches!(policy, Policy::Tam { .. }) { vec![0.0; n_units] } else { Vec::new() },
+            hot_rank: if policy == Policy::Static { vec![NO_SLOT; n_units] } else { Vec::new() },
+            mark: vec![0; slots],
+            epoch: 0,
+            ranked: Vec::new(),
+            cands: Vec::new(),
+            evicted: Vec::new(),
+        }
+    }
+
+    pub fn n_units(&self) -> usize {
+        self.n_units
+    }
+
+    /// Slot count (the capacity).
+    pub fn slots(&self) -> usize {
+        self.unit_in.len()
+    }
+
+    /// Occupied slots.
+    pub fn len(&self) -> usize {
+        self.unit_in.len() - self.free.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The slot holding `unit`, if cached. No side effects.
+    pub fn slot_of(&self, unit: u32) -> Option<u32> {
+        match self.slot_of[unit as usize] {
+            NO_SLOT => None,
+            s => Some(s),
+        }
+    }
+
+    pub fn contains(&self, unit: u32) -> bool {
+        self.slot_of[unit as usize] != NO_SLOT
+    }
+
+    /// The unit held by `slot`, if occupied (`None` too for a slot past the end).
+    pub fn unit_in_slot(&self, slot: u32) -> Option<u32> {
+        match self.unit_in.get(slot as usize) {
+            Some(&u) if u != NO_SLOT => Some(u),
+            _ => None,
+        }
+    }
+
+    /// Cached units as `(unit, slot)`, in slot order.
+    pub fn cached(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.unit_in.iter().enumerate().filter(|(_, &u)| u != NO_SLOT).map(|(s, &u)| (u, s as u32))
+    }
+
+    /// Tokens recorded so far.
+    pub fn clock(&self) -> u32 {
+        self.clock
+    }
+
+    /// LFU activation count of `unit` in this context (0 for other policies).
+    pub fn count(&self, unit: u32) -> u32 {
+        self.counts.get(unit as usize).copied().unwrap_or(0)
+    }
+
+    /// TAM momentum of `unit` now (0 for other policies).
+    pub fn momentum(&self, unit: u32) -> f32 {
+        match self.policy {
+            Policy::Tam { lambda, .. } => self.momentum_now(unit, lambda),
+            _ => 0.0,
+        }
+    }
+
+    /// Tick of `unit`'s last access (0 = never, or a policy that does not track it).
+    pub fn last_access(&self, unit: u32) -> u32 {
+        self.last.get(unit as usize).copied().unwrap_or(0)
+    }
+
+    /// Units evicted by the last [`admit`](Self::admit), [`admit_predicted`](Self::admit_predicted)
+    /// or [`set_hot`](Self::set_hot) call (for statistics; the slot map is already updated).
+    pub fn last_evictions(&self) -> &[u32] {
+        &self.evicted
+    }
+
+    /// One token's activations for this tensor (`active`: sorted ascending, unique,
+    /// `< n_units`). Advances the clock and updates the policy state: LFU counts, LRU access
+    /// ticks, TAM momentum (every unit's, lazily). Call it once per token even when `active` is
+    /// empty, and before admitting that token's misses.
+    pub fn record(&mut self, active: &[u32]) {
+        debug_assert!(active.windows(2).all(|w| w[0] < w[1]), "record: active not sorted/unique");
+        if matches!(self.policy, Policy::Static | Policy::None) {
+            return;
+        }
+        // Saturates after 2^32 − 1 tokens, which only blurs LRU order among later accesses.
+        self.clock = self.clock.saturating_add(1);
+        let now = self.clock;
+        match self.policy {
+            Policy::Lfu => {
+                for &u in active {
+                    let u = u as usize;
+                    self.counts[u] = self.counts[u].saturating_add(1);
+                    self.last[u] = now;
+                }
+            }
+            Policy::Lru => {
+                for &u in active {
+                    self.last[u as usize] = now;
+                }
+            }
+            Policy::Tam { lambda, .. } => {
+                for &u in active {
+                    // λ·S(now − 1) = S(last)·λ^(now − last); then add (1 − λ)·1.
+                    let s = self.momentum_now(u, lambda) + (1.0 - lambda);
+                    self.momentum[u as usize] = s;
+                    self.last[u as usize] = now;
+                }
+            }
+            Policy::Static | Policy::None => unreachable!(),
+        }
+    }
+
+    /// Chooses slots for `misses` (units not cached; any that are cached just get their slot
+    /// back and are protected). Units in `protect` (cached units the current token is about to
+    /// use) are never evicted. Returns one entry per miss, in order: the slot the caller must
+    /// now fill with that unit's bytes, or [`NO_SLOT`] if the policy does not admit it. Victims
+    /// are removed from the map ([`last_evictions`](Self::last_evictions) lists them) and the
+    /// admitted units inserted. LRU admits whenever there is something evictable; LFU and TAM
+    /// compare the scores [`record`](Self::record) left; static and none admit nothing.
+    pub fn admit(&mut self, misses: &[u32], protect: &[u32]) -> Vec<u32> {
+        self.admit_batch(misses, protect)
+    }
+
+    /// Like [`admit`](Self::admit) for units predicted (to be preloaded) rather than activated:
+    /// the same rules, with LFU counts and TAM momentum taken as they are now (prediction does
+    /// not bump them; only `record` does). Under LRU an admitted unit counts as accessed now.
+    pub fn admit_predicted(&mut self, units: &[u32], protect: &[u32]) -> Vec<u32> {
+        self.admit_batch(units, protect)
+    }
+
+    /// Static: pins the first `slots` distinct units of `ranking` (hottest first), replacing
+    /// any previous pinned set. Other policies: warm start, filling free slots with the
+    /// ranking's units in order (nothing is evicted). None: no effect. Use
+    /// [`place_hot`](Self::place_hot) to learn which slots need bytes.
+    pub fn set_hot(&mut self, ranking: &[u32]) {
+        self.place_hot(ranking);
+    }
+
+    /// [`set_hot`](Self::set_hot), returning the `(unit, slot)` pairs newly placed (whose bytes
+    /// the caller must load). Under static, pinned units that stay pinned keep their slots, and
+    /// units that drop out are evicted ([`last_evictions`](Self::last_evictions)).
+    pub fn place_hot(&mut self, ranking: &[u32]) -> Vec<(u32, u32)> {
+        self.evicted.clear();
+        let mut placed = Vec::new();
+        match self.policy {
+            Policy::None => {}
+            Policy::Static => {
+                self.hot_rank.fill(NO_SLOT);
+                let mut n = 0u32;
+                for &u in ranking {
+                    if n as usize == self.slots() {
+                        break;
+                    }
+                    if self.hot_rank[u as usize] == NO_SLOT {
+                        self.hot_rank[u as usize] = n;
+                        n += 1;
+                    }
+                }
+                for s in 0..self.slots() {
+                    let u = self.unit_in[s];
+                    if u != NO_SLOT && self.hot_rank[u as usize] == NO_SLOT {
+                        self.remove(u);
+                        self.evicted.push(u);
+                    }
+                }
+                for &u in ranking.iter() {
+                    if self.free.is_empty() {
+                        break;
+                    }
+                    if self.hot_rank[u as usize] != NO_SLOT && !self.contains(u) {
+                        let s = self.free.pop().unwrap();
+                        self.insert(u, s);
+                        placed.push((u, s));
+                    }
+                }
+            }
+            Policy::Lfu | Policy::Lru | Policy::Tam { .. } => {
+                for &u in ranking {
+                    if self.free.is_empty() {
+                        break;
+                    }
+                    if !self.contains(u) {
+                        let s = self.free.pop().unwrap();
+                        self.insert(u, s);
+                        placed.push((u, s));
+                    }
+                }
+            }
+        }
+        placed
+    }
+
+    /// New conversation: LFU counts and TAM momentum back to zero. The LRU clock, access ticks
+    /// and the cached units stay.
+    pub fn reset_context(&mut self) {
+        self.counts.fill(0);
+        self.momentum.fill(0.0);
+    }
+
+    /// Empties every slot (policy state such as LFU counts is kept).
+    pub fn evict_all(&mut self) {
+        for s in 0..self.unit_in.len() {
+            let u = self.unit_in[s];
+            if u != NO_SLOT {
+                self.slot_of[u as usize] = NO_SLOT;
+                self.unit_in[s] = NO_SLOT;
+            }
+        }
+        self.rebuild_free();
+    }
+
+    /// Changes the slot count (a live budget change), clamped to `n_units` (0 under none).
+    /// Shrinking evicts the policy's worst units (static: the lowest ranked) until the rest fit,
+    /// then moves kept units out of slots past the new end; see [`Resize`]. Growing only adds
+    /// free slots (under static, call [`place_hot`](Self::place_hot) again to pin more).
+    pub fn resize(&mut self, slots: usize) -> Resize {
+        let new = if self.policy == Policy::None { 0 } else { slots.min(self.n_units) };
+        let old = self.slots();
+        let mut out = Resize::default();
+        if new >= old {
+            self.unit_in.resize(new, NO_SLOT);
+            self.mark.resize(new, 0);
+            self.rebuild_free();
+            return out;
+        }
+        let len = self.len();
+        if len > new {
+            let excess = len - new;
+            self.epoch_bump(); // nothing protected
+            self.select_victims(excess);
+            let victims = std::mem::take(&mut self.ranked);
+            for v in &victims {
+                self.remove(v.unit);
+                out.evicted.push(v.unit);
+            }
+            self.ranked = victims;
+        }
+        let mut targets = (0..new).filter(|&s| self.unit_in[s] == NO_SLOT);
+        for from in new..old {
+            let u = self.unit_in[from];
+            if u != NO_SLOT {
+                let to = targets.next().expect("resize: a free slot below the new end");
+                out.moved.push((u, from as u32, to as u32));
+            }
+        }
+        for &(u, from, to) in &out.moved {
+            self.unit_in[from as usize] = NO_SLOT;
+            self.unit_in[to as usize] = u;
+            self.slot_of[u as usize] = to;
+        }
+        self.unit_in.truncate(new);
+        self.mark.truncate(new);
+        self.rebuild_free();
+        out
+    }
+
+    // ---- internals ----
+
+    /// TAM momentum of `unit` at the current tick.
+    fn momentum_now(&self, unit: u32, lambda: f32) -> f32 {
+        let u = unit as usize;
+        let dt = self.clock - self.last[u];
+        let s = self.momentum[u];
+        if dt == 0 || s == 0.0 {
+            s
+        } else {
+            s * lambda.powi(dt.min(i32::MAX as u32) as i32)
+        }
+    }
+
+    /// The policy's score of `unit` (higher = more worth caching).
+    fn score(&self, unit: u32) -> f64 {
+        match self.policy {
+            Policy::Lfu => self.counts[unit as usize] as f64,
+            Policy::Tam { lambda, .. } => self.momentum_now(unit, lambda) as f64,
+            Policy::Static => -(self.hot_rank[unit as usize] as f64),
+            Policy::Lru | Policy::None => 0.0,
+        }
+    }
+
+    fn ranked(&self, unit: u32) -> Ranked {
+        Ranked { score: self.score(unit), last: self.last.get(unit as usize).copied().unwrap_or(0), unit }
+    }
+
+    /// Whether a candidate with score `cand` may evict a resident with score `victim`.
+    fn beats(&self, cand: f64, victim: f64) -> bool {
+        match self.policy {
+            Policy::Lru => true,
+            Policy::Lfu | Policy::Tam { .. } => cand > victim,
+            Policy::Static | Policy::None => false,
+        }
+    }
+
+    fn insert(&mut self, unit: u32, slot: u32) {
+        debug_assert_eq!(self.slot_of[unit as usize], NO_SLOT);
+        debug_assert_eq!(self.unit_in[slot as usize], NO_SLOT);
+        self.slot_of[unit as usize] = slot;
+        self.unit_in[slot as usize] = unit;
+    }
+
+    /// Uncaches `unit` and returns its slot, now empty but not on the free list.
+    fn take(&mut self, unit: u32) -> u32 {
+        let s = self.slot_of[unit as usize];
+        debug_assert_ne!(s, NO_SLOT);
+        self.slot_of[unit as usize] = NO_SLOT;
+        self.unit_in[s as usize] = NO_SLOT;
+        s
+    }
+
+    /// Uncaches `unit`, freeing its slot.
+    fn remove(&mut self, unit: u32) {
+        let s = self.take(unit);
+        self.free.push(s);
+    }
+
+    fn rebuild_free(&mut self) {
+        self.free.clear();
+        let unit_in = &self.unit_in;
+        self.free.extend((0..unit_in.len() as u32).rev().filter(|&s| unit_in[s as usize] == NO_SLOT));
+    }
+
+    /// Starts a new protection epoch (no slot protected).
+    fn epoch_bump(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.mark.fill(0);
+            self.epoch = 1;
+        }
+    }
+
+    fn protect_unit(&mut self, unit: u32) {
+        if let Some(&s) = self.slot_of.get(unit as usize) {
+            if s != NO_SLOT {
+                self.mark[s as usize] = self.epoch;
+            }
+        }
+    }
+
+    /// Leaves in `self.ranked` the `k` worst unprotected residents (fewer if there are not
+    /// that many), worst first. O(slots + k log k).
+    fn select_victims(&mut self, k: usize) {
+        let mut ranked = std::mem::take(&mut self.ranked);
+        ranked.clear();
+        for s in 0..self.unit_in.len() {
+            let u = self.unit_in[s];
+            if u != NO_SLOT && self.mark[s] != self.epoch {
+                ranked.push(self.ranked(u));
+            }
+        }
+        if k == 0 {
+            ranked.clear();
+        } else if k < ranked.len() {
+            ranked.select_nth_unstable_by(k - 1, worst_first);
+            ranked.truncate(k);
+        }
+        ranked.sort_unstable_by(worst_first);
+        self.ranked = ranked;
+    }
+
+    fn admit_batch(&mut self, units: &[u32], protect: &[u32]) -> Vec<u32> {
+        self.evicted.clear();
+        for &u in units {
+            assert!((u as usize) < self.n_units, "admit: unit {u} out of range ({} units)", self.n_units);
+        }
+        let admits = matches!(self.policy, Policy::Lfu | Policy::Lru | Policy::Tam { .. });
+        if admits && !self.unit_in.is_empty() {
+            self.admit_inner(units, protect);
+        }
+        units.iter().map(|&u| self.slot_of[u as usize]).collect()
+    }
+
+    fn admit_inner(&mut self, units: &[u32], protect: &[u32]) {
+        let tau = self.policy.tam_threshold().map(f64::from);
+        // Eligible candidates: not cached and (TAM) over the load threshold.
+        let mut cands = std::mem::take(&mut self.cands);
+        cands.clear();
+        for (i, &u) in units.iter().enumerate() {
+            if self.contains(u) {
+                continue;
+            }
+            let score = self.score(u);
+            if tau.is_some_and(|t| score <= t) {
+                continue;
+            }
+            cands.push(Candidate { score, idx: i as u32, unit: u });
+        }
+        if cands.len() > 1 {
+            // Drop duplicates (keep the first occurrence), then strongest first.
+            cands.sort_unstable_by_key(|c| (c.unit, c.idx));
+            cands.dedup_by_key(|c| c.unit);
+            cands.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.idx.cmp(&b.idx)));
+        }
+        let k = cands.len();
+        let f = self.free.len();
+        let mut n_admit = k.min(f);
+        if k > f {
+            self.epoch_bump();
+            for &u in protect.iter().chain(units) {
+                self.protect_unit(u);
+            }
+            self.select_victims(k - f);
+            // The f strongest take the free slots; candidate f+i may evict victim i (worst
+            // first) only if it beats it. Both lists are monotone, so stop at the first loss.
+            let mut m = 0;
+            while m < self.ranked.len() && self.beats(cands[f + m].score, self.ranked[m].score) {
+                m += 1;
+            }
+            // Candidate f+i takes victim i's slot.
+            for i in 0..m {
+                let (v, c) = (self.ranked[i].unit, cands[f + i].unit);
+                let s = self.take(v);
+                self.evicted.push(v);
+                self.insert(c, s);
+            }
+            n_admit = f + m;
+        }
+        for c in &cands[..n_admit.min(f)] {
+            let s = self.free.pop().expect("admit: free slot");
+            self.insert(c.unit, s);
+        }
+        if self.policy == Policy::Lru {
+            for c in &cands[..n_admit] {
+                self.last[c.unit as usize] = self.clock;
+            }
+        }
+        self.cands = cands;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TAM: Policy = Policy::TAM_DEFAULT;
+
+    /// Checks the structural invariants: len <= slots, slot_of/unit_in a bijection, free list
+    /// exactly the empty slots.
+    fn check(c: &UnitCache) {
+        assert!(c.len() <= c.slots());
+        assert!(c.slots() <= c.n_units());
+        let mut occupied = 0;
+        for (s, &u) in c.unit_in.iter().enumerate() {
+            if u != NO_SLOT {
+                occupied += 1;
+                assert_eq!(c.slot_of[u as usize], s as u32, "unit {u} in slot {s}");
+            }
+        }
+        for (u, &s) in c.slot_of.iter().enumerate() {
+            if s != NO_SLOT {
+                assert!((s as usize) < c.slots(), "unit {u} in slot {s} past {}", c.slots());
+                assert_eq!(c.unit_in[s as usize], u as u32);
+            }
+        }
+        assert_eq!(occupied, c.len());
+        let mut free = c.free.clone();
+        free.sort_unstable();
+        free.dedup();
+        assert_eq!(free.len(), c.free.len(), "duplicate free slot");
+        for &s in &free {
+            assert_eq!(c.unit_in[s as usize], NO_SLOT);
+        }
+        assert_eq!(free.len() + occupied, c.slots());
+    }
+
+    /// One token the way the engine drives a cache: record, split hits/misses, admit.
+    fn token(c: &mut UnitCache, active: &[u32]) -> Vec<u32> {
+        c.record(active);
+        let hits: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
+        let misses: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
+        let r = c.admit(&misses, &hits);
+        check(c);
+        r
+    }
+
+    fn cached_set(c: &UnitCache) -> Vec<u32> {
+        let mut v: Vec<u32> = c.cached().map(|(u, _)| u).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn parse_and_name() {
+        for name in ["lfu", "lru", "tam", "static", "none"] {
+            let p = Policy::parse(name).unwrap();
+            assert_eq!(p.name(), name);
+            assert_eq!(p.to_string(), name);
+        }
+        assert_eq!(Policy::parse("TAM"), Some(Policy::Tam { lambda: 0.8, eps: 0.05 }));
+        assert_eq!(Policy::parse("fifo"), None);
+        assert!((TAM.tam_threshold().unwrap() - 0.25).abs() < 1e-6);
+        assert_eq!(Policy::Lfu.tam_threshold(), None);
+    }
+
+    #[test]
+    fn new_clamps_slots() {
+        assert_eq!(UnitCache::new(4, 10, Policy::Lru).slots(), 4);
+        assert_eq!(UnitCache::new(4, 3, Policy::None).slots(), 0);
+        let c = UnitCache::new(10, 3, Policy::Lfu);
+        assert_eq!((c.n_units(), c.slots(), c.len(), c.is_empty()), (10, 3, 0, true));
+        assert_eq!(c.policy(), Policy::Lfu);
+    }
+
+    #[test]
+    fn lfu_admission_is_strict_and_counts_every_activation() {
+        let mut c = UnitCache::new(8, 2, Policy::Lfu);
+        // Free slots: admitted whatever the count.
+        let r = token(&mut c, &[1, 2]);
+        assert!(r.iter().all(|&s| s != NO_SLOT));
+        assert_eq!((c.count(1), c.count(2)), (1, 1));
+        // Unit 1 hits (protected); 3 has count 1, least-used evictable is 2 with count 1: tie,
+        // not strictly higher, so not admitted.
+        assert_eq!(token(&mut c, &[1, 3]), vec![NO_SLOT]);
+        assert_eq!((c.count(1), c.count(3)), (2, 1));
+        assert_eq!(cached_set(&c), vec![1, 2]);
+        // 3 again: count 2 > 1 (unit 2): evicts 2, takes its slot.
+        let slot2 = c.slot_of(2).unwrap();
+        assert_eq!(token(&mut c, &[3]), vec![slot2]);
+        assert_eq!(c.last_evictions(), &[2]);
+        assert_eq!(cached_set(&c), vec![1, 3]);
+        // Hits are counted too: 1 reaches 3.
+        token(&mut c, &[1]);
+        assert_eq!(c.count(1), 3);
+        // 4 three times: count 1, 2 don't beat 3's count 2 ... until count 3 > 2 evicts 3
+        // (the least used; 1 has count 3).
+        assert_eq!(token(&mut c, &[4]), vec![NO_SLOT]);
+        assert_eq!(token(&mut c, &[4]), vec![NO_SLOT]);
+        assert_ne!(token(&mut c, &[4]), vec![NO_SLOT]);
+        assert_eq!(c.last_evictions(), &[3]);
+        assert_eq!(cached_set(&c), vec![1, 4]);
+    }
+
+    #[test]
+    fn lfu_victim_ties_break_lru_then_lowest_id() {
+        let mut c = UnitCache::new(10, 3, Policy::Lfu);
+        token(&mut c, &[5]); // tick 1
+        token(&mut c, &[2, 7]); // tick 2
+        assert_eq!(cached_set(&c), vec![2, 5, 7]);
+        // All counts 1. 9 twice: count 2 beats them; LRU victim is 5 (tick 1).
+        token(&mut c, &[9]);
+        token(&mut c, &[9]);
+        assert_eq!(c.last_evictions(), &[5]);
+        // 8 twice: victims 2 and 7 both count 1, tick 2: lowest id (2) goes.
+        token(&mut c, &[8]);
+        token(&mut c, &[8]);
+        assert_eq!(c.last_evictions(), &[2]);
+        assert_eq!(cached_set(&c), vec![7, 8, 9]);
+    }
+
+    #[test]
+    fn lfu_paper_example_needs_a_second_activation() {
+        // ActiveFlow Fig. 12: 4 channels cached, channel 0 present initially.
+        let mut c = UnitCache::new(8, 4, Policy::Lfu);
+        c.set_hot(&[0]);
+        assert_eq!(cached_set(&c), vec![0]);
+        token(&mut c, &[0, 1, 4, 6]);
+        assert_eq!(cached_set(&c), vec![0, 1, 4, 6]);
+        // Channel 7 (count 1) ties channel 1 (count 1, the least used): not strictly higher.
+        assert_eq!(token(&mut c, &[0, 4, 6, 7]), vec![NO_SLOT]);
+        // Its next activation (count 2) replaces channel 1.
+        let slot1 = c.slot_of(1).unwrap();
+        assert_eq!(token(&mut c, &[7]), vec![slot1]);
+        assert_eq!(cached_set(&c), vec![0, 4, 6, 7]);
+    }
+
+    #[test]
+    fn lfu_batch_matches_strongest_against_weakest() {
+        let mut c = UnitCache::new(10, 3, Policy::Lfu);
+        token(&mut c, &[0, 1, 2]);
+        token(&mut c, &[1]);
+        token(&mut c, &[1]); // counts 0:1 1:3 2:1
+        for _ in 0..2 {
+            c.record(&[5, 6, 7]); // 5,6,7 reach count 2 without being admitted
+        }
+        c.record(&[6]);
+        c.record(&[5, 6, 7, 8]); // counts 5:3 6:4 7:3 8:1
+        let r = c.admit(&[5, 6, 7, 8], &[]);
+        // Victims worst first: 0 (1), 2 (1), 1 (3). 6 beats 0, 5 beats 2, 7 (3) does not beat 1 (3).
+        assert_eq!(r[1], 0); // 6 took 0's slot
+        assert_ne!(r[0], NO_SLOT);
+        assert_eq!((r[2], r[3]), (NO_SLOT, NO_SLOT));
+        assert_eq!(c.last_evictions(), &[0, 2]);
+        assert_eq!(cached_set(&c), vec![1, 5, 6]);
+        check(&c);
+    }
+
+    #[test]
+    fn lfu_reset_context_zeroes_counts_only() {
+        let mut c = UnitCache::new(8, 2, Policy::Lfu);
+        for _ in 0..5 {
+            token(&mut c, &[0, 1]);
+        }
+        let clock = c.clock();
+        c.reset_context();
+        assert_eq!((c.count(0), c.count(1)), (0, 0));
+        assert_eq!(cached_set(&c), vec![0, 1]);
+        assert_eq!(c.clock(), clock);
+        // A fresh unit now beats the stale residents after one activation (1 > 0); the victim
+        // is 0 (equal counts, equal recency, lowest id).
+        assert_ne!(token(&mut c, &[3]), vec![NO_SLOT]);
+        assert_eq!(c.last_evictions(), &[0]);
+    }
+
+    #[test]
+    fn lfu_predicted_uses_current_count_without_bump() {
+        let mut c = UnitCache::new(8, 1, Policy::Lfu);
+        token(&mut c, &[0]);
+        c.record(&[]);
+        // Unit 5 never activated: count 0 does not beat 0's count 1.
+        assert_eq!(c.admit_predicted(&[5], &[]), vec![NO_SLOT]);
+        assert_eq!(c.count(5), 0);
+        c.record(&[5]);
+        c.record(&[5]);
+        // Not admitted by record; predicted with count 2 > 1.
+        assert_eq!(c.admit_predicted(&[5], &[]), vec![0]);
+        assert_eq!(c.count(5), 2);
+        // Free slot: predicted unit admitted even with count 0.
+        let mut c = UnitCache::new(8, 1, Policy::Lfu);
+        assert_eq!(c.admit_predicted(&[3], &[]), vec![0]);
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let mut c = UnitCache::new(10, 3, Policy::Lru);
+        token(&mut c, &[0]);
+        token(&mut c, &[1]);
+        token(&mut c, &[2]);
+        token(&mut c, &[0]); // hit: 0 is now most recent; order 1, 2, 0
+        let slot1 = c.slot_of(1).unwrap();
+        assert_eq!(token(&mut c, &[3]), vec![slot1]); // one-hit admitted, evicts 1
+        assert_eq!(c.last_evictions(), &[1]);
+        token(&mut c, &[4, 5]); // evicts 2 and 0 (in that order)
+        assert_eq!(c.last_evictions(), &[2, 0]);
+        assert_eq!(cached_set(&c), vec![3, 4, 5]);
+        // Two misses while two residents are protected: only one evictable (3).
+        let r = token(&mut c, &[4, 5, 6, 7]);
+        assert_ne!(r[0], NO_SLOT);
+        assert_eq!(r[1], NO_SLOT);
+        assert_eq!(cached_set(&c), vec![4, 5, 6]);
+        // reset_context leaves LRU order alone: 4, 5 and 6 were last used at tick 7; after 6
+        // is touched again the victim is 4 (least recent, lowest id).
+        c.reset_context();
+        assert_eq!(cached_set(&c), vec![4, 5, 6]);
+        token(&mut c, &[6]);
+        token(&mut c, &[8]);
+        assert_eq!(c.last_evictions(), &[4]);
+    }
+
+    #[test]
+    fn lru_predicted_counts_as_access() {
+        let mut c = UnitCache::new(10, 2, Policy::Lru);
+        token(&mut c, &[0]);
+        token(&mut c, &[1]);
+        c.record(&[]);
+        assert_eq!(c.admit_predicted(&[7], &[]), vec![c.slot_of(7).unwrap()]);
+        assert_eq!(c.last_evictions(), &[0]);
+        // The preloaded unit is not the next victim.
+        token(&mut c, &[8]);
+        assert_eq!(c.last_evictions(), &[1]);
+        assert_eq!(cached_set(&c), vec![7, 8]);
+    }
+
+    fn close(a: f32, b: f32) -> bool {
+        (a - b).abs() < 1e-5
+    }
+
+    #[test]
+    fn tam_momentum_values_and_decay() {
+        let mut c = UnitCache::new(4, 2, TAM);
+        c.record(&[1]);
+        assert!(close(c.momentum(1), 0.2));
+        c.record(&[1]);
+        assert!(close(c.momentum(1), 0.36)); // 0.8·0.2 + 0.2
+        c.record(&[]);
+        assert!(close(c.momentum(1), 0.288));
+        c.record(&[0]);
+        assert!(close(c.momentum(1), 0.2304));
+        assert!(close(c.momentum(0), 0.2));
+        c.record(&[0, 1]);
+        assert!(close(c.momentum(1), 0.8 * 0.2304 + 0.2));
+        assert!(close(c.momentum(0), 0.36));
+        // Long idle decays towards zero.
+        for _ in 0..200 {
+            c.record(&[]);
+        }
+        assert!(c.momentum(1) < 1e-12);
+        // Against a reference eager update over a pseudo-random script.
+        let mut c = UnitCache::new(3, 1, Policy::Tam { lambda: 0.6, eps: 0.1 });
+        let mut eager = [0f32; 3];
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..300 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let active: Vec<u32> = (0..3).filter(|b| x >> (b * 3) & 1 == 1).collect();
+            c.record(&active);
+            for (u, s) in eager.iter_mut().enumerate() {
+                let a = if active.contains(&(u as u32)) { 1.0 } else { 0.0 };
+                *s = 0.6 * *s + 0.4 * a;
+            }
+            for u in 0..3 {
+                assert!(close(c.momentum(u), eager[u as usize]), "{} vs {}", c.momentum(u), eager[u as usize]);
+            }
+        }
+    }
+
+    #[test]
+    fn tam_rejects_one_hit_wonders_and_admits_sustained_units() {
+        let mut c = UnitCache::new(8, 2, TAM);
+        // One isolated activation: S = 1 − λ = 0.2 <= τ = 0.25, even with free slots.
+        assert_eq!(token(&mut c, &[3]), vec![NO_SLOT]);
+        assert!(c.is_empty());
+        // Active again on the next token: S = 0.36 > 0.25, admitted.
+        assert_ne!(token(&mut c, &[3]), vec![NO_SLOT]);
+        assert!(c.contains(3));
+        // Two activations far apart are two one-hit wonders (S ≈ 0.2 each time).
+        token(&mut c, &[5]);
+        for _ in 0..30 {
+            c.record(&[]);
+        }
+        assert_eq!(token(&mut c, &[5]), vec![NO_SLOT]);
+        assert!(close(c.momentum(5), 0.2 + 0.2 * 0.8f32.powi(31)));
+        // reset_context zeroes momentum; cached units stay.
+        c.reset_context();
+        assert_eq!(c.momentum(3), 0.0);
+        assert!(c.contains(3));
+    }
+
+    #[test]
+    fn tam_victim_is_lowest_momentum_and_must_be_beaten() {
+        let mut c = UnitCache::new(10, 2, TAM);
+        token(&mut c, &[1, 2]);
+        token(&mut c, &[1, 2]); // both 0.36, admitted
+        token(&mut c, &[1]); // 1: 0.488, 2: 0.288
+        assert_eq!(cached_set(&c), vec![1, 2]);
+        assert!(close(c.momentum(1), 0.488) && close(c.momentum(2), 0.288));
+        // 7 active twice: 0.36 > τ and > S_2 = 0.8·0.288 = 0.2304 → evicts 2 (lowest), not 1.
+        token(&mut c, &[7]);
+        let slot2 = c.slot_of(2).unwrap();
+        assert_eq!(token(&mut c, &[7]), vec![slot2]);
+        assert_eq!(c.last_evictions(), &[2]);
+        assert_eq!(cached_set(&c), vec![1, 7]);
+        // Keep 1 and 7 hot; 9 reaches 0.36 > τ but is below both residents: not admitted.
+        for _ in 0..5 {
+            token(&mut c, &[1, 7]);
+        }
+        c.record(&[1, 7, 9]);
+        c.record(&[1, 7, 9]);
+        assert!(c.momentum(9) > 0.25 && c.momentum(9) < c.momentum(7).min(c.momentum(1)));
+        assert_eq!(c.admit(&[9], &[]), vec![NO_SLOT]);
+        assert!(c.last_evictions().is_empty());
+    }
+
+    #[test]
+    fn tam_predicted_uses_current_momentum() {
+        let mut c = UnitCache::new(10, 2, TAM);
+        c.record(&[4]);
+        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]); // 0.2
+        c.record(&[4]);
+        assert_ne!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]); // 0.36
+        assert!(close(c.momentum(4), 0.36));
+    }
+
+    #[test]
+    fn static_pins_top_slots_and_never_changes() {
+        let mut c = UnitCache::new(10, 3, Policy::Static);
+        // Before set_hot: empty, admits nothing.
+        assert_eq!(token(&mut c, &[1, 2]), vec![NO_SLOT, NO_SLOT]);
+        assert!(c.is_empty());
+        let placed = c.place_hot(&[7, 3, 7, 9, 1, 0]);
+        assert_eq!(placed.len(), 3);
+        assert_eq!(cached_set(&c), vec![3, 7, 9]);
+        let before: Vec<(u32, u32)> = c.cached().collect();
+        for t in 0..100u32 {
+            let mut active = vec![t % 10, (t * 7 + 1) % 10];
+            active.sort_unstable();
+            active.dedup();
+            let r = token(&mut c, &active);
+            assert!(r.iter().all(|&s| s == NO_SLOT));
+            assert!(c.admit_predicted(&[0, 1, 2], &[]).iter().all(|&s| s == NO_SLOT));
+        }
+        c.reset_context();
+        assert_eq!(c.cached().collect::<Vec<_>>(), before);
+        // Re-pinning keeps slots of units that stay, evicts those that drop out.
+        let slot9 = c.slot_of(9).unwrap();
+        let placed = c.place_hot(&[9, 4, 7]);
+        assert_eq!(c.slot_of(9), Some(slot9));
+        assert_eq!(c.last_evictions(), &[3]);
+        assert_eq!(placed, vec![(4, c.slot_of(4).unwrap())]);
+        assert_eq!(cached_set(&c), vec![4, 7, 9]);
+        // Shrinking drops the lowest ranked first.
+        let r = c.resize(1);
+        assert_eq!(r.evicted, vec![7, 4]);
+        assert_eq!(cached_set(&c), vec![9]);
+        check(&c);
+    }
+
+    #[test]
+    fn none_admits_nothing() {
+        let mut c = UnitCache::new(10, 5, Policy::None);
+        assert_eq!(c.slots(), 0);
+        assert_eq!(token(&mut c, &[1, 2, 3]), vec![NO_SLOT; 3]);
+        c.set_hot(&[1, 2, 3]);
+        assert!(c.is_empty());
+        assert_eq!(c.resize(5), Resize::default());
+        assert_eq!(c.slots(), 0);
+        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]);
+    }
+
+    #[test]
+    fn warm_start_fills_free_slots_in_ranking_order() {
+        for p in [Policy::Lfu, Policy::Lru, TAM] {
+            let mut c = UnitCache::new(10, 3, p);
+            let placed = c.place_hot(&[8, 8, 2, 5, 1]);
+            assert_eq!(placed, vec![(8, 0), (2, 1), (5, 2)]);
+            assert!(c.place_hot(&[0]).is_empty()); // full: nothing evicted
+            check(&c);
+        }
+    }
+
+    #[test]
+    fn protect_is_honoured() {
+        for p in [Policy::Lfu, Policy::Lru, TAM] {
+            let mut c = UnitCache::new(10, 2, p);
+            c.place_hot(&[0, 1]);
+            for _ in 0..5 {
+                c.record(&[2, 3]);
+            }
+            // Both residents protected: nothing admitted.
+            assert_eq!(c.admit(&[2, 3], &[1, 0]), vec![NO_SLOT, NO_SLOT], "{p:?}");
+            assert_eq!(cached_set(&c), vec![0, 1]);
+            // One protected: exactly the other is evicted.
+            let r = c.admit(&[2, 3], &[1]);
+            assert_eq!(r.iter().filter(|&&s| s != NO_SLOT).count(), 1, "{p:?}");
+            assert!(c.contains(1));
+            assert_eq!(c.last_evictions(), &[0]);
+            check(&c);
+        }
+    }
+
+    #[test]
+    fn admit_tolerates_cached_and_duplicate_units() {
+        let mut c = UnitCache::new(10, 2, Policy::Lru);
+        token(&mut c, &[0]);
+        c.record(&[0, 5]);
+        // 0 is cached: gets its slot back and is protected even though not in `protect`.
+        let r = c.admit(&[5, 0, 5, 6], &[]);
+        assert_eq!(r[1], c.slot_of(0).unwrap());
+        assert_eq!(r[0], r[2]);
+        assert_ne!(r[0], NO_SLOT);
+        assert_eq!(r[3], NO_SLOT);
+        check(&c);
+    }
+
+    #[test]
+    fn resize_shrink_and_grow() {
+        let mut c = UnitCache::new(20, 6, Policy::Lru);
+        for u in 0..6 {
+            token(&mut c, &[u]);
+        }
+        // Recency order (oldest first): 0..6. Shrink to 3: evict 0, 1, 2 (worst first).
+        let slots_before: Vec<(u32, u32)> = c.cached().collect();
+        let r = c.resize(3);
+        assert_eq!(r.evicted, vec![0, 1, 2]);
+        assert_eq!(c.slots(), 3);
+        assert_eq!(cached_set(&c), vec![3, 4, 5]);
+        for &(u, from, to) in &r.moved {
+            assert!(from >= 3 && to < 3);
+            assert!(slots_before.contains(&(u, from)));
+            assert_eq!(c.slot_of(u), Some(to));
+        }
+        check(&c);
+        // Grow: free slots added, nothing moves.
+        let r = c.resize(8);
+        assert_eq!(r, Resize::default());
+        assert_eq!((c.slots(), c.len()), (8, 3));
+        check(&c);
+        // Free slots are reused before evicting.
+        for u in 10..15 {
+            token(&mut c, &[u]);
+            assert!(c.last_evictions().is_empty());
+        }
+        assert_eq!(c.len(), 8);
+        // Clamped to n_units.
+        c.resize(100);
+        assert_eq!(c.slots(), 20);
+        // Shrink with free room: no eviction, only moves.
+        let mut c = UnitCache::new(20, 6, Policy::Lfu);
+        c.place_hot(&[0, 1, 2, 3, 4, 5]);
+        c.evict_all();
+        c.place_hot(&[9]);
+        c.remove(9);
+        c.insert(9, 5); // put it in the last slot
+        c.rebuild_free();
+        check(&c);
+        let r = c.resize(2);
+        assert!(r.evicted.is_empty());
+        assert_eq!(r.moved, vec![(9, 5, 0)]);
+        assert_eq!(c.slot_of(9), Some(0));
+        check(&c);
+        // Shrink to zero.
+        let r = c.resize(0);
+        assert_eq!(r.evicted, vec![9]);
+        assert!(c.is_empty());
+        assert_eq!(c.admit(&[1], &[]), vec![NO_SLOT]);
+        check(&c);
+    }
+
+    /// Deterministic xorshift64* generator.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn chance(&mut self, p_percent: u64) -> bool {
+            self.next() % 100 < p_percent
+        }
+    }
+
+    /// Random sorted unique subset of `0..n`, biased to a drifting hot window.
+    fn random_active(rng: &mut Rng, n: usize, window: usize) -> Vec<u32> {
+        let k = rng.below(n.min(24) + 1);
+        let mut v: Vec<u32> = (0..k)
+            .map(|_| if rng.chance(70) { ((window + rng.below(n / 4 + 1)) % n) as u32 } else { rng.below(n) as u32 })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Thousands of random tokens through every policy: structural invariants, protect, the
+    /// returned slots, the caller's view of slot contents (kept from return values only), and
+    /// each policy's admission/eviction rule.
+    #[test]
+    fn randomized_invariants() {
+        let mut rng = Rng(0x5eed_1234_abcd_ef01);
+        let policies =
+            [Policy::Lfu, Policy::Lru, TAM, Policy::Tam { lambda: 0.5, eps: 0.0 }, Policy::Static, Policy::None];
+        for round in 0..60 {
+            let policy = policies[round % policies.len()];
+            let n = 1 + rng.below(300);
+            let slots = rng.below(n + 3);
+            let mut c = UnitCache::new(n, slots, policy);
+            // What the caller believes each slot holds, maintained only from return values.
+            let mut view: Vec<u32> = vec![NO_SLOT; c.slots()];
+            let mut window = 0usize;
+            for t in 0..1500 {
+                if rng.chance(5) {
+                    window = rng.below(n);
+                }
+                match rng.below(200) {
+                    0 => {
+                        let new = rng.below(n + 3);
+                        let r = c.resize(new);
+                        for &(u, from, to) in &r.moved {
+                            assert_eq!(view[from as usize], u);
+                            assert!((to as usize) < c.slots());
+                            view[to as usize] = u;
+                        }
+                        for &u in &r.evicted {
+                            assert!(!c.contains(u));
+                        }
+                        for w in r.evicted.windows(2) {
+                            let order = worst_first(&c.ranked(w[0]), &c.ranked(w[1]));
+                            assert_eq!(order, Ordering::Less, "{policy:?}: resize evicted out of order");
+                        }
+                        // Survivors rank above every evicted unit.
+                        for (k, _) in c.cached() {
+                            for &v in &r.evicted {
+                                assert_eq!(worst_first(&c.ranked(v), &c.ranked(k)), Ordering::Less);
+                            }
+                        }
+                        view.resize(c.slots(), NO_SLOT);
+                    }
+                    1 => c.reset_context(),
+                    2 => {
+                        c.evict_all();
+                        assert!(c.is_empty());
+                    }
+                    3 | 4 => {
+                        let ranking: Vec<u32> = (0..rng.below(n + 1)).map(|_| rng.below(n) as u32).collect();
+                        for (u, s) in c.place_hot(&ranking) {
+                            view[s as usize] = u;
+                        }
+                    }
+                    _ => {}
+                }
+                check(&c);
+
+                let active = random_active(&mut rng, n, window);
+                c.record(&active);
+                let hits: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
+                let misses: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
+                let predicted = rng.chance(20);
+                let (units, protect) = if predicted {
+                    // Preload a few random units while the token's hits are protected.
+                    let mut p: Vec<u32> = (0..rng.below(6)).map(|_| rng.below(n) as u32).collect();
+                    p.retain(|&u| !c.contains(u));
+                    p.sort_unstable();
+                    p.dedup();
+                    (p, hits.clone())
+                } else {
+                    (misses, hits.clone())
+                };
+                let hit_slots: Vec<u32> = hits.iter().map(|&u| c.slot_of(u).unwrap()).collect();
+                let before: Vec<(u32, u32)> = c.cached().collect();
+                let free_before = c.slots() - c.len();
+                let r = if predicted { c.admit_predicted(&units, &protect) } else { c.admit(&units, &protect) };
+                check(&c);
+                assert_eq!(r.len(), units.len());
+                // Protected units stay where they were.
+                for (&u, &s) in hits.iter().zip(&hit_slots) {
+                    assert_eq!(c.slot_of(u), Some(s), "{policy:?} t{t}: protected unit {u} moved");
+                }
+                let mut admitted = Vec::new();
+                let mut rejected = Vec::new();
+                for (&u, &s) in units.iter().zip(&r) {
+                    if s == NO_SLOT {
+                        assert!(!c.contains(u));
+                        rejected.push(u);
+                    } else {
+                        assert_eq!(c.slot_of(u), Some(s));
+                        view[s as usize] = u;
+                        admitted.push(u);
+                    }
+                }
+                // Evictions: exactly the residents that disappeared, and only as many as needed.
+                let evicted = c.last_evictions().to_vec();
+                let gone: Vec<u32> = before.iter().map(|&(u, _)| u).filter(|&u| !c.contains(u)).collect();
+                let mut e_sorted = evicted.clone();
+                e_sorted.sort_unstable();
+                let mut g_sorted = gone.clone();
+                g_sorted.sort_unstable();
+                assert_eq!(e_sorted, g_sorted);
+                assert_eq!(admitted.len(), evicted.len() + free_before.min(admitted.len()));
+                assert!(evicted.len() <= admitted.len());
+                if !evicted.is_empty() {
+                    assert_eq!(c.len(), c.slots(), "evicted while a slot was free");
+                }
+                // Policy rules.
+                let kept_evictable: Vec<u32> = c
+                    .cached()
+                    .map(|(u, _)| u)
+                    .filter(|u| !protect.contains(u) && !admitted.contains(u) && !units.contains(u))
+                    .collect();
+                match policy {
+                    Policy::Static | Policy::None => {
+                        assert!(admitted.is_empty() && evicted.is_empty());
+                    }
+                    Policy::Lru => {
+                        // Rejected only when nothing evictable was left.
+                        if !rejected.is_empty() {
+                            assert!(kept_evictable.is_empty(), "{policy:?} t{t}");
+                        }
+                        // Victims were the least recently used.
+                        for &v in &evicted {
+                            for &k in &kept_evictable {
+                                assert!((c.last_access(v), v) < (c.last_access(k), k), "LRU victim {v} vs kept {k}");
+                            }
+                        }
+                    }
+                    Policy::Lfu | Policy::Tam { .. } => {
+                        let tau = policy.tam_threshold().map(f64::from);
+                        for &a in &admitted {
+                            if let Some(tau) = tau {
+                                assert!(c.score(a) > tau, "TAM admitted {a} at {}", c.score(a));
+                            }
+                            for &v in &evicted {
+                                assert!(c.score(a) > c.score(v), "{policy:?} admitted {a} over {v}");
+                            }
+                        }
+                        for &u in &rejected {
+                            if tau.is_some_and(|tau| c.score(u) <= tau) {
+                                continue;
+                            }
+                            assert_eq!(c.len(), c.slots(), "{policy:?}: rejected {u} with a free slot");
+                            for &k in &kept_evictable {
+                                assert!(c.score(u) <= c.score(k), "{policy:?}: rejected {u} but kept {k}");
+                            }
+                        }
+                        // Victims are the worst of the evictable residents.
+                        for &v in &evicted {
+                            for &k in &kept_evictable {
+                                let (rv, rk) = (c.ranked(v), c.ranked(k));
+                                assert_eq!(worst_first(&rv, &rk), Ordering::Less, "{policy:?}: evicted {v} kept {k}");
+                            }
+                        }
+                    }
+                }
+                // The caller's view agrees with every occupied slot.
+                for (u, s) in c.cached() {
+                    assert_eq!(view[s as usize], u, "{policy:?} t{t}: slot {s} view stale");
+                }
+            }
+        }
+    }
+}

@@ -6,6 +6,9 @@
 pub mod cache;
 pub mod io;
 pub mod pack;
+pub mod tiered;
 
-pub use pack::{open_model, pack_model, ColPolicy, PackError, PackOptions, PACK_VERSION};
+pub use pack::{
+    open_model, open_partial, pack_model, read_toc, ColPolicy, PackError, PackOptions, PackToc, PACK_VERSION,
+};
 pub use sift_model::layout::{BundleTensor, ColumnTensor, LayerColumns, OpKind, PackIndex};

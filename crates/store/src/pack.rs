@@ -8,14 +8,22 @@
 //! ...     per layer and op, 4 KiB aligned: the op's weight transposed, one contiguous column per
 //!         input channel, quantized along the output dimension in 32-value blocks ([`ColType`])
 //! ...     per layer, 4 KiB aligned: n_ff neuron bundles [gate row | up row | down column]
+//! ...     per group of N layers, 4 KiB aligned: n_embd interleaved records, record c holding
+//!         column c of q, k, v, gate and up of every layer of the group (unit → layer → op),
+//!         for cross-layer preloading ([`GroupTensor`])
 //! toc     JSON table of contents: every section's offset, length and CRC-32
 //! ```
 //! Opening checks the magic (a foreign file), the version (a pack from another format version is
 //! stale: run `sift pack` again), the length (truncated), and every section's CRC-32 (corrupt).
+//! A pack opened for a memory budget ([`open_partial`]) checks the header, the table of contents
+//! and every section's bounds, but reads only the resident tensors: checksumming the whole file
+//! would read it all.
 
 use serde::{Deserialize, Serialize};
 use sift_gguf::GgufFile;
-use sift_model::layout::{BundleTensor, ColumnTensor, LayerColumns, OpKind, PackIndex};
+use sift_model::layout::{
+    BundleTensor, ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, GROUP_OPS,
+};
 use sift_model::{Model, ModelError, QTensor};
 use sift_quant::ColType;
 use std::fs::File;
@@ -86,11 +94,13 @@ pub struct PackOptions {
     pub cols: ColPolicy,
     /// Also write neuron bundles.
     pub bundles: bool,
+    /// Layers per cross-layer interleaved group (0: no interleaved section).
+    pub group: usize,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { cols: ColPolicy::Auto, bundles: true }
+        PackOptions { cols: ColPolicy::Auto, bundles: true, group: 4 }
     }
 }
 
@@ -102,8 +112,13 @@ struct Toc {
     gguf_offset: u64,
     gguf_len: u64,
     gguf_crc32: u32,
+    /// The GGUF's header length (its data offset); 0 in packs from before it was recorded.
+    #[serde(default)]
+    gguf_header_len: u64,
     columns: Vec<ColumnTensor>,
     bundles: Vec<BundleTensor>,
+    #[serde(default)]
+    groups: Vec<GroupTensor>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> PackError + '_ {
@@ -116,33 +131,79 @@ fn align_up(x: u64) -> u64 {
 
 /// Opens a model from a `.gguf` or a `.sift` pack (told apart by their magic, not their name).
 pub fn open_model(path: &Path) -> Result<Model, PackError> {
+    let Some(toc) = read_toc(path)? else {
+        return Ok(Model::load(path)?);
+    };
+    let total = toc.total;
+    let gguf = GgufFile::open_embedded(path, toc.toc.gguf_offset, toc.toc.gguf_len)?;
+    let all = gguf.file_bytes();
+    let check = |what: String, off: u64, len: u64, crc: u32| -> Result<(), PackError> {
+        let end = section_end(path, &what, off, len, total)?;
+        if crc32fast::hash(&all[off as usize..end as usize]) != crc {
+            return Err(PackError::Corrupt { path: path.into(), what });
+        }
+        Ok(())
+    };
+    let t = &toc.toc;
+    check("the embedded GGUF".into(), t.gguf_offset, t.gguf_len, t.gguf_crc32)?;
+    for t in &t.columns {
+        check(format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, t.crc32)?;
+    }
+    for b in &t.bundles {
+        check(format!("layer {} bundles", b.layer), b.offset, b.len, b.crc32)?;
+    }
+    for g in &t.groups {
+        check(format!("group of layers {:?}", g.layers()), g.offset, g.len, g.crc32)?;
+    }
+    let mut model = Model::from_file(gguf)?;
+    model.columns = Some(build_index(path, &model, toc.toc)?);
+    Ok(model)
+}
+
+/// A pack's table of contents, as read from disk.
+pub struct PackToc {
+    toc: Toc,
+    /// The pack's length according to its header.
+    pub total: u64,
+}
+
+impl PackToc {
+    pub fn gguf_offset(&self) -> u64 {
+        self.toc.gguf_offset
+    }
+    pub fn gguf_len(&self) -> u64 {
+        self.toc.gguf_len
+    }
+    /// The GGUF header's length (0: the pack predates it; make it again).
+    pub fn gguf_header_len(&self) -> u64 {
+        self.toc.gguf_header_len
+    }
+}
+
+/// Reads and checks a pack's header and table of contents with plain reads (no mapping).
+/// `Ok(None)`: the file is a GGUF, not a pack.
+pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
+    use std::io::Read;
+    let mut f = File::open(path).map_err(io(path))?;
     let mut magic = [0u8; 8];
-    {
-        use std::io::Read;
-        let mut f = File::open(path).map_err(io(path))?;
-        let n = f.read(&mut magic).map_err(io(path))?;
-        if n >= 4 && &magic[..4] == b"GGUF" {
-            return Ok(Model::load(path)?);
-        }
-        if n < 8 || &magic != PACK_MAGIC {
-            return Err(PackError::Foreign {
-                path: path.into(),
-                magic: String::from_utf8_lossy(&magic[..n]).escape_default().to_string(),
-            });
-        }
+    let n = f.read(&mut magic).map_err(io(path))?;
+    if n >= 4 && &magic[..4] == b"GGUF" {
+        return Ok(None);
     }
-    let file = File::open(path).map_err(io(path))?;
-    let file_len = file.metadata().map_err(io(path))?.len();
-    let mut head = [0u8; HEADER_LEN];
-    {
-        use std::io::Read;
-        let mut f = &file;
-        f.read_exact(&mut head).map_err(|_| PackError::Truncated {
+    if n < 8 || &magic != PACK_MAGIC {
+        return Err(PackError::Foreign {
             path: path.into(),
-            expected: HEADER_LEN as u64,
-            found: file_len,
-        })?;
+            magic: String::from_utf8_lossy(&magic[..n]).escape_default().to_string(),
+        });
     }
+    let file_len = f.metadata().map_err(io(path))?.len();
+    let mut head = [0u8; HEADER_LEN];
+    f.seek(SeekFrom::Start(0)).map_err(io(path))?;
+    f.read_exact(&mut head).map_err(|_| PackError::Truncated {
+        path: path.into(),
+        expected: HEADER_LEN as u64,
+        found: file_len,
+    })?;
     let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"));
     let version = u32_at(8);
@@ -157,67 +218,82 @@ pub fn open_model(path: &Path) -> Result<Model, PackError> {
         return Err(PackError::Toc { path: path.into(), msg: format!("toc {toc_off}+{toc_len} is outside the file") });
     }
     let mut toc_bytes = vec![0u8; toc_len as usize];
-    {
-        use std::io::Read;
-        let mut f = &file;
-        f.seek(SeekFrom::Start(toc_off)).map_err(io(path))?;
-        f.read_exact(&mut toc_bytes).map_err(io(path))?;
-    }
+    f.seek(SeekFrom::Start(toc_off)).map_err(io(path))?;
+    f.read_exact(&mut toc_bytes).map_err(io(path))?;
     if crc32fast::hash(&toc_bytes) != toc_crc {
         return Err(PackError::Corrupt { path: path.into(), what: "the table of contents".into() });
     }
     let toc: Toc =
         serde_json::from_slice(&toc_bytes).map_err(|e| PackError::Toc { path: path.into(), msg: e.to_string() })?;
-    let gguf = GgufFile::open_embedded(path, toc.gguf_offset, toc.gguf_len)?;
-    let all = gguf.file_bytes();
-    let check = |what: String, off: u64, len: u64, crc: u32| -> Result<(), PackError> {
-        let end = off.checked_add(len).filter(|&e| e <= total).ok_or_else(|| PackError::Toc {
-            path: path.into(),
-            msg: format!("{what} at {off}+{len} is outside the file"),
-        })?;
-        if crc32fast::hash(&all[off as usize..end as usize]) != crc {
-            return Err(PackError::Corrupt { path: path.into(), what });
-        }
-        Ok(())
-    };
-    check("the embedded GGUF".into(), toc.gguf_offset, toc.gguf_len, toc.gguf_crc32)?;
+    section_end(path, "the embedded GGUF", toc.gguf_offset, toc.gguf_len, total)?;
     for t in &toc.columns {
-        check(format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, t.crc32)?;
+        section_end(path, &format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, total)?;
     }
     for b in &toc.bundles {
-        check(format!("layer {} bundles", b.layer), b.offset, b.len, b.crc32)?;
+        section_end(path, &format!("layer {} bundles", b.layer), b.offset, b.len, total)?;
     }
+    for g in &toc.groups {
+        section_end(path, &format!("group of layers {:?}", g.layers()), g.offset, g.len, total)?;
+    }
+    Ok(Some(PackToc { toc, total }))
+}
+
+/// Opens a pack for running under a memory budget: the GGUF section is built in anonymous
+/// memory by `fill` (see [`GgufFile::from_parts`]) holding only the tensors `resident` accepts;
+/// everything else stays on disk, reached through the column index this returns with the model.
+pub fn open_partial(
+    path: &Path,
+    toc: PackToc,
+    fill: impl FnMut(&mut [u8], &[std::ops::Range<usize>]) -> std::io::Result<()>,
+    resident: impl Fn(&sift_gguf::Gguf, &sift_gguf::TensorInfo) -> bool,
+) -> Result<Model, PackError> {
+    if toc.toc.gguf_header_len == 0 || toc.toc.gguf_header_len > toc.toc.gguf_len {
+        return Err(PackError::Toc {
+            path: path.into(),
+            msg: "this pack predates running under a memory budget (no GGUF header length); run `sift pack` again"
+                .into(),
+        });
+    }
+    let gguf = GgufFile::from_parts(path, toc.toc.gguf_len as usize, toc.toc.gguf_header_len as usize, fill, resident)?;
     let mut model = Model::from_file(gguf)?;
+    model.columns = Some(build_index(path, &model, toc.toc)?);
+    Ok(model)
+}
+
+/// The end of a section, checked to lie inside the pack.
+fn section_end(path: &Path, what: &str, off: u64, len: u64, total: u64) -> Result<u64, PackError> {
+    off.checked_add(len)
+        .filter(|&e| e <= total)
+        .ok_or_else(|| PackError::Toc { path: path.into(), msg: format!("{what} at {off}+{len} is outside the file") })
+}
+
+/// Checks the table of contents against the model's shapes and builds the column index.
+fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackError> {
     let c = &model.config;
+    let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
     let mut layers: Vec<LayerColumns> =
         (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), bundles: None }).collect();
     for t in &toc.columns {
-        let lw = model.layers.get(t.layer).ok_or_else(|| PackError::Toc {
-            path: path.into(),
-            msg: format!("layer {} does not exist in the model", t.layer),
-        })?;
+        let lw = model
+            .layers
+            .get(t.layer)
+            .ok_or_else(|| toc_err(format!("layer {} does not exist in the model", t.layer)))?;
         let w = op_weight(lw, t.op);
         if t.n_in != w.cols
             || t.n_out != w.rows
             || t.col_bytes != t.ty.col_bytes(t.n_out)
             || t.len != (t.col_bytes * t.n_in) as u64
         {
-            return Err(PackError::Toc {
-                path: path.into(),
-                msg: format!("layer {} {:?}: shape does not match the model", t.layer, t.op),
-            });
+            return Err(toc_err(format!("layer {} {:?}: shape does not match the model", t.layer, t.op)));
         }
         let ops = &mut layers[t.layer].ops;
         if ops.len() != t.op as usize {
-            return Err(PackError::Toc { path: path.into(), msg: format!("layer {} ops out of order", t.layer) });
+            return Err(toc_err(format!("layer {} ops out of order", t.layer)));
         }
         ops.push(t.clone());
     }
     for b in &toc.bundles {
-        let l = layers.get_mut(b.layer).ok_or_else(|| PackError::Toc {
-            path: path.into(),
-            msg: format!("bundle layer {} does not exist", b.layer),
-        })?;
+        let l = layers.get_mut(b.layer).ok_or_else(|| toc_err(format!("bundle layer {} does not exist", b.layer)))?;
         let lw = &model.layers[b.layer];
         if b.n_units != c.n_ff
             || b.gate_bytes != lw.w_gate.row_bytes
@@ -226,18 +302,45 @@ pub fn open_model(path: &Path) -> Result<Model, PackError> {
             || b.unit_bytes != b.gate_bytes + b.up_bytes + b.down_bytes
             || b.len != (b.unit_bytes * b.n_units) as u64
         {
-            return Err(PackError::Toc {
-                path: path.into(),
-                msg: format!("layer {} bundles: shape does not match the model", b.layer),
-            });
+            return Err(toc_err(format!("layer {} bundles: shape does not match the model", b.layer)));
         }
         l.bundles = Some(b.clone());
     }
     if layers.iter().any(|l| l.ops.len() != 7) {
-        return Err(PackError::Toc { path: path.into(), msg: "some layer lacks column tensors".into() });
+        return Err(toc_err("some layer lacks column tensors".into()));
     }
-    model.columns = Some(PackIndex { layers, source_name: toc.source_name });
-    Ok(model)
+    let mut next_layer = 0;
+    for g in &toc.groups {
+        let mut off = 0;
+        let ok = g.first_layer == next_layer
+            && g.n_layers > 0
+            && g.layers().end <= c.n_layer
+            && g.n_units == c.n_embd
+            && g.parts.len() == g.n_layers * GROUP_OPS.len()
+            && g.parts.iter().enumerate().all(|(i, p)| {
+                let (l, op) = (g.first_layer + i / GROUP_OPS.len(), GROUP_OPS[i % GROUP_OPS.len()]);
+                let good = p.layer == l && p.op == op && p.offset == off && p.col_bytes == layers[l].op(op).col_bytes;
+                off += p.col_bytes;
+                good
+            })
+            && g.unit_bytes == off
+            && g.len == (g.unit_bytes * g.n_units) as u64;
+        if !ok {
+            return Err(toc_err(format!("group of layers {:?}: shape does not match the model", g.layers())));
+        }
+        next_layer = g.layers().end;
+    }
+    if !toc.groups.is_empty() && next_layer != c.n_layer {
+        return Err(toc_err("the cross-layer groups do not cover every layer".into()));
+    }
+    Ok(PackIndex {
+        layers,
+        groups: toc.groups,
+        source_name: toc.source_name,
+        gguf_offset: toc.gguf_offset,
+        gguf_len: toc.gguf_len,
+        gguf_header_len: toc.gguf_header_len,
+    })
 }
 
 fn op_weight(lw: &sift_model::LayerWeights, op: OpKind) -> &QTensor {
@@ -304,6 +407,9 @@ pub fn pack_model(
     let gguf_crc32 = crc32fast::hash(gguf_bytes);
     let mut columns = Vec::new();
     let mut bundles = Vec::new();
+    let mut groups = Vec::new();
+    // The current group's in-op columns, for the interleaved section: (layer, op, bytes).
+    let mut group_cols: Vec<(usize, OpKind, usize, Vec<u8>)> = Vec::new();
     for (l, lw) in model.layers.iter().enumerate() {
         let mut down_cols: Option<(ColType, Vec<u8>)> = None;
         for op in OpKind::ALL {
@@ -327,6 +433,8 @@ pub fn pack_model(
             pos += data.len() as u64;
             if op == OpKind::Down {
                 down_cols = Some((ty, data));
+            } else if opts.group > 0 && GROUP_OPS.contains(&op) {
+                group_cols.push((l, op, ty.col_bytes(wt.rows), data));
             }
         }
         if opts.bundles {
@@ -357,6 +465,37 @@ pub fn pack_model(
             });
             pos += data.len() as u64;
         }
+        let group_full = (l + 1) % opts.group.max(1) == 0 || l + 1 == c.n_layer;
+        if opts.group > 0 && group_full {
+            let first_layer = group_cols[0].0;
+            let mut parts = Vec::new();
+            let mut unit_bytes = 0;
+            for (layer, op, cb, _) in &group_cols {
+                parts.push(GroupPart { layer: *layer, op: *op, offset: unit_bytes, col_bytes: *cb });
+                unit_bytes += cb;
+            }
+            let mut data = Vec::with_capacity(unit_bytes * c.n_embd);
+            for ch in 0..c.n_embd {
+                for (_, _, cb, cols) in &group_cols {
+                    data.extend_from_slice(&cols[ch * cb..(ch + 1) * cb]);
+                }
+            }
+            let aligned = align_up(pos);
+            pad_to(&mut w, &mut pos, aligned)?;
+            w.write_all(&data).map_err(io(&tmp))?;
+            groups.push(GroupTensor {
+                first_layer,
+                n_layers: l + 1 - first_layer,
+                n_units: c.n_embd,
+                unit_bytes,
+                parts,
+                offset: pos,
+                len: data.len() as u64,
+                crc32: crc32fast::hash(&data),
+            });
+            pos += data.len() as u64;
+            group_cols.clear();
+        }
         progress(&format!("layer {}/{}", l + 1, c.n_layer));
     }
     let toc = Toc {
@@ -366,8 +505,10 @@ pub fn pack_model(
         gguf_offset,
         gguf_len: gguf_bytes.len() as u64,
         gguf_crc32,
+        gguf_header_len: model.file.gguf.data_offset,
         columns,
         bundles,
+        groups,
     };
     let toc_bytes = serde_json::to_vec(&toc).map_err(|e| PackError::Toc { path: tmp.clone(), msg: e.to_string() })?;
     let toc_off = align_up(pos);

@@ -1,0 +1,226 @@
+//! `--memory` and the tiered store's flags, shared by generate, chat, bench and perplexity: a hard
+//! budget for everything sift keeps resident, with the pack's columns streamed from disk.
+
+use anyhow::Context;
+use clap::Args;
+use sift_engine::{Engine, EngineOptions};
+use sift_model::tokenizer::Tokenizer;
+use sift_model::Model;
+use sift_store::cache::Policy;
+use sift_store::io::TierKind;
+use sift_store::tiered::{open_budgeted, resident_bytes, PlanInputs, TierStats, TieredOptions, TieredStore};
+use std::path::Path;
+
+/// Largest prompt batch under --memory (activations grow with it).
+const BUDGET_MAX_BATCH: usize = 64;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct MemoryArgs {
+    /// Hard memory budget: bytes (K/M/G suffixes, powers of 1024) or a percentage of the model
+    /// size ("60%"). Needs a sift pack; its columns are streamed from disk and cached in what is
+    /// left after the resident parts.
+    #[arg(long = "memory", value_name = "BYTES|PERCENT")]
+    pub memory: Option<String>,
+    /// Cache policy of the column cache: lfu (context-level counts), lru, tam (temporal activation
+    /// momentum), static (hot set from --calib pinned), none
+    #[arg(long = "cache-policy", default_value = "lfu", value_parser = ["lfu", "lru", "tam", "static", "none"])]
+    pub cache_policy: String,
+    /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only)
+    #[arg(long = "preload", default_value_t = 4)]
+    pub preload: usize,
+    /// Slow tier: auto (io_uring, else pread), io_uring, pread, memory (whole pack in RAM; tests)
+    #[arg(long = "io", default_value = "auto", value_parser = ["auto", "io_uring", "pread", "memory"])]
+    pub io: String,
+    /// TAM decay λ
+    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA)]
+    pub tam_lambda: f32,
+    /// TAM admission margin ε (threshold (1 − λ) + ε)
+    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS)]
+    pub tam_eps: f32,
+    /// Keep the token-embedding table in memory (default: one row read from disk per token)
+    #[arg(long = "resident-embd")]
+    pub resident_embd: bool,
+}
+
+impl MemoryArgs {
+    pub fn enabled(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    fn options(&self) -> anyhow::Result<TieredOptions> {
+        let policy = match Policy::parse(&self.cache_policy) {
+            Some(Policy::Tam { .. }) => Policy::Tam { lambda: self.tam_lambda, eps: self.tam_eps },
+            Some(p) => p,
+            None => anyhow::bail!("unknown --cache-policy '{}'", self.cache_policy),
+        };
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.tam_lambda) && self.tam_eps >= 0.0,
+            "--tam-lambda must be in [0, 1) and --tam-eps at least 0"
+        );
+        let tier = TierKind::parse(&self.io).with_context(|| format!("unknown --io '{}'", self.io))?;
+        Ok(TieredOptions {
+            policy,
+            preload: self.preload,
+            tier,
+            resident_embeddings: self.resident_embd,
+            ..TieredOptions::default()
+        })
+    }
+
+    /// Loads the model: in full (memory-mapped) without --memory, else only its resident parts.
+    pub fn load(&self, path: &Path) -> anyhow::Result<(Model, Tokenizer)> {
+        if !self.enabled() {
+            return crate::generate::load(path);
+        }
+        if !path.exists() {
+            anyhow::bail!("model file '{}' not found", path.display());
+        }
+        let opts = self.options()?;
+        let model = open_budgeted(path, &opts).with_context(|| format!("cannot load model '{}'", path.display()))?;
+        let tok = Tokenizer::from_gguf(&model.file.gguf)
+            .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
+        Ok((model, tok))
+    }
+
+    /// Clamps engine options a budget affects (the prompt batch).
+    pub fn adjust(&self, eo: &mut EngineOptions) {
+        if self.enabled() {
+            eo.n_batch = eo.n_batch.min(BUDGET_MAX_BATCH);
+        }
+    }
+
+    /// Builds the engine, with the tiered store attached under --memory.
+    pub fn engine(&self, model: Model, path: &Path, eo: &EngineOptions) -> anyhow::Result<Engine> {
+        let Some(spec) = &self.memory else {
+            return Ok(Engine::new(model, eo));
+        };
+        let opts = self.options()?;
+        let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
+        let budget = parse_budget(spec, model_size)?;
+        // Everything the process holds besides the resident weights: code, tokenizer, allocator.
+        let rss = current_rss().unwrap_or(0);
+        let resident = resident_bytes(&model, opts.resident_embeddings);
+        let runtime = rss.saturating_sub(resident) + (8 << 20);
+        let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
+        let store = TieredStore::new(&model, path, &opts, &inputs)?;
+        let mut engine = Engine::new(model, eo);
+        engine.attach_store(store);
+        Ok(engine)
+    }
+}
+
+/// Parses "700M", "1.5G", "123456", "60%" (of `model_size`).
+pub fn parse_budget(s: &str, model_size: u64) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let bad = || {
+        anyhow::anyhow!("bad --memory '{s}': use bytes with an optional K/M/G suffix (700M, 1.5G) or a percentage of the model size (60%)")
+    };
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p.trim().parse().map_err(|_| bad())?;
+        anyhow::ensure!(v > 0.0 && v.is_finite(), bad());
+        return Ok((model_size as f64 * v / 100.0) as u64);
+    }
+    let lower = t.to_ascii_lowercase();
+    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1u64 << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
+        _ => (lower, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    anyhow::ensure!(v > 0.0 && v.is_finite(), bad());
+    Ok((v * mult as f64) as u64)
+}
+
+/// The process's resident set now (VmRSS), in bytes.
+pub fn current_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The store's plan and counters as JSON (for `-o json`).
+pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {
+    let store = engine.store()?;
+    let s = store.stats();
+    Some(serde_json::json!({
+        "memory_budget": store.plan.budget,
+        "memory_plan": store.plan,
+        "cache_policy": store.policy().name(),
+        "preload": store.preload_layers(),
+        "preload_interleaved": store.interleaved(),
+        "io": store.tier_name(),
+        "hit_rate": s.hit_rate(),
+        "bytes_preload": s.bytes_preload,
+        "bytes_ondemand": s.bytes_ondemand,
+        "bytes_prefill": s.bytes_prefill,
+        "reads": s.reads,
+        "mean_read_bytes": s.mean_read(),
+        "read_bandwidth": s.read_bandwidth(),
+        "preload_precision": s.preload_precision(),
+        "preload_recall": s.preload_recall(),
+        "io_stall_ns": s.stall_ns,
+        "io_busy_ns": s.io_ns,
+        "stats": s,
+    }))
+}
+
+/// A human summary of the store's plan and counters, on stderr.
+pub fn print_stats(engine: &Engine, wall_secs: f64) {
+    let Some(store) = engine.store() else {
+        return;
+    };
+    let (p, s): (_, &TierStats) = (&store.plan, store.stats());
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + KV/activations {:.0} + buffers {:.0} + cache {:.0} ({:.0}% of columns)",
+        mib(p.budget),
+        mib(p.runtime),
+        mib(p.resident_weights),
+        mib(p.kv_and_scratch),
+        mib(p.buffers),
+        mib(p.cache),
+        p.cache_fraction * 100.0
+    );
+    eprintln!(
+        "sift: cache {} | preload {}{} | io {} | hit rate {:.1}% | read {:.1} MiB (preload {:.1}, on demand {:.1}, prompt {:.1}) in {} reads of {:.1} KiB, {:.0} MB/s while busy",
+        store.policy().name(),
+        store.preload_layers(),
+        if store.interleaved() { " (interleaved)" } else { "" },
+        store.tier_name(),
+        s.hit_rate() * 100.0,
+        mib(s.bytes_read()),
+        mib(s.bytes_preload),
+        mib(s.bytes_ondemand),
+        mib(s.bytes_prefill),
+        s.reads,
+        s.mean_read() / 1024.0,
+        s.read_bandwidth() / 1e6
+    );
+    eprintln!(
+        "sift: preload precision {:.1}% recall {:.1}% | stalled on I/O {:.2} s of {:.2} s",
+        s.preload_precision() * 100.0,
+        s.preload_recall() * 100.0,
+        s.stall_ns as f64 * 1e-9,
+        wall_secs
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_budget;
+
+    #[test]
+    fn budgets_parse_like_a_user_writes_them() {
+        assert_eq!(parse_budget("700M", 0).unwrap(), 700 << 20);
+        assert_eq!(parse_budget("700MiB", 0).unwrap(), 700 << 20);
+        assert_eq!(parse_budget("1.5G", 0).unwrap(), 3 << 29);
+        assert_eq!(parse_budget("4096", 0).unwrap(), 4096);
+        assert_eq!(parse_budget("60%", 1000).unwrap(), 600);
+        for bad in ["", "abc", "-5M", "0", "60%%", "nan"] {
+            assert!(parse_budget(bad, 1000).is_err(), "{bad}");
+        }
+    }
+}

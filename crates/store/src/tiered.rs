@@ -1,0 +1,909 @@
+//! The tiered store: a pack's weight columns kept on disk (the slow tier, [`crate::io`]) and
+//! cached in memory per layer and op (the fast tier, [`crate::cache`]), under a hard memory
+//! budget ([`MemoryPlan`]).
+//!
+//! One decoded token's path: for each layer the engine asks [`TieredStore::fetch`] for the
+//! active columns of a site's ops. Cached columns are hits; columns the
+//! [`CrossLayerPrefetcher`](TieredStore::preload) brought in ahead of time are copied from its
+//! buffer; the rest are read on demand, merged into few large reads. Columns the policy admits
+//! go to cache slots; the others to a transient area used for this site only. Every column the
+//! kernel needs then sits in one arena, addressed by an index per active column in the order the
+//! selector listed them, so the products (and the tokens) do not depend on what was cached.
+//!
+//! Cross-layer preloading (ActiveFlow §3–4; KAIROX's adjacent-layer pipeline is N = 1): at the
+//! first layer of each group of N layers, the store predicts the active input channels of the next
+//! group's q/k/v/gate/up from the residual stream (|x_c · norm_c| of each target layer, keeping as
+//! many channels as that layer used on the previous token, plus a margin) and hands the reads to
+//! the loader thread, which runs them while the current group computes. With a pack made with
+//! groups of N (`sift pack --group N`), one read brings a channel for all N layers.
+
+use crate::cache::{Policy, UnitCache, NO_SLOT};
+use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, ReadReq, TierKind};
+use sift_model::layout::{OpKind, PackIndex, GROUP_OPS};
+use sift_model::{Model, QTensor};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Reads closer than this are merged (the gap is read and thrown away): a 4 KiB read costs
+/// nearly as much as a 16 KiB one on this disk.
+const MAX_GAP: usize = 16 << 10;
+/// Largest single read.
+const MAX_READ: usize = 1 << 20;
+/// Bytes of the buffer on-demand reads land in (larger batches run in several rounds).
+const ONDEMAND_BUF: usize = 4 << 20;
+
+/// Problems of the tiered store.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error("reading weights from {path}: {source}; the pack may be truncated or the disk failing (check it, or run `sift pack` again)")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Budget(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// How the tiered store runs.
+#[derive(Clone, Debug)]
+pub struct TieredOptions {
+    pub policy: Policy,
+    /// Layers per preload group (0: no preloading, every miss is read on demand).
+    pub preload: usize,
+    pub tier: TierKind,
+    /// Predicted channels per target layer = (channels it used last token) × (1 + margin).
+    pub margin: f32,
+    /// Largest size of each of the two preload buffers (bytes).
+    pub preload_buf: usize,
+    /// Keep the token-embedding table resident (default: read one row per token from disk).
+    pub resident_embeddings: bool,
+}
+
+impl Default for TieredOptions {
+    fn default() -> Self {
+        TieredOptions {
+            policy: Policy::Lfu,
+            preload: 4,
+            tier: TierKind::Auto,
+            margin: 0.1,
+            preload_buf: 32 << 20,
+            resident_embeddings: false,
+        }
+    }
+}
+
+/// Where the budget goes, in bytes.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct MemoryPlan {
+    pub budget: u64,
+    /// The process before the engine: code, tokenizer, allocator (measured).
+    pub runtime: u64,
+    /// GGUF header and the tensors kept in memory (norms, output head, embeddings if resident).
+    pub resident_weights: u64,
+    /// KV cache, activations and logits.
+    pub kv_and_scratch: u64,
+    /// Transient area, prefill layer buffer, on-demand and preload buffers.
+    pub buffers: u64,
+    /// Cache slots.
+    pub cache: u64,
+    /// Cache slots as a fraction of all column bytes.
+    pub cache_fraction: f64,
+}
+
+impl MemoryPlan {
+    /// Everything but the cache.
+    pub fn fixed(&self) -> u64 {
+        self.runtime + self.resident_weights + self.kv_and_scratch + self.buffers
+    }
+}
+
+/// Counters of one run (reset with [`TieredStore::reset_stats`]).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TierStats {
+    /// Active columns found in the cache / not.
+    pub hits: u64,
+    pub misses: u64,
+    /// Misses served from the preload buffer, and misses of ops whose layer had a preload.
+    pub preload_hits: u64,
+    pub preload_misses: u64,
+    pub bytes_preload: u64,
+    pub bytes_ondemand: u64,
+    pub bytes_prefill: u64,
+    pub reads: u64,
+    /// Time the slow tier spent reading (loader thread).
+    pub io_ns: u64,
+    /// Time the compute thread waited for reads.
+    pub stall_ns: u64,
+    /// Predicted (layer, op, channel) parts brought in by preloading and not cached, and how
+    /// many of them the token then used.
+    pub preload_parts: u64,
+    pub preload_used: u64,
+}
+
+impl TierStats {
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.hits, self.hits + self.misses)
+    }
+    pub fn preload_precision(&self) -> f64 {
+        ratio(self.preload_used, self.preload_parts)
+    }
+    /// Of the misses of preloaded layers' ops, the fraction the preload buffer held.
+    pub fn preload_recall(&self) -> f64 {
+        ratio(self.preload_hits, self.preload_misses)
+    }
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_preload + self.bytes_ondemand + self.bytes_prefill
+    }
+    pub fn mean_read(&self) -> f64 {
+        ratio(self.bytes_read(), self.reads)
+    }
+    /// Achieved read bandwidth while the slow tier was busy, bytes/s.
+    pub fn read_bandwidth(&self) -> f64 {
+        if self.io_ns == 0 {
+            0.0
+        } else {
+            self.bytes_read() as f64 / (self.io_ns as f64 * 1e-9)
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// One (layer, op)'s cache: the policy's bookkeeping and where its slots sit in the arena.
+struct OpCache {
+    cache: UnitCache,
+    col_bytes: usize,
+    n_units: usize,
+    /// Byte offset of slot 0 in the arena.
+    base: usize,
+    /// Byte offset of the op's column tensor in the pack.
+    file_off: u64,
+}
+
+/// A preload in flight or done: the group it covers and where each part landed in its buffer.
+struct Preload {
+    tag: u64,
+    layers: Range<usize>,
+    /// Per (layer - first, op in GROUP_OPS order): buffer offset of each channel, or u32::MAX.
+    pos: Vec<Vec<u32>>,
+    done: Option<LoadDone>,
+    /// Parts read (not cached when requested) and parts used so far.
+    parts: u64,
+}
+
+/// The column store for a model run under a memory budget.
+pub struct TieredStore {
+    path: PathBuf,
+    loader: Loader,
+    arena: Vec<u8>,
+    /// The transient area's byte range in the arena.
+    transient: Range<usize>,
+    /// Per layer, per op (q, k, v, o, gate, up, down).
+    ops: Vec<Vec<OpCache>>,
+    index: PackIndex,
+    policy: Policy,
+    preload_n: usize,
+    margin: f32,
+    /// Whether preloads read the pack's interleaved groups (their size equals `preload_n`).
+    interleaved: bool,
+    /// Norm weights of each layer's attention and FFN input, for predicting channels.
+    norms: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Channels each (layer, in-site) used on the last token (0 = unknown: predict nothing).
+    last_active: Vec<[usize; 2]>,
+    preloads: Vec<Preload>,
+    spare: Vec<AlignedBuf>,
+    next_tag: u64,
+    ondemand: Option<AlignedBuf>,
+    /// Kernel indices of the ops of the current site (index into the arena from each op's base).
+    idx: Vec<Vec<u32>>,
+    /// Scratch for one op's fetch.
+    misses: Vec<u32>,
+    hits: Vec<u32>,
+    prefill: Option<AlignedBuf>,
+    embd: Option<(QTensor, u64)>,
+    embd_buf: Option<AlignedBuf>,
+    stats: TierStats,
+    pub plan: MemoryPlan,
+}
+
+/// What the engine needs to size the plan.
+pub struct PlanInputs {
+    pub budget: u64,
+    pub runtime: u64,
+    pub kv_and_scratch: u64,
+}
+
+/// The tensors a budgeted run keeps in memory: everything but the seven linear ops of every layer
+/// (streamed as columns) and, unless asked or the output head shares it (tied embeddings), the
+/// token-embedding table (one row read per token).
+pub fn is_resident(gguf: &sift_gguf::Gguf, name: &str, resident_embeddings: bool) -> bool {
+    const STREAMED: [&str; 7] = [
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+    ];
+    if name == "token_embd.weight" {
+        return resident_embeddings || gguf.tensor("output.weight").is_none();
+    }
+    !(name.starts_with("blk.") && STREAMED.iter().any(|s| name.ends_with(s)))
+}
+
+/// Opens a pack for a budgeted run: only the resident tensors are read (through the slow tier,
+/// bypassing the page cache) into memory.
+pub fn open_budgeted(path: &Path, opts: &TieredOptions) -> Result<Model, TierError> {
+    let toc = crate::read_toc(path)
+        .map_err(|e| TierError::Unsupported(e.to_string()))?
+        .ok_or_else(|| {
+            TierError::Unsupported(format!(
+                "{}: --memory needs a sift pack (the columns it streams from disk); make one with `sift pack {} -o MODEL.sift`",
+                path.display(),
+                path.display()
+            ))
+        })?;
+    let mut tier = open_slow_tier(path, opts.tier).map_err(|source| TierError::Io { path: path.into(), source })?;
+    let gguf_off = toc.gguf_offset();
+    let mut buf = AlignedBuf::new(8 << 20);
+    let fill = |dst: &mut [u8], ranges: &[Range<usize>]| -> std::io::Result<()> {
+        for r in ranges {
+            // Read [r] of the GGUF section in aligned pieces through `buf`.
+            let mut pos = r.start;
+            while pos < r.end {
+                let file_start = gguf_off + pos as u64;
+                let aligned = file_start / 4096 * 4096;
+                let skip = (file_start - aligned) as usize;
+                let want = (r.end - pos).min(buf.len() - skip);
+                let len = (skip + want).div_ceil(4096) * 4096;
+                let req = ReadReq { offset: aligned, len, buf_offset: 0, need: skip + want };
+                tier.read_batch(&mut buf, &[req])?;
+                dst[pos..pos + want].copy_from_slice(&buf[skip..skip + want]);
+                pos += want;
+            }
+        }
+        Ok(())
+    };
+    let emb = opts.resident_embeddings;
+    crate::open_partial(path, toc, fill, |g, t| is_resident(g, &t.name, emb))
+        .map_err(|e| TierError::Unsupported(e.to_string()))
+}
+
+/// Bytes of the resident part of a budgeted model (header and resident tensors, page-rounded).
+pub fn resident_bytes(model: &Model, resident_embeddings: bool) -> u64 {
+    let g = &model.file.gguf;
+    let page = |n: u64| n.div_ceil(4096) * 4096;
+    let header = page(g.data_offset);
+    header
+        + g.tensors
+            .iter()
+            .filter(|t| is_resident(g, &t.name, resident_embeddings))
+            .map(|t| page(t.n_bytes) + 4096)
+            .sum::<u64>()
+}
+
+impl TieredStore {
+    /// Plans the budget and builds the store for `model` (opened with [`open_budgeted`]).
+    pub fn new(
+        model: &Model,
+        path: &Path,
+        opts: &TieredOptions,
+        inputs: &PlanInputs,
+    ) -> Result<TieredStore, TierError> {
+        let index = model.columns.clone().ok_or_else(|| TierError::Unsupported("--memory needs a sift pack".into()))?;
+        let c = &model.config;
+        let tier = open_slow_tier(path, opts.tier).map_err(|source| TierError::Io { path: path.into(), source })?;
+        let loader = Loader::spawn(tier);
+        let interleaved = opts.preload > 0 && index.group_size() == opts.preload;
+        // Fixed buffers.
+        let site_need = |ops: &[OpKind], l: usize| -> usize {
+            ops.iter().map(|&op| index.layers[l].op(op).len as usize + index.layers[l].op(op).col_bytes).sum()
+        };
+        let mut transient = 0;
+        for l in 0..c.n_layer {
+            for ops in
+                [&[OpKind::Q, OpKind::K, OpKind::V][..], &[OpKind::O], &[OpKind::Gate, OpKind::Up], &[OpKind::Down]]
+            {
+                transient = transient.max(site_need(ops, l));
+            }
+        }
+        let prefill =
+            model.layers.iter().map(|lw| layer_span(lw).len()).max().unwrap_or(0).div_ceil(4096) * 4096 + 4096;
+        // Each preload buffer holds up to half of a group's q/k/v/gate/up columns.
+        let group_bytes = (0..opts.preload.min(c.n_layer))
+            .map(|l| GROUP_OPS.iter().map(|&op| index.layers[l].op(op).len as usize).sum::<usize>())
+            .sum::<usize>();
+        let preload_buf = (group_bytes / 2).min(opts.preload_buf).div_ceil(4096) * 4096;
+        let preload_bufs = if opts.preload > 0 { 2 * preload_buf } else { 0 };
+        let buffers = (transient + prefill + ONDEMAND_BUF + preload_bufs + 2 * 4096) as u64;
+        let resident = resident_bytes(model, opts.resident_embeddings);
+        let mut plan = MemoryPlan {
+            budget: inputs.budget,
+            runtime: inputs.runtime,
+            resident_weights: resident,
+            kv_and_scratch: inputs.kv_and_scratch,
+            buffers,
+            ..Default::default()
+        };
+        let fixed = plan.fixed();
+        if fixed > inputs.budget {
+            return Err(TierError::Budget(format!(
+                "--memory {} is too small to run this model: it needs at least {} before any cache (runtime {}, resident weights {}, KV cache and activations {}, I/O and compute buffers {}); raise --memory, or lower -c / -b",
+                mib(inputs.budget),
+                mib(fixed),
+                mib(plan.runtime),
+                mib(plan.resident_weights),
+                mib(plan.kv_and_scratch),
+                mib(plan.buffers)
+            )));
+        }
+        let total_cols = index.column_bytes();
+        let policy = opts.policy;
+        let fraction = if policy == Policy::None {
+            0.0
+        } else {
+            ((inputs.budget - fixed) as f64 / total_cols.max(1) as f64).min(1.0)
+        };
+        // Slots per op, and the arena layout.
+        let mut ops = Vec::with_capacity(c.n_layer);
+        let mut base = 0usize;
+        let mut cache_bytes = 0u64;
+        for lc in &index.layers {
+            let mut per = Vec::with_capacity(7);
+            for t in &lc.ops {
+                let slots = ((t.n_in as f64 * fraction).floor() as usize).min(t.n_in);
+                per.push(OpCache {
+                    cache: UnitCache::new(t.n_in, slots, policy),
+                    col_bytes: t.col_bytes,
+                    n_units: t.n_in,
+                    base,
+                    file_off: t.offset,
+                });
+                base += slots * t.col_bytes;
+                cache_bytes += (slots * t.col_bytes) as u64;
+            }
+            ops.push(per);
+        }
+        plan.cache = cache_bytes;
+        plan.cache_fraction = fraction;
+        let transient_start = base.div_ceil(64) * 64;
+        let arena = vec![0u8; transient_start + transient];
+        let embd_on_disk = !is_resident(&model.file.gguf, "token_embd.weight", opts.resident_embeddings);
+        let embd = embd_on_disk.then(|| (model.tok_embd.clone(), index.gguf_offset));
+        let norms = model.layers.iter().map(|lw| (lw.attn_norm.clone(), lw.ffn_norm.clone())).collect();
+        Ok(TieredStore {
+            path: path.into(),
+            loader,
+            arena,
+            transient: transient_start..transient_start + transient,
+            ops,
+            policy,
+            preload_n: opts.preload,
+            margin: opts.margin,
+            interleaved,
+            norms,
+            last_active: vec![[0; 2]; c.n_layer],
+            preloads: Vec::new(),
+            spare: if opts.preload > 0 {
+                vec![AlignedBuf::new(preload_buf), AlignedBuf::new(preload_buf)]
+            } else {
+                Vec::new()
+            },
+            next_tag: 1,
+            ondemand: Some(AlignedBuf::new(ONDEMAND_BUF)),
+            idx: Vec::new(),
+            misses: Vec::new(),
+            hits: Vec::new(),
+            prefill: Some(AlignedBuf::new(prefill)),
+            embd,
+            embd_buf: Some(AlignedBuf::new(2 * 4096 + model.tok_embd.row_bytes.div_ceil(4096) * 4096)),
+            stats: TierStats::default(),
+            index,
+            plan,
+        })
+    }
+
+    pub fn stats(&self) -> &TierStats {
+        &self.stats
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = TierStats::default();
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    pub fn preload_layers(&self) -> usize {
+        self.preload_n
+    }
+
+    pub fn tier_name(&self) -> &'static str {
+        self.loader.tier_name()
+    }
+
+    /// Whether preloads read the pack's interleaved cross-layer records.
+    pub fn interleaved(&self) -> bool {
+        self.interleaved
+    }
+
+    /// Slots and occupied slots of (layer, op).
+    pub fn occupancy(&self, layer: usize, op: OpKind) -> (usize, usize) {
+        let c = &self.ops[layer][op as usize].cache;
+        (c.slots(), c.len())
+    }
+
+    /// A new conversation: context-level counters restart (cached columns stay).
+    pub fn reset_context(&mut self) {
+        for per in &mut self.ops {
+            for oc in per {
+                oc.cache.reset_context();
+            }
+        }
+        self.last_active.iter_mut().for_each(|a| *a = [0; 2]);
+        self.drop_preloads();
+    }
+
+    /// Pins a hot set per (layer, op) (`static` policy; a warm start for the others).
+    pub fn set_hot(&mut self, layer: usize, op: OpKind, ranking: &[u32]) -> Result<(), TierError> {
+        let oc = &mut self.ops[layer][op as usize];
+        oc.cache.set_hot(ranking);
+        // Read the pinned columns now.
+        let mut units: Vec<u32> = (0..oc.n_units as u32).filter(|&u| oc.cache.contains(u)).collect();
+        units.sort_unstable();
+        let ranges: Vec<(u64, usize)> =
+            units.iter().map(|&u| (oc.file_off + u as u64 * oc.col_bytes as u64, oc.col_bytes)).collect();
+        let dests: Vec<usize> =
+            units.iter().map(|&u| oc.base + oc.cache.slot_of(u).expect("pinned") as usize * oc.col_bytes).collect();
+        self.read_into_arena(&ranges, &dests, false)
+    }
+
+    /// Reads the token-embedding row `id` (when the table stays on disk) into `out` as f32.
+    /// Returns false when the table is resident (the caller reads it from the model).
+    pub fn embedding_row(&mut self, id: usize, out: &mut [f32]) -> Result<bool, TierError> {
+        let Some((t, gguf_off)) = self.embd.clone() else {
+            return Ok(false);
+        };
+        let start = gguf_off + t.range.start as u64 + (id * t.row_bytes) as u64;
+        let aligned = start / 4096 * 4096;
+        let skip = (start - aligned) as usize;
+        let len = (skip + t.row_bytes).div_ceil(4096) * 4096;
+        let buf = self.embd_buf.take().expect("embedding buffer present");
+        let t0 = Instant::now();
+        let done =
+            self.loader.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + t.row_bytes }]);
+        self.account(&done, t0, Kind::OnDemand, 1);
+        let LoadDone { buf, result, .. } = done;
+        let r = result.map(|()| t.ty.dequantize_row(&buf[skip..skip + t.row_bytes], out));
+        self.embd_buf = Some(buf);
+        r.map_err(|source| TierError::Io { path: self.path.clone(), source })?;
+        Ok(true)
+    }
+
+    /// Reads layer `l`'s weights (the GGUF rows of its seven ops, exact) for a prompt batch and
+    /// returns the buffer with the layer's weights rebased into it. Give the buffer back with
+    /// [`TieredStore::end_prefill_layer`].
+    pub fn prefill_layer(
+        &mut self,
+        model: &Model,
+        l: usize,
+    ) -> Result<(AlignedBuf, sift_model::LayerWeights), TierError> {
+        let lw = &model.layers[l];
+        let span = layer_span(lw);
+        let file_start = self.index.gguf_offset + span.start as u64;
+        let aligned = file_start / 4096 * 4096;
+        let skip = (file_start - aligned) as usize;
+        let len = (skip + span.len()).div_ceil(4096) * 4096;
+        let buf = self.prefill.take().expect("prefill buffer present");
+        let t0 = Instant::now();
+        let done =
+            self.loader.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + span.len() }]);
+        self.account(&done, t0, Kind::Prefill, 1);
+        let LoadDone { buf, result, .. } = done;
+        if let Err(source) = result {
+            self.prefill = Some(buf);
+            return Err(TierError::Io { path: self.path.clone(), source });
+        }
+        let shift = |t: &QTensor| {
+            let mut t = t.clone();
+            let start = t.range.start - span.start + skip;
+            t.range = start..start + (t.range.end - t.range.start);
+            t
+        };
+        let mut rebased = lw.clone();
+        for t in [
+            &mut rebased.wq,
+            &mut rebased.wk,
+            &mut rebased.wv,
+            &mut rebased.wo,
+            &mut rebased.w_gate,
+            &mut rebased.w_up,
+            &mut rebased.w_down,
+        ] {
+            *t = shift(t);
+        }
+        Ok((buf, rebased))
+    }
+
+    pub fn end_prefill_layer(&mut self, buf: AlignedBuf) {
+        self.prefill = Some(buf);
+    }
+
+    /// Called at the start of layer `l` of a decoded token with the residual entering it: at the
+    /// first layer of a preload group, predicts and starts reading the next group's columns.
+    pub fn begin_layer(&mut self, l: usize, x: &[f32]) {
+        // Preloads of layers already passed (or of the previous token) are finished with.
+        let old: Vec<Preload>;
+        (old, self.preloads) =
+            std::mem::take(&mut self.preloads).into_iter().partition(|p| l == 0 || p.layers.end <= l);
+        for mut p in old {
+            let done = match p.done.take() {
+                Some(d) => d,
+                None => self.loader.wait(p.tag),
+            };
+            self.spare.push(done.buf);
+        }
+        let n = self.preload_n;
+        if n == 0 || !l.is_multiple_of(n) {
+            return;
+        }
+        let target = l + n..(l + 2 * n).min(self.ops.len());
+        if target.is_empty() || self.preloads.iter().any(|p| p.layers == target) {
+            return;
+        }
+        self.start_preload(target, x);
+    }
+
+    /// Channels to preload for (layer, in-site), by |x_c · norm_c|.
+    fn predict(&self, layer: usize, site: usize, x: &[f32], out: &mut Vec<u32>) {
+        out.clear();
+        let last = self.last_active[layer][site];
+        if last == 0 {
+            return;
+        }
+        let norm = if site == 0 { &self.norms[layer].0 } else { &self.norms[layer].1 };
+        let k = ((last as f32 * (1.0 + self.margin)).ceil() as usize).min(x.len());
+        let mut scored: Vec<(f32, u32)> =
+            x.iter().zip(norm).enumerate().map(|(c, (v, w))| ((v * w).abs(), c as u32)).collect();
+        if k < scored.len() {
+            scored.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0));
+            scored.truncate(k);
+        }
+        out.extend(scored.iter().map(|s| s.1));
+        out.sort_unstable();
+    }
+
+    fn start_preload(&mut self, layers: Range<usize>, x: &[f32]) {
+        let Some(buf) = self.spare.pop() else {
+            return;
+        };
+        let nl = layers.len();
+        let first = layers.start;
+        let mut pos = vec![vec![u32::MAX; 0]; nl * GROUP_OPS.len()];
+        let mut pred = Vec::new();
+        // Wanted parts per (layer, op), not cached.
+        let mut want: Vec<Vec<u32>> = vec![Vec::new(); nl * GROUP_OPS.len()];
+        for (li, l) in layers.clone().enumerate() {
+            for site in 0..2 {
+                self.predict(l, site, x, &mut pred);
+                let site_ops: &[usize] = if site == 0 { &[0, 1, 2] } else { &[3, 4] };
+                for &oi in site_ops {
+                    let oc = &self.ops[l][GROUP_OPS[oi] as usize];
+                    want[li * GROUP_OPS.len() + oi] = pred.iter().copied().filter(|&u| !oc.cache.contains(u)).collect();
+                }
+            }
+        }
+        let mut ranges: Vec<(u64, usize)> = Vec::new();
+        let mut owners: Vec<(usize, u32, usize)> = Vec::new(); // (part, unit, offset within range)
+        let mut parts = 0u64;
+        let group = if self.interleaved { self.index.group_of(first).filter(|g| g.layers() == layers) } else { None };
+        if let Some(g) = group {
+            // One record per channel wanted by any part.
+            let mut chans: Vec<u32> = want.iter().flatten().copied().collect();
+            chans.sort_unstable();
+            chans.dedup();
+            let mut bytes = 0usize;
+            for &ch in &chans {
+                if bytes + g.unit_bytes > buf.len() {
+                    break;
+                }
+                bytes += g.unit_bytes;
+                let r = ranges.len();
+                ranges.push((g.offset + ch as u64 * g.unit_bytes as u64, g.unit_bytes));
+                for (pi, p) in g.parts.iter().enumerate() {
+                    let _ = p;
+                    owners.push((pi, ch, r));
+                }
+            }
+            // Offsets of each part within its record.
+            let part_off: Vec<usize> = g.parts.iter().map(|p| p.offset).collect();
+            let (reqs, starts) = match plan_within(&mut ranges, buf.len()) {
+                Some(p) => p,
+                None => {
+                    self.spare.push(buf);
+                    return;
+                }
+            };
+            owners.retain(|o| o.2 < ranges.len());
+            for p in pos.iter_mut() {
+                *p = vec![u32::MAX; self.index.layers[0].ops[0].n_in];
+            }
+            for &(pi, ch, r) in &owners {
+                pos[pi][ch as usize] = (starts[r] + part_off[pi]) as u32;
+                parts += 1;
+            }
+            self.submit_preload(layers, pos, buf, reqs, parts);
+        } else {
+            let mut layout: Vec<(usize, u32)> = Vec::new(); // (part, unit) per range
+            let mut bytes = 0usize;
+            'outer: for (pi, units) in want.iter().enumerate() {
+                let (l, op) = (first + pi / GROUP_OPS.len(), GROUP_OPS[pi % GROUP_OPS.len()]);
+                let oc = &self.ops[l][op as usize];
+                for &u in units {
+                    if bytes + oc.col_bytes > buf.len() {
+                        break 'outer;
+                    }
+                    bytes += oc.col_bytes;
+                    ranges.push((oc.file_off + u as u64 * oc.col_bytes as u64, oc.col_bytes));
+                    layout.push((pi, u));
+                }
+            }
+            // plan_reads wants ranges sorted by offset.
+            let mut order: Vec<usize> = (0..ranges.len()).collect();
+            order.sort_by_key(|&i| ranges[i].0);
+            let mut sorted: Vec<(u64, usize)> = order.iter().map(|&i| ranges[i]).collect();
+            let (reqs, starts) = match plan_within(&mut sorted, buf.len()) {
+                Some(p) => p,
+                None => {
+                    self.spare.push(buf);
+                    return;
+                }
+            };
+            order.truncate(sorted.len());
+            for p in pos.iter_mut() {
+                *p = vec![u32::MAX; self.index.layers[0].ops[0].n_in];
+            }
+            for (k, &i) in order.iter().enumerate() {
+                let (pi, u) = layout[i];
+                pos[pi][u as usize] = starts[k] as u32;
+                parts += 1;
+            }
+            self.submit_preload(layers, pos, buf, reqs, parts);
+        }
+    }
+
+    fn submit_preload(
+        &mut self,
+        layers: Range<usize>,
+        pos: Vec<Vec<u32>>,
+        buf: AlignedBuf,
+        reqs: Vec<ReadReq>,
+        parts: u64,
+    ) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.loader.submit(tag, buf, reqs);
+        self.preloads.push(Preload { tag, layers, pos, done: None, parts });
+    }
+
+    /// Drops every preload (waiting for reads in flight) and keeps their buffers.
+    fn drop_preloads(&mut self) {
+        for mut p in std::mem::take(&mut self.preloads) {
+            let done = match p.done.take() {
+                Some(d) => d,
+                None => self.loader.wait(p.tag),
+            };
+            self.spare.push(done.buf);
+        }
+    }
+
+    /// The preload covering `layer`, waited for.
+    fn ready_preload(&mut self, layer: usize) -> Result<Option<usize>, TierError> {
+        let Some(i) = self.preloads.iter().position(|p| p.layers.contains(&layer)) else {
+            return Ok(None);
+        };
+        if self.preloads[i].done.is_none() {
+            let t0 = Instant::now();
+            let done = self.loader.wait(self.preloads[i].tag);
+            self.account(&done, t0, Kind::Preload, 0);
+            self.stats.preload_parts += self.preloads[i].parts;
+            if let Err(e) = &done.result {
+                let source = std::io::Error::new(e.kind(), e.to_string());
+                self.spare.push(done.buf);
+                self.preloads.remove(i);
+                return Err(TierError::Io { path: self.path.clone(), source });
+            }
+            self.preloads[i].done = Some(done);
+        }
+        Ok(Some(i))
+    }
+
+    /// Makes the columns `active` (ascending) of each op in `ops` of `layer` available to the
+    /// kernels; afterwards [`TieredStore::view`] gives each op's arena slice and indices.
+    pub fn fetch(&mut self, layer: usize, ops: &[OpKind], active: &[u32]) -> Result<(), TierError> {
+        let site = match ops[0] {
+            OpKind::Q | OpKind::K | OpKind::V => Some(0),
+            OpKind::Gate | OpKind::Up => Some(1),
+            _ => None,
+        };
+        if let Some(s) = site {
+            self.last_active[layer][s] = active.len();
+        }
+        let pre = if site.is_some() { self.ready_preload(layer)? } else { None };
+        self.idx.resize_with(ops.len(), Vec::new);
+        let mut cursor = self.transient.start;
+        // Reads this site needs: (file offset, len) and where each lands in the arena.
+        let mut ranges: Vec<(u64, usize)> = Vec::new();
+        let mut dests: Vec<usize> = Vec::new();
+        for (k, &op) in ops.iter().enumerate() {
+            let oc = &mut self.ops[layer][op as usize];
+            oc.cache.record(active);
+            self.hits.clear();
+            self.misses.clear();
+            for &u in active {
+                if oc.cache.contains(u) {
+                    self.hits.push(u);
+                } else {
+                    self.misses.push(u);
+                }
+            }
+            self.stats.hits += self.hits.len() as u64;
+            self.stats.misses += self.misses.len() as u64;
+            let slots = oc.cache.admit(&self.misses, &self.hits);
+            // Transient indices start at the first multiple of col_bytes past the cursor.
+            let cb = oc.col_bytes;
+            let t0 = (cursor - oc.base).div_ceil(cb);
+            let mut t_next = t0;
+            let mut slot_of_miss = Vec::with_capacity(self.misses.len());
+            for (&u, &s) in self.misses.iter().zip(&slots) {
+                let i = if s == NO_SLOT {
+                    t_next += 1;
+                    (t_next - 1) as u32
+                } else {
+                    s
+                };
+                slot_of_miss.push((u, i));
+            }
+            cursor = oc.base + t_next * cb;
+            assert!(cursor <= self.transient.end, "transient area sized for the largest site");
+            // Kernel indices in `active` order.
+            let idx = &mut self.idx[k];
+            idx.clear();
+            let mut mi = 0;
+            for &u in active {
+                if mi < slot_of_miss.len() && slot_of_miss[mi].0 == u {
+                    idx.push(slot_of_miss[mi].1);
+                    mi += 1;
+                } else {
+                    idx.push(oc.cache.slot_of(u).expect("hit is cached"));
+                }
+            }
+            // Fill the misses: from the preload buffer when it has them, else from disk.
+            let part = pre.and_then(|pi| {
+                let p = &self.preloads[pi];
+                let oi = GROUP_OPS.iter().position(|&g| g == op)?;
+                Some((pi, (layer - p.layers.start) * GROUP_OPS.len() + oi))
+            });
+            if part.is_some() {
+                self.stats.preload_misses += slot_of_miss.len() as u64;
+            }
+            for &(u, i) in &slot_of_miss {
+                let dst = oc.base + i as usize * cb;
+                if let Some((pi, part)) = part {
+                    let p = &mut self.preloads[pi];
+                    let at = p.pos[part].get(u as usize).copied().unwrap_or(u32::MAX);
+                    if at != u32::MAX {
+                        let src = &p.done.as_ref().expect("waited").buf[at as usize..at as usize + cb];
+                        self.arena[dst..dst + cb].copy_from_slice(src);
+                        self.stats.preload_hits += 1;
+                        self.stats.preload_used += 1;
+                        continue;
+                    }
+                }
+                ranges.push((oc.file_off + u as u64 * cb as u64, cb));
+                dests.push(dst);
+            }
+        }
+        if !ranges.is_empty() {
+            self.read_into_arena(&ranges, &dests, true)?;
+        }
+        Ok(())
+    }
+
+    /// The arena slice and kernel indices of the `k`-th op of the last fetch.
+    pub fn view(&self, layer: usize, op: OpKind, k: usize) -> (&[u8], &[u32]) {
+        let oc = &self.ops[layer][op as usize];
+        (&self.arena[oc.base..], &self.idx[k])
+    }
+
+    /// Reads `ranges` (file offset, len) into the arena at `dests`, on demand (waiting).
+    fn read_into_arena(&mut self, ranges: &[(u64, usize)], dests: &[usize], ondemand: bool) -> Result<(), TierError> {
+        let mut order: Vec<usize> = (0..ranges.len()).collect();
+        order.sort_by_key(|&i| ranges[i].0);
+        let mut start = 0;
+        while start < order.len() {
+            // As many ranges as fit in the on-demand buffer.
+            let mut end = start;
+            let mut bytes = 0;
+            // Worst case a range costs its length, a merged gap and two alignment pages.
+            let cost = |len: usize| len + MAX_GAP + 2 * 4096;
+            while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= ONDEMAND_BUF) {
+                bytes += cost(ranges[order[end]].1);
+                end += 1;
+            }
+            let batch: Vec<(u64, usize)> = order[start..end].iter().map(|&i| ranges[i]).collect();
+            let (reqs, starts, need) = plan_reads(&batch, MAX_GAP, MAX_READ);
+            let buf = self.ondemand.take().expect("on-demand buffer present");
+            let buf = if need > buf.len() { AlignedBuf::new(need) } else { buf };
+            let n_reqs = reqs.len() as u64;
+            let t0 = Instant::now();
+            let done = self.loader.read_now(buf, reqs);
+            self.account(&done, t0, if ondemand { Kind::OnDemand } else { Kind::Prefill }, n_reqs);
+            let LoadDone { buf, result, .. } = done;
+            if let Err(source) = result {
+                self.ondemand = Some(buf);
+                return Err(TierError::Io { path: self.path.clone(), source });
+            }
+            for (k, &i) in order[start..end].iter().enumerate() {
+                let (d, len) = (dests[i], ranges[i].1);
+                self.arena[d..d + len].copy_from_slice(&buf[starts[k]..starts[k] + len]);
+            }
+            self.ondemand = Some(buf);
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn account(&mut self, done: &LoadDone, t0: Instant, kind: Kind, n_reqs: u64) {
+        self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
+        self.stats.io_ns += done.busy_ns;
+        self.stats.reads += n_reqs.max(1);
+        match kind {
+            Kind::Preload => self.stats.bytes_preload += done.bytes,
+            Kind::OnDemand => self.stats.bytes_ondemand += done.bytes,
+            Kind::Prefill => self.stats.bytes_prefill += done.bytes,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Preload,
+    OnDemand,
+    Prefill,
+}
+
+/// Plans reads of `ranges` (sorted) that fit in `cap` bytes, dropping the last ranges if needed.
+fn plan_within(ranges: &mut Vec<(u64, usize)>, cap: usize) -> Option<(Vec<ReadReq>, Vec<usize>)> {
+    loop {
+        if ranges.is_empty() {
+            return None;
+        }
+        let (reqs, starts, need) = plan_reads(ranges, MAX_GAP, MAX_READ);
+        if need <= cap {
+            return Some((reqs, starts));
+        }
+        let keep = ranges.len() * 3 / 4;
+        ranges.truncate(keep);
+    }
+}
+
+/// The byte range of the GGUF section covering a layer's seven linear ops.
+fn layer_span(lw: &sift_model::LayerWeights) -> Range<usize> {
+    let ts = [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down];
+    let start = ts.iter().map(|t| t.range.start).min().unwrap_or(0);
+    let end = ts.iter().map(|t| t.range.end).max().unwrap_or(0);
+    start..end
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / (1024.0 * 1024.0))
+}
