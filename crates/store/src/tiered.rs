@@ -27,7 +27,7 @@ use std::time::Instant;
 
 /// Reads closer than this are merged (the gap is read and thrown away): a 4 KiB read costs
 /// nearly as much as a 16 KiB one on this disk.
-const MAX_GAP: usize = 16 << 10;
+const MAX_GAP: usize = 4 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
 /// Bytes of the buffer on-demand reads land in (larger batches run in several rounds).

@@ -1,0 +1,201 @@
+//! Running the real SmolLM2-135M from a pack under a memory budget: swapping changes speed, not
+//! results. Tokens and logits with a tiny cache equal those with every column cached, for every
+//! policy, preload mode and slow tier, and equal the in-memory column path; a budget too small to
+//! run is refused up front; a pack truncated mid-run gives an error, not a wrong token.
+
+use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
+use sift_engine::{Engine, EngineOptions, EvalError, Logits};
+use sift_model::tokenizer::Tokenizer;
+use sift_store::cache::Policy;
+use sift_store::io::TierKind;
+use sift_store::tiered::{open_budgeted, PlanInputs, TieredOptions, TieredStore};
+use sift_store::{pack_model, ColPolicy, OpKind, PackOptions};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The real model packed once per test binary (groups of 4 layers, like `sift pack`).
+fn pack() -> &'static Path {
+    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &PACK
+        .get_or_init(|| {
+            let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("smol.sift");
+            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, bundles: false, group: 4 }, |_| {}).unwrap();
+            (dir, out)
+        })
+        .1
+}
+
+fn eo() -> EngineOptions {
+    EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 32, ..EngineOptions::default() }
+}
+
+fn topk(engine: &mut Engine, ratio: f64) {
+    let n_layer = engine.config().n_layer;
+    let cfg = SparsityConfig {
+        method: Method::TopK,
+        ratios: Ratios::uniform(Method::TopK, n_layer, ratio).unwrap(),
+        gamma: 0.2,
+        cache_fraction: None,
+        alpha: 0.4,
+        core_magnitude: false,
+    };
+    engine.set_selector(build_selector(&cfg, engine.site_dims(), None).unwrap());
+}
+
+/// An engine on `path` under a budget of (fixed needs + `cache` bytes).
+fn budgeted(path: &Path, opts: &TieredOptions, cache: u64) -> Engine {
+    let model = open_budgeted(path, opts).unwrap();
+    let kv = Engine::kv_and_scratch_bytes(&model, &eo());
+    let inputs = |budget| PlanInputs { budget, runtime: 0, kv_and_scratch: kv };
+    let fixed = TieredStore::new(&model, path, opts, &inputs(u64::MAX / 4)).unwrap().plan.fixed();
+    let store = TieredStore::new(&model, path, opts, &inputs(fixed + cache)).unwrap();
+    let mut engine = Engine::new(model, &eo());
+    engine.attach_store(store);
+    engine
+}
+
+/// Greedy decoding: the prompt's logits, then `n` tokens with each step's logits.
+fn decode(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    engine.truncate(0);
+    let mut logits = vec![engine.eval(prompt, Logits::Last).unwrap().to_vec()];
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let last = logits.last().unwrap();
+        let next = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        out.push(next);
+        logits.push(engine.eval(&[next], Logits::Last).unwrap().to_vec());
+    }
+    (out, logits)
+}
+
+fn prompt() -> Vec<u32> {
+    let model = sift_model::Model::load(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+    tok.encode("The history of the printing press begins in", true, false).unwrap()
+}
+
+#[test]
+fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
+    let prompt = prompt();
+    // Reference: the pack fully in memory (mmap), same selector, same column kernels.
+    let mut mem = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut mem, 0.5);
+    let (want_tokens, want_logits) = decode(&mut mem, &prompt, 12);
+    let all = TieredOptions { policy: Policy::Lfu, preload: 4, ..TieredOptions::default() };
+    let mut unlimited = budgeted(pack(), &all, 1 << 30);
+    topk(&mut unlimited, 0.5);
+    assert_eq!(decode(&mut unlimited, &prompt, 12), (want_tokens.clone(), want_logits.clone()));
+    let s = unlimited.store().unwrap();
+    assert_eq!(s.plan.cache_fraction, 1.0);
+    assert!(s.stats().hits > 0 && s.stats().hit_rate() > 0.5, "hit rate {}", s.stats().hit_rate());
+    for (policy, preload) in [
+        (Policy::Lfu, 4),
+        (Policy::Lfu, 0),
+        (Policy::Lru, 1),
+        (Policy::Tam { lambda: 0.8, eps: 0.05 }, 4),
+        (Policy::None, 4),
+    ] {
+        let opts = TieredOptions { policy, preload, ..TieredOptions::default() };
+        // 1 MiB of cache: about 2% of the columns.
+        let mut tiny = budgeted(pack(), &opts, 1 << 20);
+        topk(&mut tiny, 0.5);
+        let got = decode(&mut tiny, &prompt, 12);
+        assert_eq!(got.0, want_tokens, "{policy:?} preload {preload}: tokens differ");
+        assert!(got.1 == want_logits, "{policy:?} preload {preload}: logits differ");
+        let store = tiny.store().unwrap();
+        assert!(store.plan.cache_fraction < 0.05);
+        assert!(store.stats().bytes_ondemand > 0);
+        if preload > 0 {
+            assert!(store.stats().bytes_preload > 0, "{policy:?}: preloading read nothing");
+            let p = store.stats().preload_precision();
+            assert!(p > 0.0 && p <= 1.0, "precision {p}");
+        }
+        // The cache never holds more than its slots, and its slots fit the plan.
+        let mut cached = 0u64;
+        let cols = tiny.model.columns.as_ref().unwrap();
+        for l in 0..tiny.config().n_layer {
+            for op in OpKind::ALL {
+                let (slots, used) = store.occupancy(l, op);
+                assert!(used <= slots);
+                cached += (slots * cols.layers[l].op(op).col_bytes) as u64;
+            }
+        }
+        assert!(cached <= store.plan.cache && store.plan.fixed() + store.plan.cache <= store.plan.budget);
+    }
+}
+
+#[test]
+fn every_slow_tier_gives_the_same_results() {
+    let prompt = prompt();
+    let mut runs = Vec::new();
+    for tier in [TierKind::Auto, TierKind::Pread, TierKind::Memory] {
+        let opts = TieredOptions { tier, preload: 4, ..TieredOptions::default() };
+        let mut e = budgeted(pack(), &opts, 2 << 20);
+        topk(&mut e, 0.3);
+        runs.push((e.store().unwrap().tier_name(), decode(&mut e, &prompt, 6)));
+    }
+    assert!(["io_uring", "pread"].contains(&runs[0].0), "auto picked {}", runs[0].0);
+    assert_eq!(runs[1].0, "pread");
+    assert_eq!(runs[2].0, "memory");
+    assert!(runs.windows(2).all(|w| w[0].1 == w[1].1), "tiers disagree");
+}
+
+#[test]
+fn the_dense_selector_runs_through_the_store_too() {
+    // No selector: every column of every op is active and comes through the cache.
+    let prompt = prompt();
+    let opts = TieredOptions::default();
+    let mut tiny = budgeted(pack(), &opts, 1 << 20);
+    let mut big = budgeted(pack(), &opts, 1 << 30);
+    assert_eq!(decode(&mut tiny, &prompt, 4), decode(&mut big, &prompt, 4));
+    // Prompt batches read each layer's rows (exact GGUF weights): the prompt's logits equal the
+    // in-memory GGUF engine's bit for bit.
+    let mut mem = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    mem.truncate(0);
+    tiny.truncate(0);
+    let want = mem.eval(&prompt, Logits::Last).unwrap().to_vec();
+    assert!(tiny.eval(&prompt, Logits::Last).unwrap() == &want[..]);
+}
+
+#[test]
+fn a_budget_too_small_is_refused_with_what_it_needs() {
+    let opts = TieredOptions::default();
+    let model = open_budgeted(pack(), &opts).unwrap();
+    let inputs = PlanInputs { budget: 8 << 20, runtime: 0, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo()) };
+    let err = TieredStore::new(&model, pack(), &opts, &inputs).err().expect("8 MiB cannot run").to_string();
+    assert!(err.contains("too small") && err.contains("resident weights") && err.contains("raise --memory"), "{err}");
+    // A GGUF is not enough: the budget streams the pack's columns.
+    let gguf = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let err = open_budgeted(&gguf, &opts).err().expect("a GGUF is refused").to_string();
+    assert!(err.contains("sift pack"), "{err}");
+}
+
+#[test]
+fn a_pack_truncated_mid_run_is_an_error_not_a_wrong_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.sift");
+    std::fs::copy(pack(), &path).unwrap();
+    let opts = TieredOptions { policy: Policy::None, preload: 0, ..TieredOptions::default() };
+    let mut e = budgeted(&path, &opts, 0);
+    topk(&mut e, 0.5);
+    let prompt = prompt();
+    e.eval(&prompt, Logits::Last).unwrap();
+    e.eval(&[42], Logits::Last).unwrap();
+    let n_past = e.n_past();
+    // Cut the file after the GGUF section: every column is gone.
+    let cols = e.model.columns.as_ref().unwrap();
+    let cut = cols.gguf_offset + cols.gguf_len;
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(cut).unwrap();
+    let err = e.eval(&[43], Logits::Last).err().expect("reading cut columns must fail");
+    assert!(matches!(err, EvalError::Store(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("reading weights") && msg.contains("cut.sift"), "{msg}");
+    assert_eq!(e.n_past(), n_past, "a failed token leaves the context as it was");
+}
