@@ -304,4 +304,22 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
     std::fs::write(&bad, &header).unwrap();
     let o = sift(&["generate", "-m", bad.to_str().unwrap(), "-p", "x", "-n", "1"]);
     assert!(!o.status.success() && text(&o.stderr).contains("stale pack"), "{}", text(&o.stderr));
+    // Under a memory budget: the same text as in memory, the store's report on stderr.
+    let greedy = |extra: &[&str]| {
+        let mut args = vec!["generate", "-m", p, "-p", "The capital of France is", "-n", "8", "--temp", "0"];
+        args.extend_from_slice(&["-c", "256", "--sparsity", "topk", "--ratio", "0.3"]);
+        args.extend_from_slice(extra);
+        sift(&args)
+    };
+    let (free, tight) = (greedy(&[]), greedy(&["--memory", "150%", "--cache-policy", "tam", "--preload", "1"]));
+    assert!(tight.status.success(), "{}", text(&tight.stderr));
+    assert_eq!(text(&free.stdout), text(&tight.stdout));
+    let err = text(&tight.stderr);
+    assert!(err.contains("memory budget") && err.contains("hit rate") && err.contains("preload precision"), "{err}");
+    let o = greedy(&["--memory", "20M"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("too small to run"), "{}", text(&o.stderr));
+    let o = greedy(&["--memory", "lots"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("bad --memory 'lots'"), "{}", text(&o.stderr));
+    let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--memory", "1G"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("sift pack"), "{}", text(&o.stderr));
 }

@@ -320,7 +320,9 @@ impl TieredStore {
         let group_bytes = (0..opts.preload.min(c.n_layer))
             .map(|l| GROUP_OPS.iter().map(|&op| index.layers[l].op(op).len as usize).sum::<usize>())
             .sum::<usize>();
-        let preload_buf = (group_bytes / 2).min(opts.preload_buf).div_ceil(4096) * 4096;
+        // ... and at most 4% of the budget each: on a tight budget, cache slots pay more.
+        let preload_buf =
+            (group_bytes / 2).min(opts.preload_buf).min((inputs.budget / 25) as usize).div_ceil(4096) * 4096;
         let preload_bufs = if opts.preload > 0 { 2 * preload_buf } else { 0 };
         let buffers = (transient + prefill + ONDEMAND_BUF + preload_bufs + 2 * 4096) as u64;
         let resident = resident_bytes(model, opts.resident_embeddings);
