@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -359,7 +360,7 @@ def marker_svg(kind, x, y, color, hollow, r=4.0):
     return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {st}/>'
 
 
-def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange=None, ylog=False, note=None):
+def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange=None, ylog=False, note=None, xpad=0.0):
     """series: dicts with label, pts [(x, y)], color, dash, marker, hollow, line.
     hlines: dicts with label, y, color, dash."""
     W, H, L, R, T, B = 820, 480, 72, 250, 46, 62
@@ -368,7 +369,10 @@ def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange
     ys = [y for s in series for _, y in s["pts"]] + [h["y"] for h in hlines]
     if ylog:
         ys = [y for y in ys if y and y > 0]
-    x0, x1, xt, xstep = nice_ticks(*(xrange or ((min(xs), max(xs)) if xs else (0, 1))))
+    xlo, xhi = xrange or ((min(xs), max(xs)) if xs else (0, 1))
+    if xpad and xhi > xlo:
+        xlo, xhi = xlo - xpad * (xhi - xlo), xhi + xpad * (xhi - xlo)
+    x0, x1, xt, xstep = nice_ticks(xlo, xhi)
     if ylog:
         y0, y1, yt = log_ticks(*((min(ys), max(ys)) if ys else (1, 10)))
         ystep = None
@@ -430,7 +434,8 @@ def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange
         o.append(f'<text x="{lx + 38}" y="{ly + 4:.1f}">{html.escape(e["label"])}</text>')
         ly += 20
     if note:
-        for i, line in enumerate(note.split("\n")):
+        lines = [w for para in note.split("\n") for w in textwrap.wrap(para, 40)]
+        for i, line in enumerate(lines):
             o.append(f'<text x="{lx}" y="{ly + 12 + 15 * i:.1f}" font-size="10" fill="#555">{html.escape(line)}</text>')
     o.append("</svg>")
     pathlib.Path(path).write_text("\n".join(o) + "\n")
@@ -456,6 +461,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512, help="sift -c (passed only if this sift bench has -c)")
     ap.add_argument("--skip-llama", action="store_true", help="no llama.cpp runs at all")
     ap.add_argument("--skip-llama-constrained", action="store_true", help="no llama.cpp runs under cgroup limits")
+    ap.add_argument("--skip-sift", action="store_true", help="no sift runs (llama.cpp only)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the sift grid, alternating order; report medians")
     ap.add_argument("--out", help="output dir (default bench/out/memory-budget-<gguf stem>/)")
     ap.add_argument("--overhead-mib", type=float, default=64.0, help="sift cgroup limit = budget + this")
@@ -503,7 +509,7 @@ def main():
                  "-o", "json", "--memory", pct_s(p), "--cache-policy", pol, "--preload", str(pre)]
                 + ctx_args + sift_extra)
 
-    grid = [(p, pol, pre) for p in budgets for pol in policies for pre in preloads]
+    grid = [] if a.skip_sift else [(p, pol, pre) for p in budgets for pol in policies for pre in preloads]
 
     if a.dry_run:
         q = shlex.join
@@ -829,6 +835,9 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
             L.append("")
 
         L.append("## sift details (medians over rounds; memory columns: max over rounds)\n")
+        L.append(f"read MB/tok and stall ms/tok divide sift's tg counters by the {min(a.n_gen, 16) + a.reps * a.n_gen} "
+                 f"tokens they cover (min(n,16) warm-up from a cold cache + {a.reps} x {a.n_gen} timed). "
+                 "Preload P: preloaded parts later used / preloaded; R: cache misses the preload buffer held / misses.\n")
         L.append("| budget | policy | preload | tok/s | hit rate | cache frac | read MB/tok | preload P | preload R | "
                  "stall ms/tok | read MB/s | budget MiB | peak RSS MiB | RSS/budget | cgroup peak MiB | cgroup limit MiB | "
                  "in cgroup ok | status |")
@@ -885,7 +894,7 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
     yv = [y for s in ts for _, y in s["pts"] if y] + ([llama_free] if llama_free else [])
     ylog = bool(yv) and max(yv) / min(yv) > 20
     svg_plot(out_dir / "tps.svg", f"Decode speed under a memory budget ({pathlib.Path(meta['gguf']).stem})",
-             "budget (% of GGUF size)", "tok/s" + (" (log scale)" if ylog else ""), ts, hlines=hl, ylog=ylog,
+             "budget (% of GGUF size)", "tok/s" + (" (log scale)" if ylog else ""), ts, hlines=hl, ylog=ylog, xpad=0.05,
              xrange=(min(budgets) if budgets else 0, max(budgets) if budgets else 100),
              note=f"sift {a.sift_args}; cgroup limit = budget + {a.overhead_mib:g} MiB\n"
                   f"llama.cpp constrained: tg{a.llama_n}, timeout {a.timeout:g} s")

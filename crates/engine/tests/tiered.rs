@@ -168,7 +168,8 @@ fn the_dense_selector_runs_through_the_store_too() {
 fn a_budget_too_small_is_refused_with_what_it_needs() {
     let opts = TieredOptions::default();
     let model = open_budgeted(pack(), &opts).unwrap();
-    let inputs = PlanInputs { budget: 8 << 20, runtime: 0, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo()) };
+    let inputs =
+        PlanInputs { budget: 8 << 20, runtime: 0, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo()) };
     let err = TieredStore::new(&model, pack(), &opts, &inputs).err().expect("8 MiB cannot run").to_string();
     assert!(err.contains("too small") && err.contains("resident weights") && err.contains("raise --memory"), "{err}");
     // A GGUF is not enough: the budget streams the pack's columns.
