@@ -7,8 +7,14 @@ of budgets in percent of the GGUF file size (default 100,75,60,40,25):
  1. llama.cpp unconstrained: `llama-bench -m GGUF -p 0 -n N -r R -t T -o json` -> tg tok/s.
  2. llama.cpp under each budget: the same command (with -n --llama-n) inside a cgroup-v1 memory
     cgroup whose limit is pct x GGUF size (+ --llama-overhead-mib, default 0), page cache dropped
-    first (`sync; echo 3 > /proc/sys/vm/drop_caches`). llama.cpp memory-maps the GGUF, so under the
-    limit it re-reads weights from disk every token. Runs past --timeout are killed and reported
+    first (`sync; echo 3 > /proc/sys/vm/drop_caches`), with --llama-limit-args (default
+    `--repack 0`) appended: llama.cpp memory-maps the GGUF, so under the limit the kernel pages its
+    weights in from disk every token; its default CPU repacking instead copies the weights into
+    anonymous memory (peak RSS 1.7 GiB vs 1.1 GiB on the 1.5B model), which cannot be paged out
+    without swap: at 60% on that model it was OOM-killed after 2 minutes of thrashing, while with
+    --repack 0 it ran (0.57 tok/s). Unconstrained, --repack 0 was as fast on this machine, but the
+    unconstrained baseline keeps llama.cpp's defaults (plus --llama-args). Runs past --timeout are
+    killed and reported
     as "<= N/timeout" tok/s (an approximate upper bound: the time spent loading and warming up
     before the timed tokens is not subtracted).
  3. sift for every budget x --policies x --preloads:
@@ -23,8 +29,9 @@ of budgets in percent of the GGUF file size (default 100,75,60,40,25):
     completes inside the limit, and memory.max_usage_in_bytes is recorded). The tok/s and
     counters reported come from that same constrained, cold-cache run. If it fails in the cgroup,
     it is recorded as failed and re-run outside the cgroup (cache dropped) to still get numbers.
- 4. --rounds K repeats the whole sift grid K times, odd rounds in reverse order; the tables show
-    medians over rounds (peak memory: the maximum over rounds).
+ 4. --rounds K repeats the whole sift grid K times, odd rounds in reverse order, each round
+    preceded by one unconstrained llama.cpp run; the tables show medians over rounds (peak memory:
+    the maximum over rounds). llama.cpp under limits runs once (round 1), it is slow.
 
 Peak RSS: every child is started directly by this script and reaped with os.wait4(), whose
 rusage.ru_maxrss is the peak resident set of that one process (the same syscall GNU time -v
@@ -378,7 +385,7 @@ def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange
         ystep = None
         tr = math.log10
     else:
-        y0, y1, yt, ystep = nice_ticks(*(yrange or ((min(0, min(ys)), max(ys)) if ys else (0, 1))))
+        y0, y1, yt, ystep = nice_ticks(*(yrange or ((min(0, min(ys)), max(ys) * 1.08) if ys else (0, 1))))
         tr = float
 
     def sx(x):
@@ -392,7 +399,7 @@ def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
          f'font-family="Helvetica, Arial, sans-serif" font-size="12">',
          f'<rect width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{L + pw / 2:.1f}" y="24" text-anchor="middle" font-size="15" font-weight="bold">{html.escape(title)}</text>']
+         f'<text x="{W / 2:.1f}" y="24" text-anchor="middle" font-size="14" font-weight="bold">{html.escape(title)}</text>']
     for t in xt:
         X = sx(t)
         o.append(f'<line x1="{X:.1f}" y1="{T}" x2="{X:.1f}" y2="{T + ph}" stroke="#e6e6e6"/>')
@@ -445,9 +452,12 @@ def svg_plot(path, title, xlabel, ylabel, series, hlines=(), xrange=None, yrange
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", required=True, help="the model as a GGUF (llama.cpp; budgets are % of its size)")
+    class Fmt(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] + " (details: the script's docstring)",
+                                 formatter_class=Fmt)
+    ap.add_argument("--gguf", required=True, help="the model as a GGUF (llama.cpp; budgets are %% of its size)")
     ap.add_argument("--pack", required=True, help="the same model as a sift pack")
     ap.add_argument("--budgets", default="100,75,60,40,25", help="budgets in %% of the GGUF file size (comma list)")
     ap.add_argument("--policies", default="lfu,lru,tam", help="sift --cache-policy values (comma list)")
@@ -457,7 +467,10 @@ def main():
     ap.add_argument("-t", "--threads", default="2")
     ap.add_argument("--llama-n", type=int, default=8, help="generated tokens for llama.cpp under a limit (slow)")
     ap.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per run in seconds")
-    ap.add_argument("--sift-args", default="--sparsity topk --ratio 0.5", help="string appended to sift's args")
+    ap.add_argument("--sift-args", default="--sparsity topk --ratio 0.5", help="string appended to sift's args (one flag alone: --sift-args=--flag)")
+    ap.add_argument("--llama-args", default="", help="string appended to every llama-bench command")
+    ap.add_argument("--llama-limit-args", default="--repack 0",
+                    help="string appended to llama-bench under a limit (default --repack 0: see the docstring)")
     ap.add_argument("--ctx", type=int, default=512, help="sift -c (passed only if this sift bench has -c)")
     ap.add_argument("--skip-llama", action="store_true", help="no llama.cpp runs at all")
     ap.add_argument("--skip-llama-constrained", action="store_true", help="no llama.cpp runs under cgroup limits")
@@ -501,8 +514,9 @@ def main():
     def budget_bytes(p):
         return int(gguf_size * p / 100.0)  # what sift computes for "--memory P%"
 
-    def llama_cmd(n):
-        return [a.llama_bench, "-m", str(gguf), "-p", "0", "-n", str(n), "-r", str(a.reps), "-t", a.threads, "-o", "json"]
+    def llama_cmd(n, limited=False):
+        return ([a.llama_bench, "-m", str(gguf), "-p", "0", "-n", str(n), "-r", str(a.reps), "-t", a.threads, "-o", "json"]
+                + shlex.split(a.llama_args) + (shlex.split(a.llama_limit_args) if limited else []))
 
     def sift_cmd(p, pol, pre):
         return ([a.sift, "bench", "-m", a.pack, "-p", "0", "-n", str(a.n_gen), "-r", str(a.reps), "-t", a.threads,
@@ -516,13 +530,15 @@ def main():
         lib = f"LD_LIBRARY_PATH={shlex.quote(llama_env['LD_LIBRARY_PATH'])} "
         print(f"# GGUF {gguf} = {gguf_size} bytes ({gguf_size / MIB:.1f} MiB)")
         if not a.skip_llama:
-            print(f"# llama.cpp unconstrained\n{lib}{q(llama_cmd(a.n_gen))}")
+            print(f"# round 1 llama.cpp unconstrained\n{lib}{q(llama_cmd(a.n_gen))}")
             if not a.skip_llama_constrained:
                 for p in budgets:
                     lim = budget_bytes(p) + int(a.llama_overhead_mib * MIB)
                     print(f"# llama.cpp at {pct_s(p)}: drop caches; cgroup limit {lim} bytes; timeout {a.timeout:g}s")
-                    print(f"{lib}{q(llama_cmd(a.llama_n))}")
+                    print(f"{lib}{q(llama_cmd(a.llama_n, True))}")
         for r in range(a.rounds):
+            if r > 0 and not a.skip_llama:
+                print(f"# round {r + 1} llama.cpp unconstrained\n{lib}{q(llama_cmd(a.n_gen))}")
             for p, pol, pre in (grid if r % 2 == 0 else grid[::-1]):
                 lim = budget_bytes(p) + int(a.overhead_mib * MIB)
                 cg = f"cgroup limit {lim} bytes" if a.cgroup_sift else "no cgroup"
@@ -539,8 +555,8 @@ def main():
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: ignored by default in background jobs
+        signal.signal(sig, on_term)
 
     rows = []
     interrupted = False
@@ -572,20 +588,25 @@ def main():
         return f"rc={res['rc']}"
 
     try:
-        # 1. llama.cpp unconstrained
-        if not a.skip_llama:
-            log(f"llama.cpp unconstrained: tg{a.n_gen} x{a.reps}")
+        # 1. llama.cpp unconstrained (once per round, before that round's sift grid; median reported)
+        def llama_free_run(rnd):
+            if a.skip_llama:
+                return
+            log(f"llama.cpp unconstrained: tg{a.n_gen} x{a.reps} (round {rnd})")
             res = run_cmd(llama_cmd(a.n_gen), env=llama_env, timeout=a.timeout)
             tg = parse_tg(res["stdout"]) if res["rc"] == 0 else None
-            llama_free = tg["avg_ts"] if tg else None
-            rows.append({"tool": "llama.cpp", "kind": "unconstrained", "round": 1, "n_gen": a.n_gen, "reps": a.reps,
-                         "status": status_of(res) if tg or res["rc"] else "no-json", "avg_ts": llama_free,
-                         "stddev_ts": tg.get("stddev_ts") if tg else None, "wall_s": res["wall_s"],
-                         "peak_rss": res["peak_rss"], "exit_code": res["rc"], "cmd": shlex.join(llama_cmd(a.n_gen))})
-            if llama_free is None:
+            v = tg["avg_ts"] if tg else None
+            rows.append({"tool": "llama.cpp", "kind": "unconstrained", "round": rnd, "n_gen": a.n_gen, "reps": a.reps,
+                         "status": status_of(res) if tg or res["rc"] or res["timed_out"] else "no-json", "avg_ts": v,
+                         "stddev_ts": tg.get("stddev_ts") if tg else None, "timed_out": res["timed_out"],
+                         "wall_s": res["wall_s"], "peak_rss": res["peak_rss"], "exit_code": res["rc"],
+                         "cmd": shlex.join(llama_cmd(a.n_gen))})
+            if v is None:
                 log(f"  llama-bench failed ({status_of(res)}): {tail(res['stderr'])}")
             else:
-                log(f"  {llama_free:.2f} tok/s, peak RSS {res['peak_rss'] / MIB:.0f} MiB")
+                log(f"  {v:.2f} tok/s, peak RSS {res['peak_rss'] / MIB:.0f} MiB")
+
+        llama_free_run(1)
 
         # 2. llama.cpp under each budget
         if not a.skip_llama and not a.skip_llama_constrained and have_cg:
@@ -594,7 +615,7 @@ def main():
                 lim = b + int(a.llama_overhead_mib * MIB)
                 log(f"llama.cpp at {pct_s(p)} = {b / MIB:.0f} MiB (cgroup limit {lim / MIB:.0f} MiB): "
                     f"tg{a.llama_n}, timeout {a.timeout:g} s")
-                cmd = llama_cmd(a.llama_n)
+                cmd = llama_cmd(a.llama_n, True)
                 res = run_limited(cmd, llama_env, lim, True)
                 st = status_of(res)
                 tg = parse_tg(res["stdout"]) if st == "ok" else None
@@ -623,6 +644,8 @@ def main():
         total = len(grid) * a.rounds
         i = 0
         for r in range(a.rounds):
+            if r > 0:
+                llama_free_run(r + 1)
             for p, pol, pre in (grid if r % 2 == 0 else grid[::-1]):
                 i += 1
                 b = budget_bytes(p)
@@ -690,6 +713,7 @@ def main():
             kill_child(CURRENT)
         if have_cg:
             cgs.cleanup()
+    llama_free = median(r["avg_ts"] for r in rows if r["tool"] == "llama.cpp" and r["kind"] == "unconstrained")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"gguf": str(gguf), "gguf_size": gguf_size, "pack": a.pack, "started": started, "a": a,
@@ -698,7 +722,7 @@ def main():
     md = report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_dir)
     (out_dir / "results.md").write_text(md)
     print(md)
-    log(f"wrote {out_dir}/results.csv, results.md, hitrate.svg, tps.svg")
+    log(f"wrote {out_dir}/results.csv, results.md, {'hitrate.svg, ' if any(r['tool'] == 'sift' for r in rows) else ''}tps.svg")
     return 130 if interrupted else 0
 
 
@@ -769,7 +793,10 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
     extra_args = " ".join([a.sift_args] + meta["ctx_args"]).strip()
     L.append(f"- started {meta['started']}, {os.cpu_count()} CPUs, threads {a.threads}; sift: tg{a.n_gen} x{a.reps} reps, "
              f"{a.rounds} round(s), extra args `{extra_args}`")
-    L.append(f"- llama.cpp: unconstrained tg{a.n_gen} x{a.reps}; constrained tg{a.llama_n} x{a.reps}, timeout {a.timeout:g} s, "
+    la = a.llama_args.strip() or "defaults"
+    lla = (a.llama_args + " " + a.llama_limit_args).strip() or "defaults"
+    L.append(f"- llama.cpp: unconstrained tg{a.n_gen} x{a.reps} (`{la}`); constrained tg{a.llama_n} x{a.reps} "
+             f"(`{lla}`), timeout {a.timeout:g} s, "
              f"cgroup limit = budget + {a.llama_overhead_mib:g} MiB")
     cg_sift = "each run inside a cgroup at budget + %g MiB" % a.overhead_mib if (meta["cgroups"] and a.cgroup_sift) \
         else "no cgroup"
@@ -779,7 +806,14 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
     if meta["interrupted"]:
         L.append("- **interrupted: partial results**")
     L.append("")
-    L.append(f"llama.cpp unconstrained: **{fnum(llama_free, 2)} tok/s** (tg{a.n_gen})\n")
+    free = [r for r in rows if r["tool"] == "llama.cpp" and r["kind"] == "unconstrained"]
+    if free:
+        vals = [r["avg_ts"] for r in free if r["avg_ts"] is not None]
+        bad = [r["status"] for r in free if r["status"] != "ok"]
+        rng = f", {min(vals):.2f}..{max(vals):.2f}" if len(vals) > 1 else ""
+        L.append(f"llama.cpp unconstrained: **{fnum(llama_free, 2)} tok/s** (tg{a.n_gen}; median of {len(vals)} "
+                 f"run(s), one per round{rng}; peak RSS {fnum(mib(max(r['peak_rss'] for r in free)), 0)} MiB"
+                 + (f"; failed: {', '.join(bad)}" if bad else "") + ")\n")
 
     if llama_lim:
         L.append("## llama.cpp under a cgroup limit\n")
@@ -870,15 +904,18 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
             return (statistics.mean(v) if v else -1, sum(1 for k in agg if k[2] == pre))
         plot_pre = max(preloads, key=score)
     hs = []
-    for pol in policies:
+    for pol in policies if agg else []:
         pts = [(m["plan_cache_fraction"], m["hit_rate"]) for (p, po, pr), m in agg.items()
                if po == pol and pr == plot_pre and m["plan_cache_fraction"] is not None and m["hit_rate"] is not None]
         hs.append({"label": pol, "pts": pts, "color": policy_color(pol, policies), "marker": "circle"})
     xs = [x for s in hs for x, _ in s["pts"]]
-    svg_plot(out_dir / "hitrate.svg", f"Column-cache hit rate, preload {plot_pre} ({pathlib.Path(meta['gguf']).stem})",
-             "cache size / column bytes (memory_plan.cache_fraction)", "hit rate", hs,
-             xrange=(0, max(1.0, max(xs) if xs else 1.0)), yrange=(0, 1),
-             note=f"sift {a.sift_args}\ntg{a.n_gen} x{a.reps}, medians of {a.rounds} round(s)")
+    if not agg and (out_dir / "hitrate.svg").exists():
+        (out_dir / "hitrate.svg").unlink()  # stale, from an earlier run
+    if agg:
+        svg_plot(out_dir / "hitrate.svg", f"Column-cache hit rate, preload {plot_pre} ({pathlib.Path(meta['gguf']).stem})",
+                 "cache size / column bytes (memory_plan.cache_fraction)", "hit rate", hs,
+                 xrange=(0, max(1.0, max(xs) if xs else 1.0)), yrange=(0, 1),
+                 note=f"sift {a.sift_args}\ntg{a.n_gen} x{a.reps}, medians of {a.rounds} round(s)")
     ts = []
     for j, pre in enumerate(preloads):
         for pol in policies:
@@ -888,7 +925,7 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
     ok_pts = [(p, v) for p in budgets for t, v, k in [llama_at(p)] if k == "ok" and v]
     bound_pts = [(p, v) for p in budgets for t, v, k in [llama_at(p)] if k == "bound" and v]
     ts.append({"label": "llama.cpp under limit", "pts": ok_pts, "color": "black", "marker": "square", "line": False})
-    ts.append({"label": "llama.cpp timed out (≤ n/timeout)", "pts": bound_pts, "color": "black", "marker": "tri-down",
+    ts.append({"label": "llama.cpp timed out (≤ n/T)", "pts": bound_pts, "color": "black", "marker": "tri-down",
                "hollow": True, "line": False})
     hl = [{"label": "llama.cpp unconstrained", "y": llama_free, "color": "black", "dash": "6,4"}] if llama_free else []
     yv = [y for s in ts for _, y in s["pts"] if y] + ([llama_free] if llama_free else [])
@@ -898,7 +935,7 @@ def report(rows, meta, llama_free, llama_lim, budgets, policies, preloads, out_d
              xrange=(min(budgets) if budgets else 0, max(budgets) if budgets else 100),
              note=f"sift {a.sift_args}; cgroup limit = budget + {a.overhead_mib:g} MiB\n"
                   f"llama.cpp constrained: tg{a.llama_n}, timeout {a.timeout:g} s")
-    L.append(f"Plots: `hitrate.svg` (preload {plot_pre}), `tps.svg`.")
+    L.append(f"Plots: `hitrate.svg` (preload {plot_pre}), `tps.svg`." if agg else "Plot: `tps.svg` (no sift runs).")
     return "\n".join(L) + "\n"
 
 
