@@ -194,7 +194,7 @@ fn a_pack_truncated_mid_run_is_an_error_not_a_wrong_token() {
     let cols = e.model.columns.as_ref().unwrap();
     let cut = cols.gguf_offset + cols.gguf_len;
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(cut).unwrap();
-    let err = e.eval(&[43], Logits::Last).err().expect("reading cut columns must fail");
+    let err = e.eval(&[43], Logits::Last).expect_err("reading cut columns must fail");
     assert!(matches!(err, EvalError::Store(_)), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("reading weights") && msg.contains("cut.sift"), "{msg}");
