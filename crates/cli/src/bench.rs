@@ -5,13 +5,8 @@ use sift_engine::bench::{bench_pp, bench_tg, BenchResult};
 use sift_engine::EngineOptions;
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let (model, _tok) = a.memory.load(&a.model)?;
     let threads = if a.threads.is_empty() { vec![sift_engine::default_threads()] } else { a.threads.clone() };
     anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
-    let size = model.weight_bytes();
-    let params = model.n_params();
-    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
-    let filename = a.model.display().to_string();
     let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
     let opts = |t: usize| {
         let mut eo = EngineOptions {
@@ -25,6 +20,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         a.memory.adjust(&mut eo);
         eo
     };
+    let (model, _tok) = a.memory.load(&a.model, &opts(threads[0]))?;
+    let size = model.weight_bytes();
+    let params = model.n_params();
+    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
+    let filename = a.model.display().to_string();
     let mut engine = a.memory.engine(model, &a.model, &opts(threads[0]))?;
     a.sparsity.apply(&mut engine)?;
     let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();

@@ -9,9 +9,10 @@ use std::io::{BufRead, Write};
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let opts = a.sampling.generate_options()?;
-    let (model, tok) = a.memory.load(&a.model.model)?;
-    let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
     let mut eo = a.model.engine_options();
+    a.memory.adjust(&mut eo);
+    let (model, tok) = a.memory.load(&a.model.model, &eo)?;
+    let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
     eo.sparse_head = a.sparsity.sparse_head;
     eo.column_kernels = !a.sparsity.dense_kernels;
     eo.all_columns = a.sparsity.all_columns;

@@ -32,7 +32,12 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     let opts = a.sampling.generate_options()?;
-    let (model, tok) = a.memory.load(&a.model.model)?;
+    let mut eo = a.model.engine_options();
+    eo.sparse_head = a.sparsity.sparse_head;
+    eo.column_kernels = !a.sparsity.dense_kernels;
+    eo.all_columns = a.sparsity.all_columns;
+    a.memory.adjust(&mut eo);
+    let (model, tok) = a.memory.load(&a.model.model, &eo)?;
     let text = if a.chat {
         let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
         tmpl.apply(&[ChatMessage { role: "user".into(), content: prompt.clone() }], true)?
@@ -41,11 +46,6 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     };
     let tokens = tok.encode(&text, true, a.chat)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
-    let mut eo = a.model.engine_options();
-    eo.sparse_head = a.sparsity.sparse_head;
-    eo.column_kernels = !a.sparsity.dense_kernels;
-    eo.all_columns = a.sparsity.all_columns;
-    a.memory.adjust(&mut eo);
     let mut engine = a.memory.engine(model, &a.model.model, &eo)?;
     a.sparsity.apply(&mut engine)?;
     let t0 = std::time::Instant::now();

@@ -8,7 +8,9 @@ use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
 use sift_store::cache::Policy;
 use sift_store::io::TierKind;
-use sift_store::tiered::{open_budgeted, resident_bytes, PlanInputs, TierStats, TieredOptions, TieredStore};
+use sift_store::tiered::{
+    open_budgeted_checked, resident_bytes, CacheSplit, PlanInputs, TierStats, TieredOptions, TieredStore,
+};
 use std::path::Path;
 
 /// Largest prompt batch under --memory (activations grow with it).
@@ -40,6 +42,10 @@ pub struct MemoryArgs {
     /// Keep the token-embedding table in memory (default: one row read from disk per token)
     #[arg(long = "resident-embd")]
     pub resident_embd: bool,
+    /// How cache slots are shared among ops: read-cost (small columns, which cost a whole 4 KiB
+    /// read each, first) or uniform (the same fraction of every op)
+    #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
+    pub cache_split: String,
 }
 
 impl MemoryArgs {
@@ -63,22 +69,54 @@ impl MemoryArgs {
             preload: self.preload,
             tier,
             resident_embeddings: self.resident_embd,
+            split: CacheSplit::parse(&self.cache_split)
+                .with_context(|| format!("unknown --cache-split '{}'", self.cache_split))?,
             ..TieredOptions::default()
         })
     }
 
-    /// Loads the model: in full (memory-mapped) without --memory, else only its resident parts.
-    pub fn load(&self, path: &Path) -> anyhow::Result<(Model, Tokenizer)> {
-        if !self.enabled() {
+    /// Loads the model: in full (memory-mapped) without --memory, else only its resident parts —
+    /// after checking, before reading them, that they, the tokenizer and the KV cache for `eo`
+    /// fit the budget.
+    pub fn load(&self, path: &Path, eo: &EngineOptions) -> anyhow::Result<(Model, Tokenizer)> {
+        let Some(spec) = &self.memory else {
             return crate::generate::load(path);
-        }
+        };
         if !path.exists() {
             anyhow::bail!("model file '{}' not found", path.display());
         }
         let opts = self.options()?;
-        let model = open_budgeted(path, &opts).with_context(|| format!("cannot load model '{}'", path.display()))?;
-        let tok = Tokenizer::from_gguf(&model.file.gguf)
-            .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
+        let model_size = sift_store::read_toc(path)?.map_or(0, |t| t.gguf_len());
+        let budget = parse_budget(spec, model_size)?;
+        let mut eo = eo.clone();
+        self.adjust(&mut eo);
+        let tok = std::cell::RefCell::new(None);
+        let precheck = |g: &sift_gguf::Gguf, resident: u64| -> Result<(), String> {
+            // The tokenizer first: it is part of the process the budget must hold.
+            let t = Tokenizer::from_gguf(g).map_err(|e| format!("cannot build the tokenizer: {e}"))?;
+            *tok.borrow_mut() = Some(t);
+            let runtime = current_rss().unwrap_or(0);
+            let kv = sift_model::Config::from_gguf(g)
+                .map(|c| Engine::kv_and_scratch_bytes_for(&c, &eo))
+                .map_err(|e| e.to_string())?;
+            if runtime + resident + kv > budget {
+                return Err(format!(
+                    "--memory {} is too small to run this model: the process with its tokenizer takes {}, the resident weights (output head, norms, tokenizer data) {} and the KV cache and activations {} before any cache or buffer; raise --memory, or lower -c / -b",
+                    mib(budget),
+                    mib(runtime),
+                    mib(resident),
+                    mib(kv)
+                ));
+            }
+            Ok(())
+        };
+        let model = open_budgeted_checked(path, &opts, precheck)
+            .with_context(|| format!("cannot load model '{}'", path.display()))?;
+        let tok = match tok.into_inner() {
+            Some(t) => t,
+            None => Tokenizer::from_gguf(&model.file.gguf)
+                .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?,
+        };
         Ok((model, tok))
     }
 
@@ -131,6 +169,10 @@ pub fn parse_budget(s: &str, model_size: u64) -> anyhow::Result<u64> {
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     anyhow::ensure!(v > 0.0 && v.is_finite(), bad());
     Ok((v * mult as f64) as u64)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 /// The process's resident set now (VmRSS), in bytes.

@@ -7,11 +7,6 @@ use std::io::Write;
 
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
-    let (model, tok) = a.memory.load(&a.model)?;
-    let t0 = std::time::Instant::now();
-    let tokens = tok.encode(&text, true, false)?;
-    eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
-    let bos = if tok.add_bos() { tok.bos() } else { None };
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
     let mut eo = EngineOptions {
         n_threads: threads,
@@ -22,6 +17,11 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
         all_columns: a.sparsity.all_columns,
     };
     a.memory.adjust(&mut eo);
+    let (model, tok) = a.memory.load(&a.model, &eo)?;
+    let t0 = std::time::Instant::now();
+    let tokens = tok.encode(&text, true, false)?;
+    eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
+    let bos = if tok.add_bos() { tok.bos() } else { None };
     let mut engine = a.memory.engine(model, &a.model, &eo)?;
     a.sparsity.apply(&mut engine)?;
     eprintln!("sparsity: {}", engine.selector().describe());

@@ -246,7 +246,11 @@ impl Engine {
 
     /// Bytes of the KV cache and per-batch scratch buffers this engine allocated.
     pub fn kv_and_scratch_bytes(model: &Model, opts: &EngineOptions) -> u64 {
-        let c = &model.config;
+        Self::kv_and_scratch_bytes_for(&model.config, opts)
+    }
+
+    /// [`Engine::kv_and_scratch_bytes`] from the model's configuration alone.
+    pub fn kv_and_scratch_bytes_for(c: &Config, opts: &EngineOptions) -> u64 {
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx } as u64;
         let b = opts.n_batch.max(1) as u64;
         let (e, q, kv, ff) = (c.n_embd as u64, c.n_embd_q() as u64, c.n_embd_kv() as u64, c.n_ff as u64);

@@ -12,6 +12,9 @@ use crate::GgmlType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
+    /// The caller of [`crate::GgufFile::from_parts`] refused to load the resident tensors.
+    #[error("{0}")]
+    Refused(String),
     /// The file could not be opened, inspected or mapped.
     #[error("cannot read GGUF file '{}': {source}; check that the path exists and is a readable file", .path.display())]
     Io {

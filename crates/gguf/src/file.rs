@@ -74,7 +74,9 @@ impl GgufFile {
     /// from the pack's table of contents), then once for the data of every tensor `resident`
     /// accepts. Pages nobody filled are never touched, so they cost no memory; they are made
     /// inaccessible (`PROT_NONE`), so code that reads a tensor that is not resident crashes
-    /// instead of computing with zeros. Used to run a pack under a memory budget: the weights
+    /// instead of computing with zeros. `check(gguf, resident bytes)` runs after the header is
+    /// parsed and before any tensor is read; an `Err` refuses the load. Used to run a pack under a
+    /// memory budget: the weights
     /// streamed from disk are read elsewhere, through the tiered store.
     pub fn from_parts(
         path: impl AsRef<Path>,
@@ -82,6 +84,7 @@ impl GgufFile {
         header_len: usize,
         mut fill: impl FnMut(&mut [u8], &[Range<usize>]) -> io::Result<()>,
         resident: impl Fn(&Gguf, &crate::TensorInfo) -> bool,
+        check: impl FnOnce(&Gguf, u64) -> Result<(), String>,
     ) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
         let io_err = |source: io::Error| GgufError::Io { path: path.clone(), source };
@@ -100,6 +103,9 @@ impl GgufFile {
             let start = gguf.data_offset.saturating_add(t.offset) as usize;
             keep.push(start..start.saturating_add(t.n_bytes as usize).min(len));
         }
+        // Pages the resident part will touch (header and tensors rounded out to whole pages).
+        let pages: u64 = keep.iter().map(|r| (r.len().div_ceil(4096) as u64 + 1) * 4096).sum();
+        check(&gguf, pages).map_err(GgufError::Refused)?;
         fill(&mut anon, &keep[1..]).map_err(io_err)?;
         let mmap = anon.make_read_only().map_err(io_err)?;
         protect_gaps(&mmap, &mut keep).map_err(io_err)?;

@@ -246,6 +246,7 @@ pub fn open_partial(
     toc: PackToc,
     fill: impl FnMut(&mut [u8], &[std::ops::Range<usize>]) -> std::io::Result<()>,
     resident: impl Fn(&sift_gguf::Gguf, &sift_gguf::TensorInfo) -> bool,
+    check: impl FnOnce(&sift_gguf::Gguf, u64) -> Result<(), String>,
 ) -> Result<Model, PackError> {
     if toc.toc.gguf_header_len == 0 || toc.toc.gguf_header_len > toc.toc.gguf_len {
         return Err(PackError::Toc {
@@ -254,7 +255,8 @@ pub fn open_partial(
                 .into(),
         });
     }
-    let gguf = GgufFile::from_parts(path, toc.toc.gguf_len as usize, toc.toc.gguf_header_len as usize, fill, resident)?;
+    let gguf =
+        GgufFile::from_parts(path, toc.toc.gguf_len as usize, toc.toc.gguf_header_len as usize, fill, resident, check)?;
     let mut model = Model::from_file(gguf)?;
     model.columns = Some(build_index(path, &model, toc.toc)?);
     Ok(model)

@@ -57,6 +57,59 @@ pub struct TieredOptions {
     pub preload_buf: usize,
     /// Keep the token-embedding table resident (default: read one row per token from disk).
     pub resident_embeddings: bool,
+    /// How cache bytes are shared among the ops.
+    pub split: CacheSplit,
+}
+
+/// How the cache's bytes are shared among the seven ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheSplit {
+    /// The same fraction of every op's columns.
+    Uniform,
+    /// Ops whose columns cost the most disk bytes per cached byte first: O_DIRECT reads whole 4 KiB
+    /// pages, so a miss of an s-byte column costs about s + 4 KiB, and small columns (k, v, q, o)
+    /// save several times their size when cached.
+    ReadCost,
+}
+
+impl CacheSplit {
+    pub fn parse(s: &str) -> Option<CacheSplit> {
+        match s {
+            "uniform" => Some(CacheSplit::Uniform),
+            "read-cost" => Some(CacheSplit::ReadCost),
+            _ => None,
+        }
+    }
+}
+
+/// The fraction of each op's columns (q, k, v, o, gate, up, down) that get a cache slot, for
+/// `bytes` of cache.
+pub fn split_cache(index: &PackIndex, bytes: u64, split: CacheSplit) -> [f64; 7] {
+    let mut per_op = [0u64; 7];
+    let mut col_bytes = [1usize; 7];
+    for lc in &index.layers {
+        for t in &lc.ops {
+            per_op[t.op as usize] += t.len;
+            col_bytes[t.op as usize] = t.col_bytes.max(1);
+        }
+    }
+    let total: u64 = per_op.iter().sum();
+    match split {
+        CacheSplit::Uniform => [(bytes as f64 / total.max(1) as f64).min(1.0); 7],
+        CacheSplit::ReadCost => {
+            let mut order: Vec<usize> = (0..7).collect();
+            let density = |i: usize| (col_bytes[i] + 4096) as f64 / col_bytes[i] as f64;
+            order.sort_by(|&a, &b| density(b).total_cmp(&density(a)).then(a.cmp(&b)));
+            let mut left = bytes;
+            let mut f = [0.0; 7];
+            for i in order {
+                let take = left.min(per_op[i]);
+                f[i] = if per_op[i] == 0 { 0.0 } else { take as f64 / per_op[i] as f64 };
+                left -= take;
+            }
+            f
+        }
+    }
 }
 
 impl Default for TieredOptions {
@@ -68,6 +121,7 @@ impl Default for TieredOptions {
             margin: 0.1,
             preload_buf: 32 << 20,
             resident_embeddings: false,
+            split: CacheSplit::ReadCost,
         }
     }
 }
@@ -241,6 +295,17 @@ pub fn is_resident(gguf: &sift_gguf::Gguf, name: &str, resident_embeddings: bool
 /// Opens a pack for a budgeted run: only the resident tensors are read (through the slow tier,
 /// bypassing the page cache) into memory.
 pub fn open_budgeted(path: &Path, opts: &TieredOptions) -> Result<Model, TierError> {
+    open_budgeted_checked(path, opts, |_, _| Ok(()))
+}
+
+/// [`open_budgeted`], calling `precheck(gguf, resident bytes)` once the header is parsed and
+/// before any resident tensor is read: a budget that cannot even hold them is refused before the
+/// memory is used.
+pub fn open_budgeted_checked(
+    path: &Path,
+    opts: &TieredOptions,
+    precheck: impl FnOnce(&sift_gguf::Gguf, u64) -> Result<(), String>,
+) -> Result<Model, TierError> {
     let toc = crate::read_toc(path)
         .map_err(|e| TierError::Unsupported(e.to_string()))?
         .ok_or_else(|| {
@@ -272,8 +337,10 @@ pub fn open_budgeted(path: &Path, opts: &TieredOptions) -> Result<Model, TierErr
         Ok(())
     };
     let emb = opts.resident_embeddings;
-    crate::open_partial(path, toc, fill, |g, t| is_resident(g, &t.name, emb))
-        .map_err(|e| TierError::Unsupported(e.to_string()))
+    crate::open_partial(path, toc, fill, |g, t| is_resident(g, &t.name, emb), precheck).map_err(|e| match e {
+        crate::PackError::Gguf(sift_gguf::GgufError::Refused(msg)) => TierError::Budget(msg),
+        e => TierError::Unsupported(e.to_string()),
+    })
 }
 
 /// Bytes of the resident part of a budgeted model (header and resident tensors, page-rounded).
@@ -348,11 +415,8 @@ impl TieredStore {
         }
         let total_cols = index.column_bytes();
         let policy = opts.policy;
-        let fraction = if policy == Policy::None {
-            0.0
-        } else {
-            ((inputs.budget - fixed) as f64 / total_cols.max(1) as f64).min(1.0)
-        };
+        let cache_budget = if policy == Policy::None { 0 } else { inputs.budget - fixed };
+        let fractions = split_cache(&index, cache_budget, opts.split);
         // Slots per op, and the arena layout.
         let mut ops = Vec::with_capacity(c.n_layer);
         let mut base = 0usize;
@@ -360,7 +424,7 @@ impl TieredStore {
         for lc in &index.layers {
             let mut per = Vec::with_capacity(7);
             for t in &lc.ops {
-                let slots = ((t.n_in as f64 * fraction).floor() as usize).min(t.n_in);
+                let slots = ((t.n_in as f64 * fractions[t.op as usize]).floor() as usize).min(t.n_in);
                 per.push(OpCache {
                     cache: UnitCache::new(t.n_in, slots, policy),
                     col_bytes: t.col_bytes,
@@ -374,7 +438,7 @@ impl TieredStore {
             ops.push(per);
         }
         plan.cache = cache_bytes;
-        plan.cache_fraction = fraction;
+        plan.cache_fraction = cache_bytes as f64 / total_cols.max(1) as f64;
         let transient_start = base.div_ceil(64) * 64;
         let arena = vec![0u8; transient_start + transient];
         let embd_on_disk = !is_resident(&model.file.gguf, "token_embd.weight", opts.resident_embeddings);
