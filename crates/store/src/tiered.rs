@@ -672,21 +672,30 @@ impl TieredStore {
         let mut parts = 0u64;
         let group = if self.interleaved { self.index.group_of(first).filter(|g| g.layers() == layers) } else { None };
         if let Some(g) = group {
-            // One record per channel wanted by any part.
-            let mut chans: Vec<u32> = want.iter().flatten().copied().collect();
-            chans.sort_unstable();
-            chans.dedup();
+            // A channel's record is read when the parts it would bring in (predicted and not
+            // cached) make up at least half of its bytes; the rest are left to on-demand reads.
+            let n_in = self.index.layers[0].ops[0].n_in;
+            let mut wanted_bytes = vec![0usize; n_in];
+            let mut wanted_by: Vec<Vec<u8>> = vec![Vec::new(); n_in];
+            for (pi, units) in want.iter().enumerate() {
+                for &u in units {
+                    wanted_bytes[u as usize] += g.parts[pi].col_bytes;
+                    wanted_by[u as usize].push(pi as u8);
+                }
+            }
             let mut bytes = 0usize;
-            for &ch in &chans {
+            for ch in 0..n_in {
+                if 2 * wanted_bytes[ch] < g.unit_bytes {
+                    continue;
+                }
                 if bytes + g.unit_bytes > buf.len() {
                     break;
                 }
                 bytes += g.unit_bytes;
                 let r = ranges.len();
                 ranges.push((g.offset + ch as u64 * g.unit_bytes as u64, g.unit_bytes));
-                for (pi, p) in g.parts.iter().enumerate() {
-                    let _ = p;
-                    owners.push((pi, ch, r));
+                for &pi in &wanted_by[ch] {
+                    owners.push((pi as usize, ch as u32, r));
                 }
             }
             // Offsets of each part within its record.
