@@ -17,7 +17,7 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     eo.column_kernels = !a.sparsity.dense_kernels;
     eo.all_columns = a.sparsity.all_columns;
     a.memory.adjust(&mut eo);
-    let mut engine = a.memory.engine(model, &a.model.model, &eo)?;
+    let mut engine = a.memory.engine(model, &a.model.model, &eo, a.sparsity.calib.as_deref())?;
     a.sparsity.apply(&mut engine)?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {

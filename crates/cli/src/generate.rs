@@ -46,7 +46,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     };
     let tokens = tok.encode(&text, true, a.chat)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
-    let mut engine = a.memory.engine(model, &a.model.model, &eo)?;
+    let mut engine = a.memory.engine(model, &a.model.model, &eo, a.sparsity.calib.as_deref())?;
     a.sparsity.apply(&mut engine)?;
     let t0 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use sift_engine::sparsity::Site;
 use sift_engine::{Engine, EngineOptions};
 use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
@@ -11,6 +12,7 @@ use sift_store::io::TierKind;
 use sift_store::tiered::{
     open_budgeted_checked, resident_bytes, CacheSplit, PlanInputs, TierStats, TieredOptions, TieredStore,
 };
+use sift_store::OpKind;
 use std::path::Path;
 
 /// Largest prompt batch under --memory (activations grow with it).
@@ -128,7 +130,14 @@ impl MemoryArgs {
     }
 
     /// Builds the engine, with the tiered store attached under --memory.
-    pub fn engine(&self, model: Model, path: &Path, eo: &EngineOptions) -> anyhow::Result<Engine> {
+    /// `calib`: the calibration file whose per-channel magnitudes rank the hot set `static` pins.
+    pub fn engine(
+        &self,
+        model: Model,
+        path: &Path,
+        eo: &EngineOptions,
+        calib: Option<&Path>,
+    ) -> anyhow::Result<Engine> {
         let Some(spec) = &self.memory else {
             return Ok(Engine::new(model, eo));
         };
@@ -140,7 +149,30 @@ impl MemoryArgs {
         let resident = resident_bytes(&model, opts.resident_embeddings);
         let runtime = rss.saturating_sub(resident) + (8 << 20);
         let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
-        let store = TieredStore::new(&model, path, &opts, &inputs)?;
+        let mut store = TieredStore::new(&model, path, &opts, &inputs)?;
+        if opts.policy == Policy::Static {
+            let file = calib.context(
+                "--cache-policy static pins the hot channels measured by `sift calibrate`: pass its file with --calib",
+            )?;
+            let c = sift_engine::sparsity::Calibration::load(file)?;
+            for l in 0..model.config.n_layer {
+                for op in OpKind::ALL {
+                    let site = match op {
+                        OpKind::Q | OpKind::K | OpKind::V => Site::AttnIn,
+                        OpKind::O => Site::AttnOut,
+                        OpKind::Gate | OpKind::Up => Site::FfnIn,
+                        OpKind::Down => Site::FfnMid,
+                    };
+                    let ranking = c.hot_ranking(l, site).with_context(|| {
+                        format!(
+                            "{} has no per-channel magnitudes (made by an older sift); run `sift calibrate` again",
+                            file.display()
+                        )
+                    })?;
+                    store.set_hot(l, op, &ranking)?;
+                }
+            }
+        }
         let mut engine = Engine::new(model, eo);
         engine.attach_store(store);
         Ok(engine)

@@ -322,4 +322,31 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
     assert!(!o.status.success() && text(&o.stderr).contains("bad --memory 'lots'"), "{}", text(&o.stderr));
     let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--memory", "1G"]);
     assert!(!o.status.success() && text(&o.stderr).contains("sift pack"), "{}", text(&o.stderr));
+    // static: the hot set comes from a calibration file's per-channel magnitudes.
+    let o = greedy(&["--memory", "150%", "--cache-policy", "static"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("--calib"), "{}", text(&o.stderr));
+    let cal = dir.path().join("cal.json");
+    let o = sift(&[
+        "calibrate",
+        ms,
+        "-f",
+        f.to_str().unwrap(),
+        "--tokens",
+        "256",
+        "--window",
+        "128",
+        "--target",
+        "0.5",
+        "--greedy-tokens",
+        "16",
+        "--step",
+        "0.25",
+        "-o",
+        cal.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let pinned = greedy(&["--memory", "150%", "--cache-policy", "static", "--calib", cal.to_str().unwrap()]);
+    assert!(pinned.status.success(), "{}", text(&pinned.stderr));
+    assert_eq!(text(&free.stdout), text(&pinned.stdout));
+    assert!(text(&pinned.stderr).contains("cache static"), "{}", text(&pinned.stderr));
 }

@@ -66,6 +66,7 @@ impl Selector for HistogramCollector {
     }
     fn select(&mut self, layer: usize, site: Site, _: Phase, x: &[f32], _: &mut Vec<u32>) -> Selection {
         self.calib.histograms[layer][site.index()].add(x);
+        self.calib.add_channel_abs(layer, site, x);
         Selection::All
     }
 }
@@ -130,6 +131,7 @@ pub fn calibrate(
     engine.set_selector(Box::new(DenseSelector));
     let mut calib = lock(&collector).calib.clone();
     calib.n_tokens = used;
+    calib.finish_channel_means(used);
 
     // 2. Greedy allocation.
     if !opts.targets.is_empty() {

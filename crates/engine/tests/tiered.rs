@@ -200,3 +200,37 @@ fn a_pack_truncated_mid_run_is_an_error_not_a_wrong_token() {
     assert!(msg.contains("reading weights") && msg.contains("cut.sift"), "{msg}");
     assert_eq!(e.n_past(), n_past, "a failed token leaves the context as it was");
 }
+
+#[test]
+fn static_pins_its_hot_set_and_never_changes_it() {
+    let prompt = prompt();
+    let mut mem = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut mem, 0.5);
+    let want = decode(&mut mem, &prompt, 8);
+    let opts = TieredOptions { policy: Policy::Static, preload: 0, ..TieredOptions::default() };
+    let mut e = budgeted(pack(), &opts, 4 << 20);
+    topk(&mut e, 0.5);
+    let n_layer = e.config().n_layer;
+    let units = |e: &Engine, l: usize, op: OpKind| e.model.columns.as_ref().unwrap().layers[l].op(op).n_in as u32;
+    let mut pinned = Vec::new();
+    for l in 0..n_layer {
+        for op in OpKind::ALL {
+            // A hot set ranked from the last channel down (any ranking will do).
+            let ranking: Vec<u32> = (0..units(&e, l, op)).rev().collect();
+            let store = e.store_mut().unwrap();
+            store.set_hot(l, op, &ranking).unwrap();
+            let (slots, used) = store.occupancy(l, op);
+            let cached = store.cached_units(l, op);
+            assert_eq!(used, slots, "the hot set fills every slot");
+            let mut top: Vec<u32> = ranking[..slots].to_vec();
+            top.sort_unstable();
+            assert_eq!(cached, top, "layer {l} {op:?}: the top of the ranking is pinned");
+            pinned.push(cached);
+        }
+    }
+    assert_eq!(decode(&mut e, &prompt, 8), want, "a pinned cache changes no result");
+    let store = e.store().unwrap();
+    assert!(store.stats().hits > 0 && store.stats().misses > 0);
+    let after: Vec<Vec<u32>> = (0..n_layer).flat_map(|l| OpKind::ALL.map(|op| store.cached_units(l, op))).collect();
+    assert_eq!(after, pinned, "static never admits or evicts");
+}

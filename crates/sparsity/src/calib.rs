@@ -205,6 +205,10 @@ pub struct Calibration {
     pub allocations: Vec<Allocation>,
     #[serde(default)]
     pub clusters: Option<CoreClusters>,
+    /// `channel_mean_abs[layer][site][c]`: mean |x_c| over the calibration tokens; ranks the hot
+    /// channels a `static` cache pins (empty in files from before it was recorded).
+    #[serde(default)]
+    pub channel_mean_abs: Vec<Vec<Vec<f32>>>,
 }
 
 impl Calibration {
@@ -218,7 +222,34 @@ impl Calibration {
             histograms: vec![vec![SiteHistogram::default(); 4]; dims.n_layer],
             allocations: Vec::new(),
             clusters: None,
+            channel_mean_abs: (0..dims.n_layer).map(|_| dims.units.iter().map(|&n| vec![0.0; n]).collect()).collect(),
         }
+    }
+
+    /// Adds one activation row to the channel sums (divide by the row count with
+    /// [`Calibration::finish_channel_means`]).
+    pub fn add_channel_abs(&mut self, layer: usize, site: Site, x: &[f32]) {
+        if let Some(sums) = self.channel_mean_abs.get_mut(layer).and_then(|l| l.get_mut(site.index())) {
+            for (s, v) in sums.iter_mut().zip(x) {
+                *s += v.abs();
+            }
+        }
+    }
+
+    pub fn finish_channel_means(&mut self, rows: usize) {
+        let k = 1.0 / rows.max(1) as f32;
+        self.channel_mean_abs.iter_mut().flatten().flatten().for_each(|s| *s *= k);
+    }
+
+    /// Channels of `site` at `layer`, hottest (largest mean |x|) first, if recorded.
+    pub fn hot_ranking(&self, layer: usize, site: Site) -> Option<Vec<u32>> {
+        let m = self.channel_mean_abs.get(layer)?.get(site.index())?;
+        if m.is_empty() || m.iter().all(|&v| v == 0.0) {
+            return None;
+        }
+        let mut r: Vec<u32> = (0..m.len() as u32).collect();
+        r.sort_by(|&a, &b| m[b as usize].total_cmp(&m[a as usize]).then(a.cmp(&b)));
+        Some(r)
     }
 
     pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {

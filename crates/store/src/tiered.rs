@@ -507,6 +507,12 @@ impl TieredStore {
         (c.slots(), c.len())
     }
 
+    /// The columns of (layer, op) in the cache, ascending.
+    pub fn cached_units(&self, layer: usize, op: OpKind) -> Vec<u32> {
+        let c = &self.ops[layer][op as usize].cache;
+        (0..c.n_units() as u32).filter(|&u| c.contains(u)).collect()
+    }
+
     /// A new conversation: context-level counters restart (cached columns stay).
     pub fn reset_context(&mut self) {
         for per in &mut self.ops {
