@@ -491,6 +491,20 @@ impl Engine {
     /// compute (which is how quality is measured on any file). Returns whether a single token's
     /// selection is a subset, left in `self.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, which: Buf, len: usize, n: usize) -> bool {
+        if n == 1 && self.selector.wants_cache_state() {
+            if let Some(store) = &self.tiered {
+                // DIP-CA re-weights by the live cache: the first op of the site stands for it
+                // (gate and up, or q, k and v, see the same columns and policy decisions).
+                let op = match site {
+                    Site::AttnIn => OpKind::Q,
+                    Site::AttnOut => OpKind::O,
+                    Site::FfnIn => OpKind::Gate,
+                    Site::FfnMid => OpKind::Down,
+                };
+                store.cached_mask(l, op, &mut self.keep);
+                self.selector.observe_cache(l, site, &self.keep);
+            }
+        }
         let Engine { selector, phase, active, keep, s, stats, .. } = self;
         let x = match which {
             Buf::H => &mut s.h,

@@ -234,3 +234,72 @@ fn static_pins_its_hot_set_and_never_changes_it() {
     let after: Vec<Vec<u32>> = (0..n_layer).flat_map(|l| OpKind::ALL.map(|op| store.cached_units(l, op))).collect();
     assert_eq!(after, pinned, "static never admits or evicts");
 }
+
+/// Wraps a selector, asks for the cache state and records what the engine showed it.
+struct CacheWatcher {
+    inner: Box<dyn sift_engine::sparsity::Selector>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, sift_engine::sparsity::Site, Vec<u32>)>>>,
+}
+
+impl sift_engine::sparsity::Selector for CacheWatcher {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn wants_cache_state(&self) -> bool {
+        true
+    }
+    fn observe_cache(&mut self, layer: usize, site: sift_engine::sparsity::Site, cached: &[bool]) {
+        let units = (0..cached.len() as u32).filter(|&u| cached[u as usize]).collect();
+        self.seen.lock().unwrap().push((layer, site, units));
+        self.inner.observe_cache(layer, site, cached);
+    }
+    fn select(
+        &mut self,
+        layer: usize,
+        site: sift_engine::sparsity::Site,
+        phase: sift_engine::sparsity::Phase,
+        x: &[f32],
+        active: &mut Vec<u32>,
+    ) -> sift_engine::sparsity::Selection {
+        self.inner.select(layer, site, phase, x, active)
+    }
+}
+
+#[test]
+fn dip_ca_reweights_by_the_live_cache() {
+    use sift_engine::sparsity::Site;
+    let prompt = prompt();
+    let opts = TieredOptions { preload: 0, ..TieredOptions::default() };
+    let mut e = budgeted(pack(), &opts, 8 << 20);
+    let n_layer = e.config().n_layer;
+    let cfg = SparsityConfig {
+        method: Method::DipCa,
+        ratios: Ratios::uniform(Method::DipCa, n_layer, 0.5).unwrap(),
+        gamma: 0.2,
+        cache_fraction: None,
+        alpha: 0.4,
+        core_magnitude: false,
+    };
+    let inner = build_selector(&cfg, e.site_dims(), None).unwrap();
+    assert!(inner.wants_cache_state(), "DIP-CA asks for the cache state");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    e.set_selector(Box::new(CacheWatcher { inner, seen: seen.clone() }));
+    decode(&mut e, &prompt, 4);
+    // One more token: what the selector was shown at each layer is the cache as it stood when
+    // the token started (a layer's cache changes only at its own fetches, after the selection).
+    let store = e.store().unwrap();
+    let before: Vec<[Vec<u32>; 2]> =
+        (0..n_layer).map(|l| [store.cached_units(l, OpKind::Gate), store.cached_units(l, OpKind::Down)]).collect();
+    seen.lock().unwrap().clear();
+    e.eval(&[42], Logits::Last).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4 * n_layer, "one cache view per site and layer");
+    for (l, site, units) in seen.iter() {
+        match site {
+            Site::FfnIn => assert_eq!(units, &before[*l][0], "layer {l} gate/up"),
+            Site::FfnMid => assert_eq!(units, &before[*l][1], "layer {l} down"),
+            _ => {}
+        }
+    }
+    assert!(seen.iter().any(|(_, _, u)| !u.is_empty()), "the cache is not empty after 5 tokens");
+}

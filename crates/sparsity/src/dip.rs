@@ -7,9 +7,10 @@
 //! ratio ([`crate::Ratios`]); `--ratio R` sets both to R, so R is also the MLP's overall ratio.
 //!
 //! DIP-CA (Eq. 10) ranks by `|x| (c + γ (1 − c)) / ‖x‖∞` instead, where `c` is 1 for units in the
-//! cache: uncached units must be 1/γ times stronger to win a slot. Until the tiered store exists
-//! the cache is [`LfuCacheState`]: a least-frequently-used set of a fixed number of units per layer
-//! and site, updated with every selection.
+//! cache: uncached units must be 1/γ times stronger to win a slot. Under a memory budget the
+//! cache is the tiered store's live state ([`Selector::observe_cache`]); without one it is
+//! [`LfuCacheState`]: a least-frequently-used set of a fixed number of units per layer and site,
+//! updated with every selection, standing in for the cache a budget would have.
 
 use crate::topk::{kept, top_k_indices};
 use crate::{Phase, Ratios, Selection, Selector, Site, SiteDims};
@@ -155,11 +156,14 @@ pub struct DipSelector {
     cache_aware: Option<(LfuCacheState, f32)>,
     scores: Vec<f32>,
     scratch: Vec<f32>,
+    /// The tiered store's cache state for the next selection, and which (layer, site) it is for.
+    live: Vec<bool>,
+    live_for: Option<(usize, Site)>,
 }
 
 impl DipSelector {
     pub fn new(ratios: Ratios, cache_aware: Option<(LfuCacheState, f32)>) -> Self {
-        DipSelector { ratios, cache_aware, scores: Vec::new(), scratch: Vec::new() }
+        DipSelector { ratios, cache_aware, scores: Vec::new(), scratch: Vec::new(), live: Vec::new(), live_for: None }
     }
 
     /// The cache state DIP-CA re-weights against (None for plain DIP).
@@ -190,7 +194,18 @@ impl Selector for DipSelector {
         }
     }
 
+    fn wants_cache_state(&self) -> bool {
+        self.cache_aware.is_some()
+    }
+
+    fn observe_cache(&mut self, layer: usize, site: Site, cached: &[bool]) {
+        self.live.clear();
+        self.live.extend_from_slice(cached);
+        self.live_for = Some((layer, site));
+    }
+
     fn select(&mut self, layer: usize, site: Site, _: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection {
+        let live = self.live_for.take() == Some((layer, site)) && self.live.len() == x.len();
         let r = self.ratios.get(layer, site);
         if r <= 0.0 || !matches!(site, Site::FfnIn | Site::FfnMid) {
             return Selection::All;
@@ -204,15 +219,47 @@ impl Selector for DipSelector {
             }
             Some((cache, gamma)) => {
                 let max_abs = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-                self.scores.extend(
-                    x.iter()
-                        .enumerate()
-                        .map(|(j, &v)| dip_ca_score(v, max_abs, cache.is_cached(layer, site, j), *gamma)),
-                );
-                top_k_indices(&self.scores, k, &mut self.scratch, active);
-                cache.access(layer, site, active);
+                if live {
+                    // The store's real cache; the store itself records the accesses.
+                    let cached = &self.live;
+                    self.scores.extend(x.iter().zip(cached).map(|(&v, &c)| dip_ca_score(v, max_abs, c, *gamma)));
+                    top_k_indices(&self.scores, k, &mut self.scratch, active);
+                } else {
+                    self.scores.extend(
+                        x.iter()
+                            .enumerate()
+                            .map(|(j, &v)| dip_ca_score(v, max_abs, cache.is_cached(layer, site, j), *gamma)),
+                    );
+                    top_k_indices(&self.scores, k, &mut self.scratch, active);
+                    cache.access(layer, site, active);
+                }
             }
         }
         Selection::Subset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the store's cache state, a cached unit beats an uncached one unless the uncached one is
+    /// more than 1/γ times stronger; the state applies to the next selection of that site only.
+    #[test]
+    fn live_cache_state_reweights_the_next_selection() {
+        let ratios = Ratios::from_table(vec![[0.0, 0.0, 0.5, 0.5]]);
+        let lfu =
+            LfuCacheState::new(SiteDims { n_layer: 1, units: [4, 4, 4, 4] }, &[Site::FfnIn, Site::FfnMid], |_, _| 0.5);
+        let mut sel = DipSelector::new(ratios, Some((lfu, 0.2)));
+        assert!(sel.wants_cache_state());
+        let x = [1.0f32, 4.0, 0.3, 6.0];
+        let mut active = Vec::new();
+        // Units 0 and 2 cached: 1.0 and 0.3 stay, 4.0 · 0.2 = 0.8 loses to 1.0, 6.0 · 0.2 = 1.2 wins.
+        sel.observe_cache(0, Site::FfnIn, &[true, false, true, false]);
+        sel.select(0, Site::FfnIn, Phase::Generate, &x, &mut active);
+        assert_eq!(active, vec![0, 3]);
+        // The state was for one selection: the next one uses the stand-in LFU (empty: plain DIP).
+        sel.select(0, Site::FfnIn, Phase::Generate, &x, &mut active);
+        assert_eq!(active, vec![1, 3]);
     }
 }

@@ -116,6 +116,15 @@ pub trait Selector: Send {
     fn fixed_neurons(&self, _layer: usize, _phase: Phase) -> Option<&[u32]> {
         None
     }
+    /// Whether the selector re-weights by what the weight cache holds (DIP-CA); the engine then
+    /// calls [`Selector::observe_cache`] before each `select` of a decoded token under a memory
+    /// budget.
+    fn wants_cache_state(&self) -> bool {
+        false
+    }
+    /// The live cache state of `site` in `layer`: `cached[u]` is true when unit `u`'s weights
+    /// are in memory. Valid for the next `select` of that (layer, site).
+    fn observe_cache(&mut self, _layer: usize, _site: Site, _cached: &[bool]) {}
 }
 
 /// Every unit active.

@@ -507,6 +507,13 @@ impl TieredStore {
         (c.slots(), c.len())
     }
 
+    /// Which columns of (layer, op) are in the cache, as a mask over its units (into `out`).
+    pub fn cached_mask(&self, layer: usize, op: OpKind, out: &mut Vec<bool>) {
+        let c = &self.ops[layer][op as usize].cache;
+        out.clear();
+        out.extend((0..c.n_units() as u32).map(|u| c.contains(u)));
+    }
+
     /// The columns of (layer, op) in the cache, ascending.
     pub fn cached_units(&self, layer: usize, op: OpKind) -> Vec<u32> {
         let c = &self.ops[layer][op as usize].cache;
