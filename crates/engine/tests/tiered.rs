@@ -235,10 +235,13 @@ fn static_pins_its_hot_set_and_never_changes_it() {
     assert_eq!(after, pinned, "static never admits or evicts");
 }
 
+/// The cached units shown to a selector, per call: (layer, site, units).
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(usize, sift_engine::sparsity::Site, Vec<u32>)>>>;
+
 /// Wraps a selector, asks for the cache state and records what the engine showed it.
 struct CacheWatcher {
     inner: Box<dyn sift_engine::sparsity::Selector>,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, sift_engine::sparsity::Site, Vec<u32>)>>>,
+    seen: Seen,
 }
 
 impl sift_engine::sparsity::Selector for CacheWatcher {
