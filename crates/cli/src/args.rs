@@ -38,6 +38,14 @@ pub enum Command {
     Calibrate(CalibrateArgs),
     /// Write a .sift pack: the GGUF plus column / neuron-bundle layouts for sparse kernels
     Pack(PackArgs),
+    /// Record what the selector saw and chose per decoded token, layer and site (for simulate)
+    Trace(crate::trace::TraceArgs),
+    /// Replay a trace through the cache and prefetcher on a device profile: tok/s, hit rate, bytes
+    Simulate(crate::simulate::SimulateArgs),
+    /// The planner's sparsity, preload group and cache size for a memory budget, with predicted tok/s
+    Plan(crate::plan::PlanArgs),
+    /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile
+    Probe(crate::probe::ProbeArgs),
 }
 
 #[derive(Args, Clone)]

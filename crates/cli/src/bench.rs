@@ -25,8 +25,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let params = model.n_params();
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
     let filename = a.model.display().to_string();
-    let mut engine = a.memory.engine(model, &a.model, &opts(threads[0]), a.sparsity.calib.as_deref())?;
-    a.sparsity.apply(&mut engine)?;
+    let mut engine = a.memory.engine(model, &a.model, &opts(threads[0]), &a.sparsity)?;
     let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();
     let md = a.output == "md";
     if md {
@@ -36,8 +35,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     for &t in &threads {
         if t != engine.n_threads() {
             let model = engine.model;
-            engine = a.memory.engine(model, &a.model, &opts(t), a.sparsity.calib.as_deref())?;
-            a.sparsity.apply(&mut engine)?;
+            engine = a.memory.engine(model, &a.model, &opts(t), &a.sparsity)?;
         }
         let mut tests: Vec<BenchResult> = Vec::new();
         for &p in a.n_prompt.iter().filter(|&&p| p > 0) {

@@ -17,8 +17,8 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     eo.column_kernels = !a.sparsity.dense_kernels;
     eo.all_columns = a.sparsity.all_columns;
     a.memory.adjust(&mut eo);
-    let mut engine = a.memory.engine(model, &a.model.model, &eo, a.sparsity.calib.as_deref())?;
-    a.sparsity.apply(&mut engine)?;
+    let mut engine = a.memory.engine(model, &a.model.model, &eo, &a.sparsity)?;
+    let live = a.memory.live(&engine)?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });
@@ -44,12 +44,19 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
         let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count().min(all.len() - 1);
         engine.truncate(common);
         cached.truncate(common);
+        if let Some(l) = &live {
+            l.poll();
+        }
         let g = generate(&mut engine, &tok, &all[common..], &opts, |piece| {
+            if let Some(l) = &live {
+                l.poll();
+            }
             let _ = write!(out, "{piece}");
             let _ = out.flush();
             true
         })?;
         writeln!(out)?;
+        crate::memory::print_budget_log(&mut engine);
         cached.extend_from_slice(&all[common..]);
         cached.extend_from_slice(&g.tokens);
         // The last sampled token (EOS or past the limit) was not evaluated.

@@ -43,7 +43,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         engine.n_threads()
     );
     let t0 = std::time::Instant::now();
-    let stateful = a.sparsity.method != sift_engine::sparsity::Method::Dense;
+    let stateful = a.sparsity.method() != sift_engine::sparsity::Method::Dense;
     let mut scorer = EngineScorer::new(&mut engine);
     // Selectors with sequence state (core neurons, DIP-CA's cache) must see each item from an
     // empty context, so every context restarts instead of reusing a shared prefix.

@@ -46,8 +46,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     };
     let tokens = tok.encode(&text, true, a.chat)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
-    let mut engine = a.memory.engine(model, &a.model.model, &eo, a.sparsity.calib.as_deref())?;
-    a.sparsity.apply(&mut engine)?;
+    let mut engine = a.memory.engine(model, &a.model.model, &eo, &a.sparsity)?;
+    let live = a.memory.live(&engine)?;
     let t0 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     if !a.no_display_prompt {
@@ -55,12 +55,16 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         out.flush()?;
     }
     let g = generate(&mut engine, &tok, &tokens, &opts, |piece| {
+        if let Some(l) = &live {
+            l.poll();
+        }
         let ok = write!(out, "{piece}").is_ok();
         let _ = out.flush();
         ok
     })?;
     writeln!(out)?;
     print_speed(&g);
+    crate::memory::print_budget_log(&mut engine);
     crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
     Ok(())
 }

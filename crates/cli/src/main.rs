@@ -10,12 +10,17 @@ mod chat;
 mod eval;
 mod generate;
 mod inspect;
+mod live;
 mod memory;
 mod pack;
 mod perplexity;
+mod plan;
 mod plot;
+mod probe;
+mod simulate;
 mod sparsity;
 mod sweep;
+mod trace;
 
 use clap::Parser;
 
@@ -31,6 +36,10 @@ fn main() {
         args::Command::Sweep(a) => sweep::run(a),
         args::Command::Calibrate(a) => calibrate::run(a),
         args::Command::Pack(a) => pack::run(a),
+        args::Command::Trace(a) => trace::run(a),
+        args::Command::Simulate(a) => simulate::run(a),
+        args::Command::Plan(a) => plan::run(a),
+        args::Command::Probe(a) => probe::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

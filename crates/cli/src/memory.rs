@@ -3,10 +3,11 @@
 
 use anyhow::Context;
 use clap::Args;
-use sift_engine::sparsity::Site;
+use sift_engine::sparsity::{Method, Site};
 use sift_engine::{Engine, EngineOptions};
 use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
+use sift_sim::planner::{self, PlanRequest};
 use sift_store::cache::Policy;
 use sift_store::io::TierKind;
 use sift_store::tiered::{
@@ -15,8 +16,7 @@ use sift_store::tiered::{
 use sift_store::OpKind;
 use std::path::Path;
 
-/// Largest prompt batch under --memory (activations grow with it).
-const BUDGET_MAX_BATCH: usize = 64;
+use sift_store::tiered::BUDGET_MAX_BATCH;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct MemoryArgs {
@@ -29,9 +29,10 @@ pub struct MemoryArgs {
     /// momentum), static (hot set from --calib pinned), none
     #[arg(long = "cache-policy", default_value = "lfu", value_parser = ["lfu", "lru", "tam", "static", "none"])]
     pub cache_policy: String,
-    /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only)
-    #[arg(long = "preload", default_value_t = 4)]
-    pub preload: usize,
+    /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only;
+    /// default: the planner's choice)
+    #[arg(long = "preload")]
+    pub preload: Option<usize>,
     /// Slow tier: auto (io_uring, else pread), io_uring, pread, memory (whole pack in RAM; tests)
     #[arg(long = "io", default_value = "auto", value_parser = ["auto", "io_uring", "pread", "memory"])]
     pub io: String,
@@ -48,7 +49,25 @@ pub struct MemoryArgs {
     /// read each, first) or uniform (the same fraction of every op)
     #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
     pub cache_split: String,
+    /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
+    /// (default: $SIFT_PROFILE, else the builtin profile of sift's development machine)
+    #[arg(long = "profile")]
+    pub profile: Option<String>,
+    /// Highest sparsity the planner may choose when --sparsity is not given
+    #[arg(long = "max-ratio", default_value_t = DEFAULT_MAX_RATIO)]
+    pub max_ratio: f64,
+    /// A file holding the budget (e.g. "500M" or "40%"): rewrite it (or send SIGUSR1) to change
+    /// the budget of the running session
+    #[arg(long = "budget-file", value_name = "FILE")]
+    pub budget_file: Option<std::path::PathBuf>,
+    /// Follow Linux memory pressure (PSI): shrink the budget under pressure, grow it back after
+    #[arg(long = "follow-pressure")]
+    pub follow_pressure: bool,
 }
+
+/// The planner's default accuracy limit: Top-K above 0.6 costs more quality than the speed is
+/// worth on the models measured (docs/sparsity.md).
+pub const DEFAULT_MAX_RATIO: f64 = 0.6;
 
 impl MemoryArgs {
     pub fn enabled(&self) -> bool {
@@ -68,7 +87,7 @@ impl MemoryArgs {
         let tier = TierKind::parse(&self.io).with_context(|| format!("unknown --io '{}'", self.io))?;
         Ok(TieredOptions {
             policy,
-            preload: self.preload,
+            preload: self.preload.unwrap_or(4),
             tier,
             resident_embeddings: self.resident_embd,
             split: CacheSplit::parse(&self.cache_split)
@@ -129,19 +148,24 @@ impl MemoryArgs {
         }
     }
 
-    /// Builds the engine, with the tiered store attached under --memory.
-    /// `calib`: the calibration file whose per-channel magnitudes rank the hot set `static` pins.
+    /// Builds the engine with the selector `sparsity` asks for, and under --memory the tiered
+    /// store attached. Settings not given (--sparsity, --preload) come from the planner
+    /// (`sift_sim::planner`); `static` pins the hot set of the calibration file `--calib`.
     pub fn engine(
         &self,
         model: Model,
         path: &Path,
         eo: &EngineOptions,
-        calib: Option<&Path>,
+        sparsity: &crate::sparsity::SparsityArgs,
     ) -> anyhow::Result<Engine> {
+        let calib = sparsity.calib.as_deref();
         let Some(spec) = &self.memory else {
-            return Ok(Engine::new(model, eo));
+            let mut engine = Engine::new(model, eo);
+            sparsity.apply(&mut engine)?;
+            return Ok(engine);
         };
-        let opts = self.options()?;
+        let mut opts = self.options()?;
+        let mut sparsity = sparsity.clone();
         let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
         let budget = parse_budget(spec, model_size)?;
         // Everything the process holds besides the resident weights: code, tokenizer, allocator.
@@ -149,6 +173,9 @@ impl MemoryArgs {
         let resident = resident_bytes(&model, opts.resident_embeddings);
         let runtime = rss.saturating_sub(resident) + (8 << 20);
         let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
+        if sparsity.method.is_none() || self.preload.is_none() {
+            self.plan(&model, path, &inputs, &mut opts, &mut sparsity)?;
+        }
         let mut store = TieredStore::new(&model, path, &opts, &inputs)?;
         if opts.policy == Policy::Static {
             let file = calib.context(
@@ -175,7 +202,108 @@ impl MemoryArgs {
         }
         let mut engine = Engine::new(model, eo);
         engine.attach_store(store);
+        sparsity.apply(&mut engine)?;
         Ok(engine)
+    }
+
+    /// Fills in what the user left to the planner: the sparsity (Top-K at the planned ratio) when
+    /// --sparsity is absent, the preload group when --preload is.
+    fn plan(
+        &self,
+        model: &Model,
+        path: &Path,
+        inputs: &PlanInputs,
+        opts: &mut TieredOptions,
+        sparsity: &mut crate::sparsity::SparsityArgs,
+    ) -> anyhow::Result<()> {
+        let profile = crate::simulate::resolve_profile(self.profile.as_deref())?;
+        let fixed_ratio = sparsity.method.map(|m| if m == Method::Dense { 0.0 } else { sparsity.ratio });
+        anyhow::ensure!((0.0..1.0).contains(&self.max_ratio), "--max-ratio must be in [0, 1)");
+        let req = PlanRequest {
+            inputs: inputs.clone(),
+            policy: opts.policy,
+            max_ratio: self.max_ratio,
+            min_ratio: 0.0,
+            fixed_ratio,
+            base: opts.clone(),
+        };
+        let p = planner::plan(model, path, &profile, &req, None)?;
+        if self.preload.is_none() {
+            opts.preload = p.preload;
+        }
+        if sparsity.method.is_none() {
+            if p.ratio > 0.0 {
+                sparsity.method = Some(Method::TopK);
+                sparsity.ratio = p.ratio;
+            } else {
+                sparsity.method = Some(Method::Dense);
+            }
+        }
+        eprintln!(
+            "sift: planner (profile {}): --sparsity {} --ratio {:.2} --preload {} -> predicted {:.2} tok/s ({}); give --sparsity / --preload to choose yourself",
+            profile.name,
+            sparsity.method().name(),
+            if sparsity.method() == Method::Dense { 0.0 } else { sparsity.ratio },
+            opts.preload,
+            p.predicted_tok_s,
+            p.predicted_by
+        );
+        Ok(())
+    }
+}
+
+/// A running session's live budget: the watcher of `--budget-file` / `--follow-pressure` and the
+/// engine's handle. Call [`LiveBudget::poll`] between tokens; the engine applies a change before
+/// its next token ([`Engine::budget_handle`]).
+pub struct LiveBudget {
+    control: crate::live::BudgetControl,
+    handle: sift_engine::BudgetHandle,
+}
+
+impl LiveBudget {
+    pub fn poll(&self) {
+        if let Some(b) = self.control.take_change() {
+            self.handle.request(b);
+        }
+    }
+}
+
+impl MemoryArgs {
+    /// Starts watching the budget file and memory pressure, if asked (needs --memory).
+    pub fn live(&self, engine: &Engine) -> anyhow::Result<Option<LiveBudget>> {
+        if self.budget_file.is_none() && !self.follow_pressure {
+            return Ok(None);
+        }
+        let store = engine.store().context("--budget-file and --follow-pressure need --memory")?;
+        let model_size = engine.model.columns.as_ref().map_or(0, |p| p.gguf_len);
+        let control = crate::live::BudgetControl::start(crate::live::ControlOptions {
+            initial: store.plan.budget,
+            floor: store.plan.fixed(),
+            control_file: self.budget_file.clone(),
+            follow_pressure: self.follow_pressure,
+            parse: Box::new(move |t| parse_budget(t, model_size).map_err(|e| e.to_string())),
+        })
+        .context("--follow-pressure needs Linux pressure stall information (PSI)")?;
+        Ok(Some(LiveBudget { control, handle: engine.budget_handle() }))
+    }
+}
+
+/// Reports the budget changes the engine applied, on stderr.
+pub fn print_budget_log(engine: &mut Engine) {
+    for c in engine.take_budget_log() {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        match &c.result {
+            Ok(p) => eprintln!(
+                "sift: budget -> {:.0} MiB at token {}: cache {:.0} MiB ({:.0}% of columns), applied in {:.1} ms, RSS after {:.0} MiB",
+                mib(c.requested),
+                c.n_past,
+                mib(p.cache),
+                p.cache_fraction * 100.0,
+                c.secs * 1e3,
+                mib(c.rss_after.unwrap_or(0))
+            ),
+            Err(e) => eprintln!("sift: budget {:.0} MiB at token {} refused: {e}", mib(c.requested), c.n_past),
+        }
     }
 }
 

@@ -22,8 +22,7 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let tokens = tok.encode(&text, true, false)?;
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
     let bos = if tok.add_bos() { tok.bos() } else { None };
-    let mut engine = a.memory.engine(model, &a.model, &eo, a.sparsity.calib.as_deref())?;
-    a.sparsity.apply(&mut engine)?;
+    let mut engine = a.memory.engine(model, &a.model, &eo, &a.sparsity)?;
     eprintln!("sparsity: {}", engine.selector().describe());
     let chunks = usize::try_from(a.chunks).ok();
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));

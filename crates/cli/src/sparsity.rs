@@ -9,9 +9,10 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug)]
 pub struct SparsityArgs {
-    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim
-    #[arg(long = "sparsity", default_value = "dense")]
-    pub method: Method,
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim (default: dense;
+    /// with --memory alone, the planner's choice)
+    #[arg(long = "sparsity")]
+    pub method: Option<Method>,
     /// Fraction of units skipped at each sparsified site (0 = dense)
     #[arg(long = "ratio", default_value_t = 0.5)]
     pub ratio: f64,
@@ -47,6 +48,11 @@ pub struct SparsityArgs {
 }
 
 impl SparsityArgs {
+    /// The method asked for (dense when none was).
+    pub fn method(&self) -> Method {
+        self.method.unwrap_or(Method::Dense)
+    }
+
     /// Checks the flags; errors name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
@@ -62,20 +68,52 @@ impl SparsityArgs {
 
     /// The config these flags describe for a model of `n_layer` layers.
     pub fn config(&self, n_layer: usize) -> anyhow::Result<SparsityConfig> {
-        let ratio = if self.method == Method::Dense { 0.0 } else { self.ratio };
-        let mut ratios = Ratios::uniform(self.method, n_layer, ratio).context("--ratio")?;
+        let method = self.method();
+        let ratio = if method == Method::Dense { 0.0 } else { self.ratio };
+        let mut ratios = Ratios::uniform(method, n_layer, ratio).context("--ratio")?;
         if let Some(p) = &self.config {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read '{}'", p.display()))?;
-            ratios.apply_overrides(self.method, &text).with_context(|| format!("in '{}'", p.display()))?;
+            ratios.apply_overrides(method, &text).with_context(|| format!("in '{}'", p.display()))?;
         }
         Ok(SparsityConfig {
-            method: self.method,
+            method,
             ratios,
             gamma: self.gamma,
             cache_fraction: self.cache_frac,
             alpha: self.alpha,
             core_magnitude: self.core_magnitude,
         })
+    }
+
+    /// Flags for `method` at `ratio` with the other settings at their defaults.
+    pub fn for_method(method: Method, ratio: f64, gamma: f32, calib: Option<PathBuf>) -> SparsityArgs {
+        SparsityArgs {
+            method: Some(method),
+            ratio,
+            config: None,
+            calib,
+            gamma,
+            cache_frac: None,
+            alpha: 0.4,
+            core_magnitude: false,
+            sparse_head: 0.0,
+            dense_kernels: false,
+            all_columns: false,
+        }
+    }
+
+    /// The selector these flags describe, for `model`.
+    pub fn selector(&self, model: &sift_model::Model) -> anyhow::Result<Box<dyn sift_engine::sparsity::Selector>> {
+        self.validate()?;
+        let c = &model.config;
+        let dims =
+            sift_engine::sparsity::SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] };
+        let cfg = self.config(dims.n_layer)?;
+        let calib = match &self.calib {
+            Some(p) => Some(Calibration::load(p)?),
+            None => None,
+        };
+        Ok(build_selector(&cfg, dims, calib.as_ref())?)
     }
 
     /// Installs the selector on `engine`.

@@ -67,7 +67,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for (i, &(method, ratio)) in runs.iter().enumerate() {
         let sp = SparsityArgs {
-            method,
+            method: Some(method),
             ratio,
             config: None,
             calib: a.calib.clone(),

@@ -350,3 +350,104 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
     assert_eq!(text(&free.stdout), text(&pinned.stdout));
     assert!(text(&pinned.stderr).contains("cache static"), "{}", text(&pinned.stderr));
 }
+
+#[test]
+fn trace_simulate_plan_and_a_budget_changed_while_generating() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.sift");
+    let o = sift(&["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let p = pack.to_str().unwrap();
+    let base = ["-m", p, "-p", "The capital of France is", "--temp", "0", "-c", "256"];
+    // Record a trace under a budget, then replay it: the simulator's hit rate is the engine's.
+    let trace = dir.path().join("t.trace");
+    let mut args = vec!["trace"];
+    args.extend_from_slice(&base);
+    args.extend_from_slice(&["-n", "12", "--sparsity", "topk", "--ratio", "0.5", "--memory", "120M", "--preload", "4"]);
+    args.extend_from_slice(&["--profile", "dip-a18", "-o", trace.to_str().unwrap()]);
+    let o = sift(&args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    let hit = |s: &str, key: &str| -> f64 {
+        let at = s.find(key).unwrap_or_else(|| panic!("no '{key}' in {s}")) + key.len();
+        s[at..].trim_start().split(|c: char| c == '%' || c.is_whitespace()).next().unwrap().parse().unwrap()
+    };
+    let real = hit(&err, "hit rate");
+    let budget = err.split("memory budget ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let o = sift(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "-m",
+        p,
+        "--profile",
+        "dip-a18",
+        "--memory",
+        "120M",
+        "--policy",
+        "lfu,belady",
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let sim = v[0]["hit_rate"].as_f64().unwrap() * 100.0;
+    assert!((sim - real).abs() < 0.051, "simulated hit rate {sim} vs the engine's {real} (budget {budget} MiB)");
+    assert!(v[1]["hit_rate"].as_f64().unwrap() >= v[0]["hit_rate"].as_f64().unwrap(), "belady >= lfu");
+    assert!(v[0]["tok_s"].as_f64().unwrap() > 0.0);
+    // The planner: settings and the predicted speed, within the budget.
+    let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "-o", "json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mem = &plan["memory"];
+    let used: u64 = ["runtime", "resident_weights", "kv_and_scratch", "buffers", "cache"]
+        .iter()
+        .map(|k| mem[k].as_u64().unwrap())
+        .sum();
+    assert!(used <= 130 << 20, "{plan}");
+    assert!(plan["predicted_tok_s"].as_f64().unwrap() > 0.0 && plan["ratio"].as_f64().unwrap() <= 0.6);
+    let o = sift(&["plan", "-m", p, "--memory", "10M", "--profile", "dip-a18"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("too small"), "{}", text(&o.stderr));
+    let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "no-such-device"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("sift probe"), "{}", text(&o.stderr));
+
+    // A budget file rewritten mid-generation: the text stays that of an unchanged run, and the
+    // process is under the new budget right after the change.
+    let gen = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["generate"];
+        args.extend_from_slice(&base);
+        args.extend_from_slice(&["-n", "40", "--sparsity", "topk", "--ratio", "0.5", "--profile", "dip-a18"]);
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect()
+    };
+    let steady = Command::new(env!("CARGO_BIN_EXE_sift")).args(gen(&["--memory", "140M"])).output().unwrap();
+    assert!(steady.status.success(), "{}", text(&steady.stderr));
+    let file = dir.path().join("budget");
+    std::fs::write(&file, "140M").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))
+        .args(gen(&["--memory", "140M", "--budget-file", file.to_str().unwrap()]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Rewrite the file once the first words are out.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    use std::io::Read;
+    while got.len() < "The capital of France is".len() + 12 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the run ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    std::fs::write(&file, "115M").unwrap();
+    stdout.read_to_end(&mut got).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&got), text(&steady.stdout), "the budget change must not change the text");
+    let line = err.lines().find(|l| l.contains("budget -> 115 MiB")).unwrap_or_else(|| panic!("{err}"));
+    let rss: f64 = line.split("RSS after ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(rss <= 115.0, "RSS {rss} MiB after the change to 115 MiB: {line}");
+    assert!(err.contains("memory budget 115 MiB"), "{err}");
+}

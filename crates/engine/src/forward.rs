@@ -11,8 +11,10 @@ use crate::vecops;
 use sift_model::{Config, LayerWeights, Model, QTensor, RopeStyle};
 use sift_sparsity::{top_k_indices, DenseSelector, Phase, Selection, Selector, Site, SiteDims};
 use sift_store::io::AlignedBuf;
-use sift_store::tiered::{TierError, TieredStore};
+use sift_store::tiered::{MemoryPlan, TierError, TieredStore};
 use sift_store::OpKind;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +132,57 @@ pub struct Engine {
     /// The first error of the tiered store during a batch.
     store_error: Option<TierError>,
     all_units: Vec<u32>,
+    /// Watches decoded tokens for `sift trace`.
+    tracer: Option<Box<dyn Tracer>>,
+    /// A memory budget asked for from another thread (0: none), applied before the next batch.
+    budget_request: Arc<AtomicU64>,
+    budget_log: Vec<BudgetChange>,
+}
+
+/// Helper spins before parking when a tiered store is attached (~50 µs).
+const TIERED_SPIN: u32 = 1 << 10;
+
+/// A live budget change the engine applied (or refused) between tokens.
+#[derive(Clone, Debug)]
+pub struct BudgetChange {
+    /// Tokens in the context when it was applied.
+    pub n_past: usize,
+    pub requested: u64,
+    /// The new plan, or why the budget was refused (the old one stays).
+    pub result: Result<MemoryPlan, String>,
+    /// How long applying it took (evicting, compacting, returning memory).
+    pub secs: f64,
+    /// The process's resident memory right after (VmRSS), if known.
+    pub rss_after: Option<u64>,
+}
+
+/// Asks a running engine for a new memory budget from any thread; the engine applies it before
+/// its next batch (between tokens), see [`Engine::budget_handle`].
+#[derive(Clone, Debug)]
+pub struct BudgetHandle(Arc<AtomicU64>);
+
+impl BudgetHandle {
+    /// Requests `bytes` (a later request replaces one not yet applied).
+    pub fn request(&self, bytes: u64) {
+        self.0.store(bytes.max(1), Ordering::SeqCst);
+    }
+}
+
+/// Watches a decoded token's path through the layers (`sift trace`): the residual entering each
+/// layer and, at each site, the input the selector saw (before masking) and what it chose.
+/// Prompt batches are only announced: under a memory budget they read whole layers and leave the
+/// cache alone, so the cache's history is the decoded tokens'.
+pub trait Tracer: Send {
+    /// A prompt batch of `n` tokens is about to run.
+    fn prompt(&mut self, _n: usize) {}
+    /// A decoded token at position `pos` is about to run.
+    fn token(&mut self, _pos: usize) {}
+    /// The sequence restarts (the KV cache was cleared).
+    fn reset(&mut self) {}
+    /// Layer `layer` of the decoded token starts with this residual stream.
+    fn layer(&mut self, layer: usize, residual: &[f32]);
+    /// The selector chose `active` (ascending; `None`: every unit) at `site` from `input`.
+    fn site(&mut self, layer: usize, site: Site, input: &[f32], active: Option<&[u32]>);
 }
 
 /// How many input units each site used, summed over the tokens run since the last reset.
@@ -220,6 +273,9 @@ impl Engine {
             prefill_w: None,
             store_error: None,
             all_units: Vec::new(),
+            tracer: None,
+            budget_request: Arc::new(AtomicU64::new(0)),
+            budget_log: Vec::new(),
         }
     }
 
@@ -232,7 +288,54 @@ impl Engine {
             .map(|p| p.layers.iter().map(|l| l.ops.iter().map(ColOp::new).collect()).collect());
         self.all_columns = false;
         self.row_gather = false;
+        // Decoding under a budget blocks on reads between jobs: helpers park soon instead of
+        // spinning through the wait on a core the loader thread needs.
+        self.pool.set_spin(TIERED_SPIN);
         self.tiered = Some(store);
+    }
+
+    /// Starts (or with `None` stops) tracing decoded tokens; returns the previous tracer.
+    pub fn set_tracer(&mut self, tracer: Option<Box<dyn Tracer>>) -> Option<Box<dyn Tracer>> {
+        std::mem::replace(&mut self.tracer, tracer)
+    }
+
+    /// Changes the memory budget of a run under `--memory` (see
+    /// [`TieredStore::set_budget`](sift_store::tiered::TieredStore::set_budget)) between tokens,
+    /// keeping the conversation. Returns the new plan.
+    pub fn set_memory_budget(&mut self, budget: u64) -> Result<sift_store::tiered::MemoryPlan, TierError> {
+        match &mut self.tiered {
+            Some(store) => store.set_budget(budget).cloned(),
+            None => {
+                Err(TierError::Unsupported("the memory budget can change only in a run started with --memory".into()))
+            }
+        }
+    }
+
+    /// A handle other threads use to change the budget of this engine's run while it runs.
+    pub fn budget_handle(&self) -> BudgetHandle {
+        BudgetHandle(self.budget_request.clone())
+    }
+
+    /// The budget changes applied since the last call.
+    pub fn take_budget_log(&mut self) -> Vec<BudgetChange> {
+        std::mem::take(&mut self.budget_log)
+    }
+
+    /// Applies a budget asked for through a [`BudgetHandle`], if any.
+    fn apply_budget_request(&mut self) {
+        let req = self.budget_request.swap(0, Ordering::SeqCst);
+        if req == 0 {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        let result = self.set_memory_budget(req).map_err(|e| e.to_string());
+        self.budget_log.push(BudgetChange {
+            n_past: self.n_past,
+            requested: req,
+            result,
+            secs: t0.elapsed().as_secs_f64(),
+            rss_after: current_rss(),
+        });
     }
 
     /// The tiered store, when attached.
@@ -343,6 +446,9 @@ impl Engine {
         self.n_past = self.n_past.min(n);
         if n == 0 {
             self.selector.reset();
+            if let Some(t) = &mut self.tracer {
+                t.reset();
+            }
             if let Some(t) = &mut self.tiered {
                 t.reset_context();
             }
@@ -376,6 +482,8 @@ impl Engine {
                 n_ctx_train: c.n_ctx_train,
             });
         }
+        self.apply_budget_request();
+        let c = &self.model.config;
         let n_vocab = c.n_vocab;
         let mut all = Vec::new();
         if want == Logits::All {
@@ -469,6 +577,13 @@ impl Engine {
     /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
     fn forward_batch(&mut self, tokens: &[u32], n_logits: usize) {
         let n = tokens.len();
+        if let Some(t) = &mut self.tracer {
+            if n == 1 {
+                t.token(self.n_past);
+            } else {
+                t.prompt(n);
+            }
+        }
         self.embed(tokens);
         for l in 0..self.model.layers.len() {
             if self.store_error.is_some() {
@@ -505,7 +620,7 @@ impl Engine {
                 self.selector.observe_cache(l, site, &self.keep);
             }
         }
-        let Engine { selector, phase, active, keep, s, stats, .. } = self;
+        let Engine { selector, phase, active, keep, s, stats, tracer, .. } = self;
         let x = match which {
             Buf::H => &mut s.h,
             Buf::Att => &mut s.att,
@@ -515,7 +630,11 @@ impl Engine {
         let mut subset = false;
         for row in x[..n * len].chunks_exact_mut(len) {
             stats.visits[i] += 1;
-            match selector.select(l, site, *phase, row, active) {
+            let selection = selector.select(l, site, *phase, row, active);
+            if let (Some(t), 1) = (tracer.as_mut(), n) {
+                t.site(l, site, row, (selection == Selection::Subset).then_some(&active[..]));
+            }
+            match selection {
                 Selection::All => {
                     stats.active[i] += len as u64;
                     subset = false;
@@ -741,6 +860,9 @@ impl Engine {
 
     /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
     fn layer(&mut self, l: usize, n: usize) {
+        if let (Some(t), 1) = (&mut self.tracer, n) {
+            t.layer(l, &self.s.x[..self.model.config.n_embd]);
+        }
         if let Some(store) = &mut self.tiered {
             if n == 1 {
                 store.begin_layer(l, &self.s.x[..self.model.config.n_embd]);
@@ -870,6 +992,13 @@ enum Buf {
 }
 
 /// Rounds every value to the nearest f16 (kept as f32).
+/// The process's resident set (VmRSS) in bytes, where /proc tells it.
+pub fn current_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
 fn round_to_f16(x: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     let mut buf = [half::f16::ZERO; 256];

@@ -15,7 +15,10 @@ pub mod sampling;
 pub mod sparse;
 pub mod vecops;
 
-pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits, SparsityStats};
+pub use forward::{
+    current_rss, default_threads, BudgetChange, BudgetHandle, Engine, EngineOptions, EvalError, Logits, SparsityStats,
+    Tracer,
+};
 pub use generate::{GenerateOptions, Generation, StopReason};
 pub use sampling::{Sampler, SamplerOptions};
 pub use sift_sparsity as sparsity;

@@ -11,14 +11,14 @@
 //! instead of a scheduler time slice per op.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 
 type Job = dyn Fn(usize) + Sync;
 
 /// How long an idle helper spins before it parks (iterations of `spin_loop`).
-const SPIN_BEFORE_PARK: u32 = 1 << 17;
+pub const SPIN_BEFORE_PARK: u32 = 1 << 17;
 
 struct Shared {
     /// Incremented once per published job.
@@ -31,6 +31,8 @@ struct Shared {
     job: Mutex<Option<JobPtr>>,
     sleeping: Vec<AtomicBool>,
     stop: AtomicBool,
+    /// Spins before parking ([`ThreadPool::set_spin`]).
+    spin: AtomicU32,
 }
 
 #[derive(Clone, Copy)]
@@ -56,6 +58,7 @@ impl ThreadPool {
             job: Mutex::new(None),
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
             stop: AtomicBool::new(false),
+            spin: AtomicU32::new(SPIN_BEFORE_PARK),
         });
         let threads = (1..n)
             .map(|id| {
@@ -69,6 +72,14 @@ impl ThreadPool {
             })
             .collect();
         ThreadPool { n, shared, threads }
+    }
+
+    /// How long idle helpers spin before parking (iterations of `spin_loop`; default
+    /// [`SPIN_BEFORE_PARK`], several ms). A caller that often blocks between jobs — on reads, under
+    /// a memory budget — sets it low, so idle helpers give their core to the I/O thread instead of
+    /// spinning through the wait.
+    pub fn set_spin(&self, iterations: u32) {
+        self.shared.spin.store(iterations, Relaxed);
     }
 
     /// Number of workers, the caller included.
@@ -144,7 +155,7 @@ fn worker(s: Arc<Shared>, id: usize) {
                 break g;
             }
             spins += 1;
-            if spins < SPIN_BEFORE_PARK {
+            if spins < s.spin.load(Relaxed) {
                 std::hint::spin_loop();
             } else {
                 s.sleeping[id].store(true, SeqCst);

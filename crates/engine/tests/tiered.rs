@@ -306,3 +306,64 @@ fn dip_ca_reweights_by_the_live_cache() {
     }
     assert!(seen.iter().any(|(_, _, u)| !u.is_empty()), "the cache is not empty after 5 tokens");
 }
+
+#[test]
+fn a_budget_change_mid_generation_keeps_the_text_and_returns_the_memory() {
+    let prompt = prompt();
+    let opts = TieredOptions::default();
+    let mut steady = budgeted(pack(), &opts, 8 << 20);
+    topk(&mut steady, 0.5);
+    let (want_tokens, want_logits) = decode(&mut steady, &prompt, 18);
+
+    let mut e = budgeted(pack(), &opts, 8 << 20);
+    topk(&mut e, 0.5);
+    let fixed = e.store().unwrap().plan.fixed();
+    let transient = |e: &Engine| {
+        let s = e.store().unwrap();
+        s.arena_bytes() as u64 - s.plan.cache
+    };
+    let handle = e.budget_handle();
+    e.truncate(0);
+    let mut logits = vec![e.eval(&prompt, Logits::Last).unwrap().to_vec()];
+    let mut tokens = Vec::new();
+    for i in 0..18 {
+        match i {
+            // Shrink to 1 MiB of cache through the library call.
+            6 => {
+                let before = e.store().unwrap().arena_bytes();
+                let plan = e.set_memory_budget(fixed + (1 << 20)).unwrap();
+                assert!(plan.cache <= 1 << 20 && plan.budget == fixed + (1 << 20));
+                let s = e.store().unwrap();
+                assert!(s.arena_bytes() < before, "the arena shrank");
+                assert!(s.arena_bytes() as u64 <= plan.cache + transient(&e) + 64);
+                for l in 0..e.config().n_layer {
+                    for op in OpKind::ALL {
+                        let (slots, used) = s.occupancy(l, op);
+                        assert!(used <= slots);
+                    }
+                }
+            }
+            // Grow to 16 MiB from another thread: applied before the next token.
+            12 => {
+                let h = handle.clone();
+                std::thread::spawn(move || h.request(fixed + (16 << 20))).join().unwrap();
+            }
+            _ => {}
+        }
+        let last = logits.last().unwrap();
+        let next = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap() as u32;
+        tokens.push(next);
+        logits.push(e.eval(&[next], Logits::Last).unwrap().to_vec());
+    }
+    assert_eq!(tokens, want_tokens, "a budget change must not change the text");
+    assert_eq!(logits, want_logits, "nor a single logit");
+    let log = e.take_budget_log();
+    assert_eq!(log.len(), 1, "the handle's request was applied once");
+    let plan = log[0].result.as_ref().unwrap();
+    assert_eq!(plan.budget, fixed + (16 << 20));
+    assert!(plan.cache > 8 << 20 && plan.cache <= 16 << 20);
+    // A budget below the fixed part is refused and changes nothing.
+    let err = e.set_memory_budget(fixed / 2).unwrap_err().to_string();
+    assert!(err.contains("too small"), "{err}");
+    assert_eq!(e.store().unwrap().plan.budget, fixed + (16 << 20));
+}

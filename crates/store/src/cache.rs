@@ -31,6 +31,35 @@
 //! - **Static**, PowerInfer-style offline placement: [`UnitCache::set_hot`] pins the hottest
 //!   `slots` units of a profile ranking and nothing ever moves afterwards.
 //! - **None**: no slots; every unit is read per token.
+//! - **Belady**, the offline optimum (MIN with bypass; Belady 1966, Mattson et al. 1970), for
+//!   simulation only since it needs the future: [`UnitCache::set_future`] gives the active
+//!   lists of every later [`record`](UnitCache::record) call. A unit's key is its *next use*
+//!   (the first later step that activates it; never = ∞), ties broken by the use after that,
+//!   and so on (the unit's future use sequence, compared lexicographically). A miss is a
+//!   candidate unless it is never used again (bypass: read for this token only); residents not
+//!   protected are evictable with the same key. The candidates with the soonest key take the
+//!   free slots first, then each evicts the evictable resident with the farthest key while its
+//!   own is strictly sooner. It is the batch rule below with score = −key.
+//!
+//!   Optimality. Under the protocol of this module — a step's hits stay cached through that
+//!   step, only the step's misses can enter, and a miss that is not admitted is still served
+//!   (read for this step only) — every schedule after step `t` holds the step's hits plus a
+//!   choice among the other residents and the misses. Keeping, among those, the ones with the
+//!   soonest key maximises the total number of hits over the trace: by Belady's exchange
+//!   argument, a schedule that keeps `y` where this one keeps `x` (key of `x` ≤ key of `y`) can
+//!   be changed to keep `x` without losing a hit (steps using both are hits either way; the
+//!   first step using only one of them uses `x`, a gained hit, and the schedules coincide again
+//!   at the latest when `y` alone is used, a lost one). The tie-break matters only because hits
+//!   are protected: of two units both next used at step `s`, the cached one stays through `s`
+//!   and the other cannot replace it then, so the one used again sooner after `s` should be the
+//!   one kept (plain next-use MIN can lose hits here; a unit test shows one). So no policy driven
+//!   the same way (LFU, LRU, TAM, static from the same warm start) gets more hits; the tests
+//!   check this on random traces and compare with an exhaustive search over all schedules on
+//!   small ones. The lexicographic order costs nothing per query: [`UnitCache::set_future`]
+//!   ranks every suffix of every unit's use list once (O(E log E) for E activations; 8 bytes
+//!   per activation, 8 per unit, 4 per step). Without a future, every unit counts as never used
+//!   again: Belady then admits nothing (warm starts with [`UnitCache::set_hot`] still place
+//!   units, and [`UnitCache::resize`] still works).
 //!
 //! Batches. [`UnitCache::admit`] takes all of a token's misses at once. It keeps the best set in
 //! the sense of the policy: the eligible misses, ranked by score, and the evictable residents
@@ -69,13 +98,17 @@ pub enum Policy {
     Static,
     /// No cache.
     None,
+    /// Offline optimal replacement (MIN with bypass) over the future given to
+    /// [`UnitCache::set_future`]; simulation only.
+    Belady,
 }
 
 impl Policy {
     /// TAM with KAIROX's defaults (λ = 0.8, ε = 0.05).
     pub const TAM_DEFAULT: Policy = Policy::Tam { lambda: TAM_DEFAULT_LAMBDA, eps: TAM_DEFAULT_EPS };
 
-    /// Parses `lfu`, `lru`, `tam` (default λ, ε), `static` or `none` (ASCII case-insensitive).
+    /// Parses `lfu`, `lru`, `tam` (default λ, ε), `static`, `none` or `belady` (ASCII
+    /// case-insensitive).
     pub fn parse(s: &str) -> Option<Policy> {
         match s.trim().to_ascii_lowercase().as_str() {
             "lfu" => Some(Policy::Lfu),
@@ -83,6 +116,7 @@ impl Policy {
             "tam" => Some(Policy::TAM_DEFAULT),
             "static" => Some(Policy::Static),
             "none" => Some(Policy::None),
+            "belady" => Some(Policy::Belady),
             _ => None,
         }
     }
@@ -95,6 +129,7 @@ impl Policy {
             Policy::Tam { .. } => "tam",
             Policy::Static => "static",
             Policy::None => "none",
+            Policy::Belady => "belady",
         }
     }
 
@@ -128,7 +163,8 @@ pub struct Resize {
 /// A cached unit with its policy ranking: lower sorts first = evicted first.
 #[derive(Clone, Copy, Debug)]
 struct Ranked {
-    /// Policy score (LFU count, TAM momentum, −static rank; 0 for LRU).
+    /// Policy score (LFU count, TAM momentum, −static rank, −rank of the future use sequence
+    /// for Belady (−∞ when never used again); 0 for LRU).
     score: f64,
     /// Tick of the unit's last access (tie-break: least recently used first).
     last: u32,
@@ -147,6 +183,29 @@ struct Candidate {
     idx: u32,
     unit: u32,
 }
+
+/// Belady's view of the future: for every unit, the ticks (values of the clock right after the
+/// `record` call) at which it will be active, ascending, as one CSR array, with the rank of
+/// every suffix of these lists.
+#[derive(Clone, Debug)]
+struct Future {
+    /// Unit `u`'s use ticks are `ticks[start[u]..start[u + 1]]`.
+    start: Vec<u32>,
+    ticks: Vec<u32>,
+    /// Per entry: the rank of the use sequence starting there (`ticks[p..start[u + 1]]`) in
+    /// lexicographic order, ∞-padded (a sequence that ends is later than one that goes on):
+    /// `rank[p] < rank[q]` iff the sequence at `p` is sooner, equal iff the sequences are equal.
+    rank: Vec<u32>,
+    /// Per unit: index into `ticks` of its first use not yet recorded (advanced by `record`).
+    cursor: Vec<u32>,
+    /// Clock when the future was set: step `i` is recorded at tick `base + 1 + i`.
+    base: u32,
+    /// Per step: the number of active units (checks `record` in debug builds).
+    sizes: Vec<u32>,
+}
+
+/// A next-use tick meaning "never used again".
+const NEVER: u32 = u32::MAX;
 
 /// Slot bookkeeping and policy state for one weight tensor. See the module docs.
 #[derive(Clone, Debug)]
@@ -170,6 +229,8 @@ pub struct UnitCache {
     momentum: Vec<f32>,
     /// Static only: per-unit rank in the pinned ranking (`NO_SLOT` when not pinned).
     hot_rank: Vec<u32>,
+    /// Belady only: the future set by `set_future`.
+    future: Option<Box<Future>>,
     /// Scratch: per-slot protection marks (`mark[slot] == epoch` means protected).
     mark: Vec<u32>,
     epoch: u32,
@@ -178,6 +239,33 @@ pub struct UnitCache {
     cands: Vec<Candidate>,
     /// Units evicted by the last `admit`/`admit_predicted`/`set_hot` call.
     evicted: Vec<u32>,
+}
+
+impl Future {
+    /// Moves past tick `now` (the step just recorded with `active`).
+    fn record(&mut self, active: &[u32], now: u32) {
+        let step = now.wrapping_sub(self.base).wrapping_sub(1) as usize;
+        if let Some(&size) = self.sizes.get(step) {
+            debug_assert_eq!(active.len(), size as usize, "record: step {step} differs from the future");
+        }
+        for &u in active {
+            let u = u as usize;
+            let end = self.start[u + 1];
+            let c = &mut self.cursor[u];
+            while *c < end && self.ticks[*c as usize] < now {
+                *c += 1; // skipped a step: `record` was given another list (release builds)
+            }
+            if step < self.sizes.len() {
+                debug_assert!(
+                    *c < end && self.ticks[*c as usize] == now,
+                    "record: unit {u} is active at step {step} but not in the future's list"
+                );
+            }
+            if *c < end && self.ticks[*c as usize] == now {
+                *c += 1;
+            }
+        }
+    }
 }
 
 impl UnitCache {
@@ -203,6 +291,7 @@ impl UnitCache {
             counts: per_unit(policy == Policy::Lfu),
             momentum: if matches!(policy, Policy::Tam { .. }) { vec![0.0; n_units] } else { Vec::new() },
             hot_rank: if policy == Policy::Static { vec![NO_SLOT; n_units] } else { Vec::new() },
+            future: None,
             mark: vec![0; slots],
             epoch: 0,
             ranked: Vec::new(),
@@ -287,10 +376,94 @@ impl UnitCache {
         &self.evicted
     }
 
+    /// Belady: the active lists of every later [`record`](Self::record) call of this cache, in
+    /// order (`steps[0]` is the next call's; each sorted ascending, unique, `< n_units`),
+    /// replacing any previous future. Stored per unit as the sorted list of its use steps, with
+    /// the lexicographic rank of every suffix (8 bytes per activation, 8 per unit, 4 per step;
+    /// built in O(E log E)), so comparing two units' keys is O(1) on the common path
+    /// ([`record`](Self::record) advances a per-unit cursor). After the last step every unit
+    /// counts as never used again. Other policies ignore it. Panics on a unit out of range or a
+    /// list that is not sorted and unique.
+    pub fn set_future(&mut self, steps: Vec<Vec<u32>>) {
+        if self.policy != Policy::Belady {
+            return;
+        }
+        let n = self.n_units;
+        let total: usize = steps.iter().map(Vec::len).sum();
+        assert!(total < u32::MAX as usize, "set_future: too many activations ({total})");
+        assert!(
+            (self.clock as u64) + (steps.len() as u64) < NEVER as u64,
+            "set_future: {} steps overflow the clock",
+            steps.len()
+        );
+        let mut start = vec![0u32; n + 1];
+        for (i, step) in steps.iter().enumerate() {
+            assert!(step.windows(2).all(|w| w[0] < w[1]), "set_future: step {i} not sorted/unique");
+            if let Some(&u) = step.last() {
+                assert!((u as usize) < n, "set_future: step {i}: unit {u} out of range ({n} units)");
+            }
+            for &u in step {
+                start[u as usize + 1] += 1;
+            }
+        }
+        for u in 0..n {
+            start[u + 1] += start[u];
+        }
+        let mut cursor: Vec<u32> = start[..n].to_vec();
+        let mut ticks = vec![0u32; total];
+        let base = self.clock;
+        for (i, step) in steps.iter().enumerate() {
+            let tick = base + 1 + i as u32;
+            for &u in step {
+                let c = &mut cursor[u as usize];
+                ticks[*c as usize] = tick;
+                *c += 1;
+            }
+        }
+        // Suffix ranks, from the last step back: the sequences starting at step i (one per
+        // active unit) rank below every sequence starting later, and among themselves by the
+        // rank of their rest (already known). `cursor` walks back from each unit's end.
+        let mut rank = vec![0u32; total];
+        let mut next = total as u32;
+        let mut order: Vec<(u32, u32)> = Vec::new(); // (rank of the rest, entry)
+        for step in steps.iter().rev() {
+            order.clear();
+            for &u in step {
+                let c = &mut cursor[u as usize];
+                *c -= 1;
+                let p = *c;
+                let rest = if p + 1 < start[u as usize + 1] { rank[p as usize + 1] } else { NEVER };
+                order.push((rest, p));
+            }
+            order.sort_unstable_by_key(|o| std::cmp::Reverse(o.0));
+            let mut prev = None;
+            for &(rest, p) in &order {
+                if prev != Some(rest) {
+                    next -= 1;
+                    prev = Some(rest);
+                }
+                rank[p as usize] = next;
+            }
+        }
+        debug_assert_eq!(cursor, start[..n]);
+        let sizes = steps.iter().map(|s| s.len() as u32).collect();
+        self.future = Some(Box::new(Future { start, ticks, rank, cursor, base, sizes }));
+    }
+
+    /// Belady: how many [`record`](Self::record) calls from now until `unit` is next active
+    /// (1 = the next call), or `None` if never again (or no future is set, or another policy).
+    pub fn next_use(&self, unit: u32) -> Option<u32> {
+        match self.next_tick(unit) {
+            NEVER => None,
+            t => Some(t - self.clock),
+        }
+    }
+
     /// One token's activations for this tensor (`active`: sorted ascending, unique,
     /// `< n_units`). Advances the clock and updates the policy state: LFU counts, LRU access
-    /// ticks, TAM momentum (every unit's, lazily). Call it once per token even when `active` is
-    /// empty, and before admitting that token's misses.
+    /// ticks, TAM momentum (every unit's, lazily), Belady's position in the future (`active`
+    /// must then be the future's list for this step; checked in debug builds). Call it once per
+    /// token even when `active` is empty, and before admitting that token's misses.
     pub fn record(&mut self, active: &[u32]) {
         debug_assert!(active.windows(2).all(|w| w[0] < w[1]), "record: active not sorted/unique");
         if matches!(self.policy, Policy::Static | Policy::None) {
@@ -300,6 +473,11 @@ impl UnitCache {
         self.clock = self.clock.saturating_add(1);
         let now = self.clock;
         match self.policy {
+            Policy::Belady => {
+                if let Some(f) = self.future.as_deref_mut() {
+                    f.record(active, now);
+                }
+            }
             Policy::Lfu => {
                 for &u in active {
                     let u = u as usize;
@@ -322,6 +500,26 @@ impl UnitCache {
             }
             Policy::Static | Policy::None => unreachable!(),
         }
+    }
+
+    /// Belady: the index in the future's arrays of `unit`'s next use after the current tick.
+    fn next_entry(&self, unit: u32) -> Option<(&Future, usize)> {
+        let f = self.future.as_deref()?;
+        let u = unit as usize;
+        let (c, end) = (f.cursor[u] as usize, f.start[u + 1] as usize);
+        let uses = &f.ticks[c..end];
+        let p = match uses.first() {
+            None => return None,
+            Some(&t) if t > self.clock => c,
+            // Only when `record` was given other lists than the future's (release builds).
+            Some(_) => c + uses.partition_point(|&t| t <= self.clock),
+        };
+        (p < end).then_some((f, p))
+    }
+
+    /// Belady: the tick of `unit`'s next use after the current tick, or [`NEVER`].
+    fn next_tick(&self, unit: u32) -> u32 {
+        self.next_entry(unit).map_or(NEVER, |(f, p)| f.ticks[p])
     }
 
     /// Chooses slots for `misses` (units not cached; any that are cached just get their slot
@@ -388,7 +586,7 @@ impl UnitCache {
                     }
                 }
             }
-            Policy::Lfu | Policy::Lru | Policy::Tam { .. } => {
+            Policy::Lfu | Policy::Lru | Policy::Tam { .. } | Policy::Belady => {
                 for &u in ranking {
                     if self.free.is_empty() {
                         break;
@@ -404,8 +602,8 @@ impl UnitCache {
         placed
     }
 
-    /// New conversation: LFU counts and TAM momentum back to zero. The LRU clock, access ticks
-    /// and the cached units stay.
+    /// New conversation: LFU counts and TAM momentum back to zero. The LRU clock, access ticks,
+    /// Belady's future and the cached units stay.
     pub fn reset_context(&mut self) {
         self.counts.fill(0);
         self.momentum.fill(0.0);
@@ -424,7 +622,8 @@ impl UnitCache {
     }
 
     /// Changes the slot count (a live budget change), clamped to `n_units` (0 under none).
-    /// Shrinking evicts the policy's worst units (static: the lowest ranked) until the rest fit,
+    /// Shrinking evicts the policy's worst units (static: the lowest ranked; Belady: the farthest
+    /// next use, never-used-again first) until the rest fit,
     /// then moves kept units out of slots past the new end; see [`Resize`]. Growing only adds
     /// free slots (under static, call [`place_hot`](Self::place_hot) again to pin more).
     pub fn resize(&mut self, slots: usize) -> Resize {
@@ -488,6 +687,8 @@ impl UnitCache {
             Policy::Lfu => self.counts[unit as usize] as f64,
             Policy::Tam { lambda, .. } => self.momentum_now(unit, lambda) as f64,
             Policy::Static => -(self.hot_rank[unit as usize] as f64),
+            // The rank of its future use sequence: sooner next use first, ties by the use after.
+            Policy::Belady => self.next_entry(unit).map_or(f64::NEG_INFINITY, |(f, p)| -(f.rank[p] as f64)),
             Policy::Lru | Policy::None => 0.0,
         }
     }
@@ -500,8 +701,18 @@ impl UnitCache {
     fn beats(&self, cand: f64, victim: f64) -> bool {
         match self.policy {
             Policy::Lru => true,
-            Policy::Lfu | Policy::Tam { .. } => cand > victim,
+            Policy::Lfu | Policy::Tam { .. } | Policy::Belady => cand > victim,
             Policy::Static | Policy::None => false,
+        }
+    }
+
+    /// Whether a miss with score `score` may be cached at all (TAM: over the load threshold;
+    /// Belady: used again).
+    fn eligible(&self, score: f64) -> bool {
+        match self.policy {
+            Policy::Tam { lambda, eps } => score > f64::from((1.0 - lambda) + eps),
+            Policy::Belady => score > f64::NEG_INFINITY,
+            _ => true,
         }
     }
 
@@ -576,7 +787,7 @@ impl UnitCache {
         for &u in units {
             assert!((u as usize) < self.n_units, "admit: unit {u} out of range ({} units)", self.n_units);
         }
-        let admits = matches!(self.policy, Policy::Lfu | Policy::Lru | Policy::Tam { .. });
+        let admits = matches!(self.policy, Policy::Lfu | Policy::Lru | Policy::Tam { .. } | Policy::Belady);
         if admits && !self.unit_in.is_empty() {
             self.admit_inner(units, protect);
         }
@@ -584,8 +795,7 @@ impl UnitCache {
     }
 
     fn admit_inner(&mut self, units: &[u32], protect: &[u32]) {
-        let tau = self.policy.tam_threshold().map(f64::from);
-        // Eligible candidates: not cached and (TAM) over the load threshold.
+        // Eligible candidates: not cached, (TAM) over the load threshold, (Belady) used again.
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
         for (i, &u) in units.iter().enumerate() {
@@ -593,7 +803,7 @@ impl UnitCache {
                 continue;
             }
             let score = self.score(u);
-            if tau.is_some_and(|t| score <= t) {
+            if !self.eligible(score) {
                 continue;
             }
             cands.push(Candidate { score, idx: i as u32, unit: u });
@@ -694,12 +904,13 @@ mod tests {
 
     #[test]
     fn parse_and_name() {
-        for name in ["lfu", "lru", "tam", "static", "none"] {
+        for name in ["lfu", "lru", "tam", "static", "none", "belady"] {
             let p = Policy::parse(name).unwrap();
             assert_eq!(p.name(), name);
             assert_eq!(p.to_string(), name);
         }
         assert_eq!(Policy::parse("TAM"), Some(Policy::Tam { lambda: 0.8, eps: 0.05 }));
+        assert_eq!(Policy::parse(" Belady "), Some(Policy::Belady));
         assert_eq!(Policy::parse("fifo"), None);
         assert!((TAM.tam_threshold().unwrap() - 0.25).abs() < 1e-6);
         assert_eq!(Policy::Lfu.tam_threshold(), None);
@@ -1153,20 +1364,34 @@ mod tests {
     #[test]
     fn randomized_invariants() {
         let mut rng = Rng(0x5eed_1234_abcd_ef01);
-        let policies =
-            [Policy::Lfu, Policy::Lru, TAM, Policy::Tam { lambda: 0.5, eps: 0.0 }, Policy::Static, Policy::None];
-        for round in 0..60 {
+        let policies = [
+            Policy::Lfu,
+            Policy::Lru,
+            TAM,
+            Policy::Tam { lambda: 0.5, eps: 0.0 },
+            Policy::Static,
+            Policy::None,
+            Policy::Belady,
+        ];
+        for round in 0..70 {
             let policy = policies[round % policies.len()];
             let n = 1 + rng.below(300);
             let slots = rng.below(n + 3);
             let mut c = UnitCache::new(n, slots, policy);
+            // The whole trace up front (Belady needs it).
+            let mut window = 0usize;
+            let trace: Vec<Vec<u32>> = (0..1500)
+                .map(|_| {
+                    if rng.chance(5) {
+                        window = rng.below(n);
+                    }
+                    random_active(&mut rng, n, window)
+                })
+                .collect();
+            c.set_future(trace.clone());
             // What the caller believes each slot holds, maintained only from return values.
             let mut view: Vec<u32> = vec![NO_SLOT; c.slots()];
-            let mut window = 0usize;
-            for t in 0..1500 {
-                if rng.chance(5) {
-                    window = rng.below(n);
-                }
+            for (t, active) in trace.iter().enumerate() {
                 match rng.below(200) {
                     0 => {
                         let new = rng.below(n + 3);
@@ -1206,8 +1431,7 @@ mod tests {
                 }
                 check(&c);
 
-                let active = random_active(&mut rng, n, window);
-                c.record(&active);
+                c.record(active);
                 let hits: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
                 let misses: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
                 let predicted = rng.chance(20);
@@ -1278,18 +1502,15 @@ mod tests {
                             }
                         }
                     }
-                    Policy::Lfu | Policy::Tam { .. } => {
-                        let tau = policy.tam_threshold().map(f64::from);
+                    Policy::Lfu | Policy::Tam { .. } | Policy::Belady => {
                         for &a in &admitted {
-                            if let Some(tau) = tau {
-                                assert!(c.score(a) > tau, "TAM admitted {a} at {}", c.score(a));
-                            }
+                            assert!(c.eligible(c.score(a)), "{policy:?} admitted {a} at {}", c.score(a));
                             for &v in &evicted {
                                 assert!(c.score(a) > c.score(v), "{policy:?} admitted {a} over {v}");
                             }
                         }
                         for &u in &rejected {
-                            if tau.is_some_and(|tau| c.score(u) <= tau) {
+                            if !c.eligible(c.score(u)) {
                                 continue;
                             }
                             assert_eq!(c.len(), c.slots(), "{policy:?}: rejected {u} with a free slot");
@@ -1310,6 +1531,366 @@ mod tests {
                 for (u, s) in c.cached() {
                     assert_eq!(view[s as usize], u, "{policy:?} t{t}: slot {s} view stale");
                 }
+            }
+        }
+    }
+
+    /// Runs `trace` through a cache the way the engine does (record, split hits/misses, admit
+    /// the misses protecting the hits), after `set_future(trace)` and `set_hot(warm)`; returns
+    /// the total number of hits.
+    fn run_hits(n: usize, slots: usize, policy: Policy, trace: &[Vec<u32>], warm: &[u32]) -> u64 {
+        let mut c = UnitCache::new(n, slots, policy);
+        c.set_future(trace.to_vec());
+        c.set_hot(warm);
+        let mut hits = 0;
+        for active in trace {
+            c.record(active);
+            let h: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
+            let m: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
+            hits += h.len() as u64;
+            c.admit(&m, &h);
+        }
+        hits
+    }
+
+    fn steps(lists: &[&[u32]]) -> Vec<Vec<u32>> {
+        lists.iter().map(|l| l.to_vec()).collect()
+    }
+
+    #[test]
+    fn belady_bypasses_units_never_used_again() {
+        // Single-unit steps, 2 slots: 0 1 2 0 1 3 0 1. 2 and 3 are never used again: bypassed.
+        let trace = steps(&[&[0], &[1], &[2], &[0], &[1], &[3], &[0], &[1]]);
+        let mut c = UnitCache::new(4, 2, Policy::Belady);
+        c.set_future(trace.clone());
+        let mut got = Vec::new();
+        for active in &trace {
+            got.push(token(&mut c, active));
+            assert!(c.last_evictions().is_empty());
+        }
+        let e = Vec::<u32>::new;
+        assert_eq!(got, vec![vec![0], vec![1], vec![NO_SLOT], e(), e(), vec![NO_SLOT], e(), e()]);
+        assert_eq!(cached_set(&c), vec![0, 1]);
+        assert_eq!(run_hits(4, 2, Policy::Belady, &trace, &[]), 4);
+        assert_eq!(run_hits(4, 2, Policy::Lru, &trace, &[]), 0);
+    }
+
+    #[test]
+    fn belady_evicts_the_farthest_next_use() {
+        // 2 slots: 0 1 2 2 0 1. At step 2, 2 (next use: step 3) evicts 1 (step 5), not 0 (step 4).
+        let trace = steps(&[&[0], &[1], &[2], &[2], &[0], &[1]]);
+        let mut c = UnitCache::new(3, 2, Policy::Belady);
+        c.set_future(trace.clone());
+        token(&mut c, &trace[0]);
+        token(&mut c, &trace[1]);
+        let slot1 = c.slot_of(1).unwrap();
+        assert_eq!((c.next_use(0), c.next_use(1), c.next_use(2)), (Some(3), Some(4), Some(1)));
+        assert_eq!(token(&mut c, &trace[2]), vec![slot1]);
+        assert_eq!(c.last_evictions(), &[1]);
+        assert_eq!(token(&mut c, &trace[3]), Vec::<u32>::new()); // hit
+        assert_eq!(token(&mut c, &trace[4]), Vec::<u32>::new()); // hit
+        assert_eq!(token(&mut c, &trace[5]), vec![NO_SLOT]); // 1 is never used again
+        assert_eq!(run_hits(3, 2, Policy::Belady, &trace, &[]), 2);
+        // Past the end of the future nothing is used again: nothing admitted, no panic.
+        assert_eq!(token(&mut c, &[]), Vec::<u32>::new());
+        assert_eq!(c.next_use(0), None);
+        check(&c);
+    }
+
+    #[test]
+    fn belady_batch_pairs_soonest_misses_with_farthest_residents() {
+        // 3 slots, warm start 0 1 2. Step 0: 0 hits (protected); misses 3, 4 (next: step 1)
+        // and 5 (step 2); evictable 2 (step 3) and 1 (step 2). 3 evicts 2, 4 evicts 1, 5 has
+        // nothing left it strictly beats.
+        let trace = steps(&[&[0, 3, 4, 5], &[3, 4], &[1, 5], &[2], &[0]]);
+        let mut c = UnitCache::new(6, 3, Policy::Belady);
+        c.set_future(trace.clone());
+        c.set_hot(&[0, 1, 2]);
+        assert_eq!(cached_set(&c), vec![0, 1, 2]);
+        assert_eq!((c.next_use(0), c.next_use(5), c.next_use(2)), (Some(1), Some(1), Some(4)));
+        let (slot1, slot2) = (c.slot_of(1).unwrap(), c.slot_of(2).unwrap());
+        assert_eq!(token(&mut c, &trace[0]), vec![slot2, slot1, NO_SLOT]);
+        assert_eq!(c.last_evictions(), &[2, 1]);
+        assert_eq!(cached_set(&c), vec![0, 3, 4]);
+        assert_eq!((c.next_use(0), c.next_use(5), c.next_use(3)), (Some(4), Some(2), Some(1)));
+        assert_eq!(token(&mut c, &trace[1]), Vec::<u32>::new());
+        // 1 and 5 are never used again after step 2: bypassed although 3 and 4 are dead too.
+        assert_eq!(token(&mut c, &trace[2]), vec![NO_SLOT, NO_SLOT]);
+        assert_eq!(c.next_use(3), None);
+        // Shrinking evicts the farthest next use first: 3 and 4 (never; lower id first), keeps 0.
+        let r = c.resize(1);
+        assert_eq!(r.evicted, vec![3, 4]);
+        assert_eq!(cached_set(&c), vec![0]);
+        check(&c);
+        assert_eq!(token(&mut c, &trace[3]), vec![NO_SLOT]);
+        assert_eq!(token(&mut c, &trace[4]), Vec::<u32>::new());
+        assert_eq!(run_hits(6, 3, Policy::Belady, &trace, &[0, 1, 2]), 4);
+    }
+
+    #[test]
+    fn belady_ties_on_next_use_go_to_the_sooner_use_after() {
+        // 1 slot holding 2. Step 0 uses 3; 2 and 3 are both next used at step 1, and 3 again at
+        // step 2. Hits are protected, so whichever is cached at step 1 stays through it: 3 must
+        // replace 2 now (plain next-use MIN keeps 2 and gets 1 hit instead of 2).
+        let trace = steps(&[&[3], &[2, 3], &[3]]);
+        let mut c = UnitCache::new(4, 1, Policy::Belady);
+        c.set_future(trace.clone());
+        c.set_hot(&[2]);
+        assert_eq!(token(&mut c, &trace[0]), vec![0]);
+        assert_eq!(c.last_evictions(), &[2]);
+        assert_eq!(c.next_use(2), c.next_use(3));
+        assert_eq!(token(&mut c, &trace[1]), vec![NO_SLOT]);
+        assert_eq!(token(&mut c, &trace[2]), Vec::<u32>::new());
+        assert_eq!(run_hits(4, 1, Policy::Belady, &trace, &[2]), 2);
+        // A unit whose uses are a prefix of another's ranks later (it ends: ∞ after that).
+        let mut c = UnitCache::new(4, 1, Policy::Belady);
+        c.set_future(steps(&[&[0, 1], &[0, 1], &[1]]));
+        c.record(&[0, 1]);
+        assert_eq!(c.admit(&[0, 1], &[]), vec![NO_SLOT, 0]);
+    }
+
+    #[test]
+    fn belady_free_slots_go_to_the_soonest_next_use() {
+        // 2 free slots, 4 misses: 2 (next: step 1) and 0 (step 2) get them, 1 (step 3) does
+        // not, 3 (never) is bypassed.
+        let trace = steps(&[&[0, 1, 2, 3], &[2], &[0], &[1]]);
+        let mut c = UnitCache::new(4, 2, Policy::Belady);
+        c.set_future(trace.clone());
+        // Free slots are handed out lowest first, soonest next use first: 2 gets slot 0.
+        assert_eq!(token(&mut c, &trace[0]), vec![1, NO_SLOT, 0, NO_SLOT]);
+        assert_eq!(cached_set(&c), vec![0, 2]);
+        assert_eq!(run_hits(4, 2, Policy::Belady, &trace, &[]), 2);
+    }
+
+    #[test]
+    fn belady_without_future_admits_nothing_and_stays_usable() {
+        let mut c = UnitCache::new(10, 3, Policy::Belady);
+        assert_eq!(token(&mut c, &[1, 2]), vec![NO_SLOT, NO_SLOT]);
+        assert_eq!(c.next_use(1), None);
+        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]);
+        // Warm start like LFU.
+        assert_eq!(c.place_hot(&[5, 6, 5, 7, 8]), vec![(5, 0), (6, 1), (7, 2)]);
+        assert_eq!(token(&mut c, &[5, 9]), vec![NO_SLOT]);
+        assert_eq!(c.resize(1).evicted.len(), 2);
+        c.reset_context();
+        check(&c);
+        // Other policies ignore a future.
+        let mut l = UnitCache::new(10, 3, Policy::Lfu);
+        l.set_future(vec![vec![1]]);
+        assert_eq!(l.next_use(1), None);
+        assert_ne!(token(&mut l, &[1]), vec![NO_SLOT]);
+    }
+
+    #[test]
+    fn belady_future_set_mid_run_counts_from_the_next_record() {
+        let mut c = UnitCache::new(5, 1, Policy::Belady);
+        token(&mut c, &[0]);
+        token(&mut c, &[1]);
+        c.set_future(steps(&[&[2], &[], &[2, 3]]));
+        assert_eq!((c.next_use(2), c.next_use(3), c.next_use(0)), (Some(1), Some(3), None));
+        assert_eq!(token(&mut c, &[2]), vec![0]); // used again at step 2
+        assert_eq!(c.next_use(2), Some(2));
+        token(&mut c, &[]);
+        // 3 (never again after this step) is bypassed; 2 hits.
+        assert_eq!(token(&mut c, &[2, 3]), vec![NO_SLOT]);
+        assert_eq!(cached_set(&c), vec![2]);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "differs from the future")]
+    fn belady_record_checks_the_future_in_debug_builds() {
+        let mut c = UnitCache::new(5, 1, Policy::Belady);
+        c.set_future(steps(&[&[1, 2]]));
+        c.record(&[1]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn belady_future_unit_out_of_range_panics() {
+        UnitCache::new(5, 1, Policy::Belady).set_future(steps(&[&[1, 5]]));
+    }
+
+    /// The most hits any schedule can get under the module's protocol: after each step the cache
+    /// holds the step's hits plus any subset of (residents ∪ misses), at most `k` units. Bitmask
+    /// DP over all cache states (n ≤ 8).
+    fn exhaustive_optimum(n: usize, k: usize, trace: &[u32], init: u32) -> u64 {
+        let states = 1usize << n;
+        let mut best = vec![-1i64; states];
+        best[init as usize] = 0;
+        for &a in trace {
+            let mut next = vec![-1i64; states];
+            for (c, &h) in best.iter().enumerate() {
+                if h < 0 {
+                    continue;
+                }
+                let c = c as u32;
+                let hit = c & a;
+                let pool = (c | a) & !hit;
+                let gained = h + hit.count_ones() as i64;
+                // Every subset of `pool`.
+                let mut sub = pool;
+                loop {
+                    let s = hit | sub;
+                    if s.count_ones() as usize <= k {
+                        next[s as usize] = next[s as usize].max(gained);
+                    }
+                    if sub == 0 {
+                        break;
+                    }
+                    sub = (sub - 1) & pool;
+                }
+            }
+            best = next;
+        }
+        best.into_iter().max().unwrap() as u64
+    }
+
+    /// Textbook MIN with bypass for one request per step (`None`: no request): on a miss, skip
+    /// a unit never requested again, else take a free slot, else replace the resident whose next
+    /// request is farthest if that is farther than the newcomer's.
+    fn reference_min(k: usize, trace: &[Option<u32>]) -> u64 {
+        let next =
+            |from: usize, u: u32| trace[from..].iter().position(|&x| x == Some(u)).map_or(usize::MAX, |p| from + p);
+        let mut cache: Vec<u32> = Vec::new();
+        let mut hits = 0;
+        for (t, &x) in trace.iter().enumerate() {
+            let Some(x) = x else { continue };
+            if cache.contains(&x) {
+                hits += 1;
+                continue;
+            }
+            let nx = next(t + 1, x);
+            if nx == usize::MAX || k == 0 {
+                continue;
+            }
+            if cache.len() < k {
+                cache.push(x);
+                continue;
+            }
+            let (i, far) = cache.iter().enumerate().map(|(i, &u)| (i, next(t + 1, u))).max_by_key(|&(_, f)| f).unwrap();
+            if far > nx {
+                cache[i] = x;
+            }
+        }
+        hits
+    }
+
+    fn mask_to_list(m: u32) -> Vec<u32> {
+        (0..32).filter(|b| m >> b & 1 == 1).collect()
+    }
+
+    /// A trace of `steps` active sets over `n` units. `skew`: ranks drawn log-uniformly (Zipf-like
+    /// with exponent 1: P(rank r) ∝ 1/(r + 1)) through a permutation that rotates every
+    /// `drift` steps (0: never); otherwise uniform.
+    fn gen_trace(seed: u64, n: usize, steps: usize, max_active: usize, skew: bool, drift: usize) -> Vec<Vec<u32>> {
+        let mut rng = Rng(seed | 1);
+        let mut perm: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        (0..steps)
+            .map(|t| {
+                let k = rng.below(max_active + 1);
+                let shift = t.checked_div(drift).unwrap_or(0);
+                let mut v: Vec<u32> = (0..k)
+                    .map(|_| {
+                        if skew {
+                            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                            let rank = ((n as f64 + 1.0).powf(u) - 1.0).floor() as usize;
+                            perm[(rank.min(n - 1) + shift) % n]
+                        } else {
+                            rng.below(n) as u32
+                        }
+                    })
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .collect()
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+            /// Belady gets at least as many hits as every online policy and as a static hot set
+            /// (any ranking, and the trace's own frequency ranking), cold and from the same warm
+            /// start, on skewed, drifting and uniform traces.
+            #[test]
+            fn belady_beats_every_online_policy(
+                seed in any::<u64>(),
+                n in 1usize..48,
+                slot_frac in 0.0f64..=1.0,
+                n_steps in 1usize..120,
+                max_active in 0usize..16,
+                skew in any::<bool>(),
+                drift in prop_oneof![Just(0usize), 5usize..40],
+                ranking_seed in any::<u64>(),
+            ) {
+                let slots = (slot_frac * n as f64).round() as usize;
+                let trace = gen_trace(seed, n, n_steps, max_active, skew, drift);
+                let mut ranking: Vec<u32> = (0..n as u32).collect();
+                let mut rng = Rng(ranking_seed | 1);
+                for i in (1..n).rev() {
+                    ranking.swap(i, rng.below(i + 1));
+                }
+                let mut freq = vec![0u32; n];
+                for u in trace.iter().flatten() {
+                    freq[*u as usize] += 1;
+                }
+                let mut by_freq: Vec<u32> = (0..n as u32).collect();
+                by_freq.sort_by_key(|&u| std::cmp::Reverse(freq[u as usize]));
+                let online = [Policy::Lfu, Policy::Lru, TAM];
+                let belady_cold = run_hits(n, slots, Policy::Belady, &trace, &[]);
+                for p in online {
+                    let h = run_hits(n, slots, p, &trace, &[]);
+                    prop_assert!(belady_cold >= h, "cold: belady {} < {:?} {}", belady_cold, p, h);
+                }
+                for warm in [&ranking, &by_freq] {
+                    let belady = run_hits(n, slots, Policy::Belady, &trace, warm);
+                    for p in online.into_iter().chain([Policy::Static]) {
+                        let h = run_hits(n, slots, p, &trace, warm);
+                        prop_assert!(belady >= h, "warm: belady {} < {:?} {}", belady, p, h);
+                    }
+                }
+            }
+
+            /// Belady equals the exhaustive optimum over every schedule the protocol allows.
+            #[test]
+            fn belady_matches_exhaustive_optimum(
+                n in 1usize..9,
+                slot_frac in 0.0f64..=1.0,
+                masks in proptest::collection::vec(any::<u32>(), 1..14),
+                init in any::<u32>(),
+            ) {
+                let k = (slot_frac * n as f64).round() as usize;
+                let all = (1u32 << n) - 1;
+                let masks: Vec<u32> = masks.into_iter().map(|m| m & all).collect();
+                // A warm start of at most k units.
+                let mut init = init & all;
+                while init.count_ones() as usize > k {
+                    init &= init - 1;
+                }
+                let trace: Vec<Vec<u32>> = masks.iter().map(|&m| mask_to_list(m)).collect();
+                let hits = run_hits(n, k, Policy::Belady, &trace, &mask_to_list(init));
+                prop_assert_eq!(hits, exhaustive_optimum(n, k, &masks, init));
+            }
+
+            /// With one unit per step, Belady equals textbook MIN with bypass.
+            #[test]
+            fn belady_matches_reference_min_on_single_unit_steps(
+                n in 1usize..30,
+                k in 0usize..12,
+                reqs in proptest::collection::vec(proptest::option::weighted(0.9, 0u32..30), 1..200),
+            ) {
+                let reqs: Vec<Option<u32>> = reqs.into_iter().map(|r| r.map(|u| u % n as u32)).collect();
+                let trace: Vec<Vec<u32>> = reqs.iter().map(|r| r.iter().copied().collect()).collect();
+                prop_assert_eq!(run_hits(n, k, Policy::Belady, &trace, &[]), reference_min(k.min(n), &reqs));
             }
         }
     }

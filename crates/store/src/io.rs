@@ -63,10 +63,17 @@ fn is_aligned(x: u64) -> bool {
 // ---------------------------------------------------------------------------------------------
 // AlignedBuf
 
+/// Buffers at least this large are mapped straight from the OS (anonymous `mmap`): their pages
+/// are zero and take no memory until first written, so a buffer sized for the worst case costs
+/// only what is used (and a simulated store's buffers, never written, cost nothing).
+const MMAP_MIN: usize = 1 << 20;
+
 /// Heap buffer aligned to [`DIRECT_ALIGN`], its length a multiple of it, zero-initialised.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Whether `ptr` is an `mmap` of `len` bytes (else an allocator block).
+    mapped: bool,
 }
 
 // SAFETY: an AlignedBuf uniquely owns its allocation, exactly like a Box<[u8]>; it has no interior
@@ -81,13 +88,33 @@ impl AlignedBuf {
     pub fn new(len: usize) -> AlignedBuf {
         let len = len.checked_next_multiple_of(DIRECT_ALIGN).expect("AlignedBuf length overflows usize");
         if len == 0 {
-            return AlignedBuf { ptr: NonNull::dangling(), len: 0 };
+            return AlignedBuf { ptr: NonNull::dangling(), len: 0, mapped: false };
+        }
+        if len >= MMAP_MIN {
+            // SAFETY: an anonymous private mapping of `len` bytes at an address of the kernel's
+            // choosing touches no existing memory; the result is checked before use. Anonymous
+            // pages are zero-filled and page-aligned (DIRECT_ALIGN is the page size).
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw != libc::MAP_FAILED {
+                let ptr = NonNull::new(raw as *mut u8).expect("mmap returned null");
+                return AlignedBuf { ptr, len, mapped: true };
+            }
+            // Fall back to the allocator (e.g. under a mapping-count limit).
         }
         let layout = Self::layout(len);
         // SAFETY: `layout` has a non-zero size (len > 0) and a valid power-of-two alignment.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, mapped: false }
     }
 
     fn layout(len: usize) -> Layout {
@@ -125,11 +152,18 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and has not
-            // been freed (we own it uniquely).
-            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        if self.len == 0 {
+            return;
         }
+        if self.mapped {
+            // SAFETY: `ptr` is the start of a mapping of exactly `len` bytes made in `new`, owned
+            // uniquely by this buffer and not unmapped before.
+            unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+            return;
+        }
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and has not
+        // been freed (we own it uniquely).
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }
 }
 

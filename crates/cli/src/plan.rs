@@ -1,0 +1,122 @@
+//! `sift plan`: what the planner (`sift_sim::planner`) would run a model with under a memory
+//! budget on a device: sparsity, cross-layer group, cache size and the memory split, with the
+//! predicted decode speed. `-o json` prints the settings and `predicted_tok_s`.
+
+use anyhow::Context;
+use clap::Args;
+use sift_engine::{Engine, EngineOptions};
+use sift_sim::planner::{plan, PlanRequest};
+use sift_sim::trace::Trace;
+use sift_store::tiered::{CacheSplit, PlanInputs, TieredOptions};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// The pack to plan for
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Memory budget: bytes (K/M/G) or a percentage of the model size
+    #[arg(long = "memory")]
+    pub memory: String,
+    /// Device profile: a file from `sift probe -o` or a builtin name (default: $SIFT_PROFILE, else
+    /// the builtin profile of sift's development machine)
+    #[arg(long = "profile")]
+    pub profile: Option<String>,
+    /// Predict by simulating this trace (from `sift trace`) instead of the cost model
+    #[arg(long = "trace")]
+    pub trace: Option<PathBuf>,
+    /// Cache policy to plan for
+    #[arg(long = "cache-policy", default_value = "lfu")]
+    pub cache_policy: String,
+    /// Highest sparsity the planner may choose
+    #[arg(long = "max-ratio", default_value_t = crate::memory::DEFAULT_MAX_RATIO)]
+    pub max_ratio: f64,
+    /// Plan only the group size for this fixed sparsity ratio
+    #[arg(long = "ratio")]
+    pub ratio: Option<f64>,
+    /// Context size the run will use (KV cache)
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Output format: md or json
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
+    pub output: String,
+}
+
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
+    anyhow::ensure!((0.0..1.0).contains(&a.max_ratio), "--max-ratio must be in [0, 1)");
+    if let Some(r) = a.ratio {
+        anyhow::ensure!((0.0..1.0).contains(&r), "--ratio must be in [0, 1)");
+    }
+    let profile = crate::simulate::resolve_profile(a.profile.as_deref())?;
+    let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
+    let index = model
+        .columns
+        .as_ref()
+        .with_context(|| format!("{}: the planner needs a sift pack; make one with `sift pack`", a.model.display()))?;
+    let budget = crate::memory::parse_budget(&a.memory, index.gguf_len)?;
+    let trace = match &a.trace {
+        Some(p) => {
+            let t = Trace::read(p)?;
+            t.header.check_model(p, &model)?;
+            Some(t)
+        }
+        None => None,
+    };
+    // What a budgeted run counts as runtime: this process with the tokenizer built.
+    let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
+    let runtime = trace.as_ref().map(|t| t.header.runtime_bytes).unwrap_or_else(|| rss_anon() + (8 << 20));
+    let eo = EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() };
+    let policy = crate::simulate::parse_policy(&a.cache_policy, 0.8, 0.05)?;
+    let req = PlanRequest {
+        inputs: PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo) },
+        policy,
+        max_ratio: a.max_ratio,
+        min_ratio: 0.0,
+        fixed_ratio: a.ratio,
+        base: TieredOptions { split: CacheSplit::ReadCost, ..TieredOptions::default() },
+    };
+    let p = plan(&model, &a.model, &profile, &req, trace.as_ref())?;
+    if a.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let m = &p.memory;
+    println!("plan for {} under {:.0} MiB on {} ({})\n", a.model.display(), mib(budget), profile.name, profile.source);
+    println!(
+        "  --sparsity {} --ratio {:.2} --preload {} --cache-policy {}   predicted {:.2} tok/s ({})\n",
+        p.sparsity, p.ratio, p.preload, p.cache_policy, p.predicted_tok_s, p.predicted_by
+    );
+    println!("| memory | MiB |\n|---|---:|");
+    for (k, v) in [
+        ("runtime (code, tokenizer)", m.runtime),
+        ("resident weights", m.resident_weights),
+        ("KV cache + activations", m.kv_and_scratch),
+        ("I/O and compute buffers", m.buffers),
+        ("column cache", m.cache),
+    ] {
+        println!("| {k} | {:.0} |", mib(v));
+    }
+    println!("| **total** | **{:.0}** of {:.0} |\n", mib(m.fixed() + m.cache), mib(m.budget));
+    println!("| preload | ratio | cache MiB | predicted tok/s |\n|---:|---:|---:|---:|");
+    for c in &p.candidates {
+        match &c.refused {
+            Some(why) => println!("| {} | - | - | refused: {why} |", c.preload),
+            None => {
+                println!("| {} | {:.2} | {:.0} | {:.2} |", c.preload, c.ratio, mib(c.cache_bytes), c.predicted_tok_s)
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rss_anon() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("RssAnon:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}

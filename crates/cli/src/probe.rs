@@ -1,0 +1,125 @@
+//! `sift probe`: measure this machine's memory, disk and kernels into a device profile
+//! (`sift_sim::probe`), or show / list profiles (`sift_sim::profile`).
+
+use crate::args::DEFAULT_MODEL;
+use anyhow::{bail, Context};
+use clap::Args;
+use sift_sim::probe::{probe, ProbeOptions};
+use sift_sim::profile::{gbs, list_builtin, DeviceProfile};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct ProbeArgs {
+    /// Weight file whose reads (O_DIRECT, random offsets) measure the disk; larger is better
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Write the profile to this TOML file
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Threads for memory reads and kernels (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// A quarter of the time per measurement (about 6 s in all)
+    #[arg(long)]
+    pub quick: bool,
+    /// The profile's name (default: the output file's stem, else "this-machine")
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Print a profile instead of measuring: a builtin name (see --list) or a TOML file
+    #[arg(long, value_name = "NAME_OR_PATH", conflicts_with_all = ["output", "quick", "list"])]
+    pub show: Option<String>,
+    /// List the builtin profiles (taken from the papers)
+    #[arg(long, conflicts_with_all = ["output", "quick"])]
+    pub list: bool,
+}
+
+pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
+    if a.list {
+        println!("| name | taken from | mem read | disk 4 KiB qd 1 | disk 1 MiB qd 16 |");
+        println!("| --- | --- | ---: | ---: | ---: |");
+        for n in list_builtin() {
+            let p = DeviceProfile::builtin(n).expect("listed builtin exists");
+            println!(
+                "| {n} | {} | {} | {} | {} |",
+                p.source.split(" (").next().unwrap_or(&p.source),
+                gbs(p.mem_read_bw),
+                gbs(p.disk_bw(4096, 1)),
+                gbs(p.disk_bw(1 << 20, 16))
+            );
+        }
+        println!(
+            "\n`sift probe --show NAME` prints one with its source; measure this machine with `sift probe -o FILE`."
+        );
+        return Ok(());
+    }
+    if let Some(s) = &a.show {
+        print!("{}", resolve(s)?.to_markdown());
+        return Ok(());
+    }
+
+    if !a.model.exists() {
+        bail!(
+            "weight file '{}' not found: pass one with -m (any large file on the disk to measure; a model's pack is ideal){}",
+            a.model.display(),
+            if a.model == Path::new(DEFAULT_MODEL) { ", or run scripts/fetch-model.sh" } else { "" }
+        );
+    }
+    let name = a
+        .name
+        .clone()
+        .or_else(|| a.output.as_ref().and_then(|o| o.file_stem()).map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "this-machine".to_string());
+    let opts = ProbeOptions {
+        file: a.model.clone(),
+        threads: a.threads.unwrap_or_else(sift_engine::default_threads).max(1),
+        quick: a.quick,
+        name,
+    };
+    let t0 = Instant::now();
+    let mut stderr = std::io::stderr();
+    let report = probe(&opts, &mut |line| {
+        let _ = writeln!(stderr, "[{:5.1} s] {line}", t0.elapsed().as_secs_f64());
+    })?;
+    println!();
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    println!();
+    print!("{}", report.profile.to_markdown());
+    println!("\nprobe took {:.1} s", report.elapsed.as_secs_f64());
+    if let Some(out) = &a.output {
+        let mut header = vec![
+            "Device profile measured by `sift probe` (method: crates/sim/src/probe.rs; model: crates/sim/src/profile.rs)."
+                .to_string(),
+            format!(
+                "Command: sift probe -m {} -t {}{}",
+                a.model.display(),
+                opts.threads,
+                if a.quick { " --quick" } else { "" }
+            ),
+        ];
+        header.extend(report.notes.iter().cloned());
+        header.push(
+            "Units: bandwidths in bytes/s; disk lat_ns = ns from submitting a batch of qd reads to the last completion;"
+                .to_string(),
+        );
+        header.push("kernels = bytes of weights processed per second. Show with `sift probe --show FILE`.".to_string());
+        report.profile.save(out, &header).with_context(|| format!("cannot write '{}'", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// A builtin profile by name, else a profile file.
+fn resolve(s: &str) -> anyhow::Result<DeviceProfile> {
+    if let Some(p) = DeviceProfile::builtin(s) {
+        return Ok(p);
+    }
+    let path = Path::new(s);
+    if path.exists() {
+        return Ok(DeviceProfile::load(path)?);
+    }
+    bail!("no builtin profile or file named '{s}' (builtin: {})", list_builtin().join(", "))
+}

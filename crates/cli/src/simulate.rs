@@ -1,0 +1,247 @@
+//! `sift simulate`: replay a trace through the engine's cache and prefetch code on a device
+//! profile (see `sift_sim::replay`); `--sweep` runs every budget × policy given and writes CSV and
+//! plots. Also home of the profile lookup shared with `sift plan` and `--memory`.
+
+use crate::plot::{Chart, Series};
+use anyhow::Context;
+use clap::Args;
+use sift_sim::profile::DeviceProfile;
+use sift_sim::replay::{simulate, Replay, SimOptions, SimReport};
+use sift_sim::trace::Trace;
+use sift_store::cache::Policy;
+use sift_store::tiered::{CacheSplit, TieredOptions};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// Trace from `sift trace`
+    #[arg(long = "trace")]
+    pub trace: PathBuf,
+    /// The pack the trace was recorded on
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Device profile: a file from `sift probe -o`, or a builtin name (`sift probe --list`)
+    #[arg(long = "profile")]
+    pub profile: Option<String>,
+    /// Memory budgets (bytes with K/M/G, or % of the model), comma-separated
+    #[arg(long = "memory", value_delimiter = ',', required = true)]
+    pub memory: Vec<String>,
+    /// Cache policies, comma-separated: lfu, lru, tam, static, belady, none
+    #[arg(long = "policy", value_delimiter = ',', default_value = "lfu")]
+    pub policy: Vec<String>,
+    /// Selections replayed, comma-separated: recorded (the trace's own choices, exact) or a
+    /// method run on the recorded inputs (topk, dip, dip-ca, glu, threshold, ...)
+    #[arg(long = "sparsity", value_delimiter = ',', default_value = "recorded")]
+    pub sparsity: Vec<String>,
+    /// Ratio for --sparsity METHOD
+    #[arg(long = "ratio", default_value_t = 0.5)]
+    pub ratio: f64,
+    /// DIP-CA penalty for units not in cache
+    #[arg(long = "gamma", default_value_t = 0.2)]
+    pub gamma: f32,
+    /// Calibration file (threshold, core-sim; static's hot set — else ranked from the trace itself)
+    #[arg(long = "calib")]
+    pub calib: Option<PathBuf>,
+    /// Layers per cross-layer preload group
+    #[arg(long = "preload", default_value_t = 4)]
+    pub preload: usize,
+    /// Cache split among ops: read-cost or uniform
+    #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
+    pub cache_split: String,
+    /// TAM decay λ and margin ε
+    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA)]
+    pub tam_lambda: f32,
+    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS)]
+    pub tam_eps: f32,
+    /// Override the runtime memory the trace recorded (bytes with K/M/G)
+    #[arg(long = "runtime")]
+    pub runtime: Option<String>,
+    /// Override the context size the trace recorded (it sizes the KV cache in the plan)
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Write results.csv, hitrate.svg and tps.svg into this directory
+    #[arg(long = "sweep")]
+    pub sweep: Option<PathBuf>,
+    /// Output format: md or json
+    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
+    pub output: String,
+}
+
+/// A profile by file path or builtin name; without one, `$SIFT_PROFILE`, then the builtin profile
+/// of the machine sift was developed on (say which).
+pub fn resolve_profile(spec: Option<&str>) -> anyhow::Result<DeviceProfile> {
+    let spec = spec.map(String::from).or_else(|| std::env::var("SIFT_PROFILE").ok());
+    match spec {
+        Some(s) => {
+            if let Some(p) = DeviceProfile::builtin(&s) {
+                return Ok(p);
+            }
+            let path = Path::new(&s);
+            anyhow::ensure!(
+                path.exists(),
+                "no device profile '{s}': pass a file written by `sift probe -o FILE`, or one of the builtin profiles: {}",
+                sift_sim::profile::list_builtin().join(", ")
+            );
+            Ok(DeviceProfile::load(path)?)
+        }
+        None => DeviceProfile::builtin(DEFAULT_PROFILE).with_context(|| format!("builtin profile {DEFAULT_PROFILE}")),
+    }
+}
+
+/// The builtin profile used when none is given: measured by `sift probe` on the 2-core
+/// development machine (see profiles/).
+pub const DEFAULT_PROFILE: &str = "sift-dev-2core";
+
+pub fn parse_policy(s: &str, lambda: f32, eps: f32) -> anyhow::Result<Policy> {
+    match Policy::parse(s) {
+        Some(Policy::Tam { .. }) => Ok(Policy::Tam { lambda, eps }),
+        Some(p) => Ok(p),
+        None => anyhow::bail!("unknown policy '{s}': use lfu, lru, tam, static, belady or none"),
+    }
+}
+
+pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
+    let profile = resolve_profile(a.profile.as_deref())?;
+    let trace = Trace::read(&a.trace)?;
+    anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
+    let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
+    trace.header.check_model(&a.trace, &model)?;
+    let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
+    let mut header = trace.header.clone();
+    if let Some(r) = &a.runtime {
+        header.runtime_bytes = crate::memory::parse_budget(r, 0).context("--runtime")?;
+    }
+    if let Some(c) = a.ctx_size {
+        header.n_ctx = c;
+    }
+    let trace = Trace { header, events: trace.events };
+    let split = CacheSplit::parse(&a.cache_split).context("--cache-split")?;
+    let calib = match &a.calib {
+        Some(p) => Some(sift_engine::sparsity::Calibration::load(p)?),
+        None => None,
+    };
+    let mut reports: Vec<SimReport> = Vec::new();
+    let runs = a.memory.len() * a.policy.len() * a.sparsity.len();
+    for m in &a.memory {
+        let budget = crate::memory::parse_budget(m, model_size)?;
+        for (p, sp) in a.policy.iter().flat_map(|p| a.sparsity.iter().map(move |s| (p, s))) {
+            let policy = parse_policy(p, a.tam_lambda, a.tam_eps)?;
+            let replay = if sp == "recorded" {
+                Replay::Recorded
+            } else {
+                let method: sift_engine::sparsity::Method =
+                    sp.parse().map_err(|e| anyhow::anyhow!("--sparsity: {e}"))?;
+                let args = crate::sparsity::SparsityArgs::for_method(method, a.ratio, a.gamma, a.calib.clone());
+                Replay::Select(args.selector(&model)?)
+            };
+            let opts = SimOptions {
+                budget,
+                tiered: TieredOptions { policy, preload: a.preload, split, ..TieredOptions::default() },
+                replay,
+                calibration: calib.clone(),
+                label: format!("{m} {p} {sp}"),
+            };
+            match simulate(&model, &a.model, &trace, &profile, opts) {
+                Ok(r) => reports.push(r),
+                Err(e) if runs > 1 => eprintln!("sift: {m} {p} {sp}: {e}"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    if a.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        println!(
+            "simulated on **{}** ({}), {} decoded tokens of `{}`\n",
+            profile.name,
+            profile.source,
+            trace.n_tokens(),
+            a.trace.display()
+        );
+        println!("| budget | policy | preload | selector | cache | hit rate | read/token | preload/token | tok/s | compute s | stall s |");
+        println!("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &reports {
+            let per = |b: u64| b as f64 / r.tokens.max(1) as f64 / (1 << 20) as f64;
+            println!(
+                "| {:.0} MiB | {} | {} | {} | {:.0} MiB ({:.0}%) | {:.1}% | {:.1} MiB | {:.1} MiB | {:.2} | {:.2} | {:.2} |",
+                r.budget as f64 / (1 << 20) as f64,
+                r.policy,
+                r.preload,
+                r.selector,
+                r.plan.cache as f64 / (1 << 20) as f64,
+                r.plan.cache_fraction * 100.0,
+                r.hit_rate * 100.0,
+                per(r.stats.bytes_read()),
+                per(r.stats.bytes_preload),
+                r.tok_s,
+                r.compute_s,
+                r.stall_s
+            );
+        }
+    }
+    if let Some(dir) = &a.sweep {
+        write_sweep(dir, &reports)?;
+        eprintln!("sift: wrote {}/results.csv, hitrate.svg, tps.svg", dir.display());
+    }
+    Ok(())
+}
+
+fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
+    let mut csv = String::from(
+        "budget_bytes,policy,preload,selector,cache_bytes,cache_fraction,hit_rate,bytes_preload,bytes_ondemand,tokens,tok_s,compute_s,stall_s\n",
+    );
+    for r in reports {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{:.4},{:.4},{},{},{},{:.4},{:.4},{:.4}\n",
+            r.budget,
+            r.policy,
+            r.preload,
+            r.selector.replace(',', ";"),
+            r.plan.cache,
+            r.plan.cache_fraction,
+            r.hit_rate,
+            r.stats.bytes_preload,
+            r.stats.bytes_ondemand,
+            r.tokens,
+            r.tok_s,
+            r.compute_s,
+            r.stall_s
+        ));
+    }
+    std::fs::write(dir.join("results.csv"), csv)?;
+    let mut by_policy: Vec<(String, Vec<&SimReport>)> = Vec::new();
+    for r in reports {
+        let key = format!("{} / {}", r.policy, r.selector);
+        match by_policy.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(r),
+            None => by_policy.push((key, vec![r])),
+        }
+    }
+    let series = |f: &dyn Fn(&SimReport) -> f64| -> Vec<Series> {
+        by_policy
+            .iter()
+            .map(|(k, v)| Series {
+                name: k.clone(),
+                points: v.iter().map(|r| (r.plan.cache as f64 / (1 << 20) as f64, f(r))).collect(),
+            })
+            .collect()
+    };
+    let hit = Chart {
+        title: "Column-cache hit rate vs cache size (simulated)".into(),
+        x_label: "cache (MiB)".into(),
+        y_label: "hit rate (%)".into(),
+        log_y: false,
+        series: series(&|r| r.hit_rate * 100.0),
+    };
+    let tps = Chart {
+        title: "Predicted decode speed vs cache size".into(),
+        x_label: "cache (MiB)".into(),
+        y_label: "tokens/s".into(),
+        log_y: false,
+        series: series(&|r| r.tok_s),
+    };
+    std::fs::write(dir.join("hitrate.svg"), hit.to_svg())?;
+    std::fs::write(dir.join("tps.svg"), tps.to_svg())?;
+    Ok(())
+}

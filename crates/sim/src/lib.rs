@@ -1,0 +1,19 @@
+//! Know the machine (issue 5): what sift needs to predict and choose its own settings.
+//!
+//! - [`profile`]: a [`profile::DeviceProfile`] — memory bandwidth, the weight disk's bandwidth and
+//!   latency by request size and queue depth, and the speed of sift's kernels — measured by
+//!   `sift probe` or taken from the seed papers (`profiles/`), and the cost model built on it.
+//! - [`probe`]: the measurements behind `sift probe`.
+//! - [`trace`]: activation traces (`sift trace`): per decoded token, layer and site, the input the
+//!   selector saw and the units it chose, enough to replay any selector.
+//! - [`replay`]: the simulator (`sift simulate`): a trace replayed through the very cache and
+//!   prefetch code the engine runs ([`sift_store::tiered::TieredStore`] in simulated mode), on a device
+//!   profile's clock.
+//! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
+//!   memory budget.
+
+pub mod planner;
+pub mod probe;
+pub mod profile;
+pub mod replay;
+pub mod trace;

@@ -1,0 +1,235 @@
+//! The simulator against the real engine on the real SmolLM2-135M pack: a trace recorded under a
+//! memory budget replays to exactly the hits, misses and preload hits the engine counted;
+//! Belady's policy is never beaten by lfu, lru or tam on the same trace; the planner's plans fit
+//! their budgets; damaged or foreign traces are refused with a clear error.
+
+use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
+use sift_engine::{Engine, EngineOptions, Logits};
+use sift_model::tokenizer::Tokenizer;
+use sift_sim::planner::{plan, PlanRequest};
+use sift_sim::profile::DeviceProfile;
+use sift_sim::replay::{simulate, Replay, SimOptions};
+use sift_sim::trace::{Trace, TraceError, TraceHeader, TraceWriter};
+use sift_store::cache::Policy;
+use sift_store::tiered::{open_budgeted, PlanInputs, TieredOptions, TieredStore};
+use sift_store::{pack_model, ColPolicy, PackOptions};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The real model packed once per test binary (groups of 4 layers, like `sift pack`).
+fn pack() -> &'static Path {
+    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &PACK
+        .get_or_init(|| {
+            let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("smol.sift");
+            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, bundles: false, group: 4 }, |_| {}).unwrap();
+            (dir, out)
+        })
+        .1
+}
+
+fn eo() -> EngineOptions {
+    EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 32, ..EngineOptions::default() }
+}
+
+fn profile() -> DeviceProfile {
+    DeviceProfile::builtin("dip-a18").expect("builtin profile")
+}
+
+fn topk(engine: &mut Engine, ratio: f64) {
+    let n_layer = engine.config().n_layer;
+    let cfg = SparsityConfig {
+        method: Method::TopK,
+        ratios: Ratios::uniform(Method::TopK, n_layer, ratio).unwrap(),
+        gamma: 0.2,
+        cache_fraction: None,
+        alpha: 0.4,
+        core_magnitude: false,
+    };
+    engine.set_selector(build_selector(&cfg, engine.site_dims(), None).unwrap());
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let model = sift_model::Model::load(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+    ["The history of the printing press begins in", "A recipe for bread needs flour, water and"]
+        .iter()
+        .map(|p| tok.encode(p, true, false).unwrap())
+        .collect()
+}
+
+fn header(engine: &Engine) -> TraceHeader {
+    let c = engine.config();
+    TraceHeader {
+        model: "smol.sift".into(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        dims: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff],
+        selector: engine.selector().describe(),
+        n_ctx: 256,
+        n_batch: 32,
+        runtime_bytes: 0,
+        measured_tok_s: 0.0,
+    }
+}
+
+/// Greedy decoding of `n` tokens after each prompt (a new sequence each), traced into `path`.
+fn record(engine: &mut Engine, path: &Path, n: usize) {
+    let w = TraceWriter::create(path, &header(engine)).unwrap();
+    engine.set_tracer(Some(Box::new(w.clone())));
+    for p in prompts() {
+        engine.truncate(0);
+        let mut logits = engine.eval(&p, Logits::Last).unwrap().to_vec();
+        for _ in 0..n {
+            let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+            logits = engine.eval(&[next], Logits::Last).unwrap().to_vec();
+        }
+    }
+    engine.set_tracer(None);
+    assert_eq!(w.finish().unwrap(), 2 * n);
+}
+
+/// The budget that leaves `cache` bytes of cache after the fixed part of the plan.
+fn budget_for(opts: &TieredOptions, cache: u64) -> u64 {
+    let model = open_budgeted(pack(), opts).unwrap();
+    let kv = Engine::kv_and_scratch_bytes(&model, &eo());
+    let inputs = PlanInputs { budget: u64::MAX / 4, runtime: 0, kv_and_scratch: kv };
+    TieredStore::new(&model, pack(), opts, &inputs).unwrap().plan.fixed() + cache
+}
+
+fn sim_opts(budget: u64, policy: Policy, preload: usize) -> SimOptions {
+    SimOptions {
+        budget,
+        tiered: TieredOptions { policy, preload, ..TieredOptions::default() },
+        replay: Replay::Recorded,
+        calibration: None,
+        label: String::new(),
+    }
+}
+
+#[test]
+fn replaying_a_recorded_trace_reproduces_the_engines_hits_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapped = sift_store::open_model(pack()).unwrap();
+    for (policy, preload) in [(Policy::Lfu, 4), (Policy::Lru, 1), (Policy::TAM_DEFAULT, 4), (Policy::Lfu, 0)] {
+        let opts = TieredOptions { policy, preload, ..TieredOptions::default() };
+        let budget = budget_for(&opts, 3 << 20);
+        let model = open_budgeted(pack(), &opts).unwrap();
+        let kv = Engine::kv_and_scratch_bytes(&model, &eo());
+        let store =
+            TieredStore::new(&model, pack(), &opts, &PlanInputs { budget, runtime: 0, kv_and_scratch: kv }).unwrap();
+        let mut engine = Engine::new(model, &eo());
+        engine.attach_store(store);
+        topk(&mut engine, 0.5);
+        let path = dir.path().join(format!("{}-{preload}.trace", policy.name()));
+        record(&mut engine, &path, 10);
+        let real = engine.store().unwrap().stats().clone();
+        assert!(real.hits > 0 && real.misses > 0, "{policy:?}: a 3 MiB cache must both hit and miss");
+        let trace = Trace::read(&path).unwrap();
+        assert_eq!(trace.n_tokens(), 20);
+        let r = simulate(&mapped, pack(), &trace, &profile(), sim_opts(budget, policy, preload)).unwrap();
+        assert_eq!(r.plan.cache, engine.store().unwrap().plan.cache, "{policy:?}: same plan");
+        assert_eq!((r.stats.hits, r.stats.misses), (real.hits, real.misses), "{policy:?} preload {preload}");
+        assert_eq!(r.stats.preload_hits, real.preload_hits, "{policy:?} preload {preload}: preload hits");
+        assert_eq!(r.stats.bytes_preload, real.bytes_preload, "{policy:?} preload {preload}: preload bytes");
+        assert!(r.tok_s > 0.0 && r.decode_s > 0.0 && r.compute_s <= r.decode_s + 1e-9);
+    }
+}
+
+#[test]
+fn belady_is_never_beaten_on_the_same_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut engine, 0.5);
+    let path = dir.path().join("mem.trace");
+    record(&mut engine, &path, 12);
+    let trace = Trace::read(&path).unwrap();
+    let mapped = sift_store::open_model(pack()).unwrap();
+    let opts = TieredOptions::default();
+    for cache in [1u64 << 20, 4 << 20, 12 << 20] {
+        let budget = budget_for(&opts, cache);
+        let run = |policy| simulate(&mapped, pack(), &trace, &profile(), sim_opts(budget, policy, 4)).unwrap();
+        let belady = run(Policy::Belady);
+        assert!(belady.stats.hits > 0);
+        for policy in [Policy::Lfu, Policy::Lru, Policy::TAM_DEFAULT] {
+            let other = run(policy);
+            assert_eq!(other.stats.hits + other.stats.misses, belady.stats.hits + belady.stats.misses);
+            assert!(
+                belady.stats.hits >= other.stats.hits,
+                "cache {cache}: belady {} < {} {}",
+                belady.stats.hits,
+                policy.name(),
+                other.stats.hits
+            );
+        }
+    }
+}
+
+#[test]
+fn the_planners_plans_fit_their_budgets() {
+    let model = sift_store::open_model(pack()).unwrap();
+    let size = model.columns.as_ref().unwrap().gguf_len;
+    let kv = Engine::kv_and_scratch_bytes(&model, &eo());
+    let mut last_ratio = 1.0;
+    for pct in [80u64, 100, 150, 300, 600] {
+        let budget = size * pct / 100;
+        let req = PlanRequest {
+            inputs: PlanInputs { budget, runtime: 20 << 20, kv_and_scratch: kv },
+            policy: Policy::Lfu,
+            max_ratio: 0.7,
+            min_ratio: 0.0,
+            fixed_ratio: None,
+            base: TieredOptions::default(),
+        };
+        let p = plan(&model, pack(), &profile(), &req, None).unwrap();
+        assert!(p.memory.fixed() + p.memory.cache <= budget, "{pct}%: plan {:?} over {budget}", p.memory);
+        assert!((0.0..=0.7).contains(&p.ratio), "{pct}%: ratio {}", p.ratio);
+        assert!(p.ratio <= last_ratio, "more memory never needs more sparsity");
+        assert!(p.predicted_tok_s > 0.0);
+        last_ratio = p.ratio;
+    }
+    // A budget below the fixed part cannot be planned.
+    let req = PlanRequest {
+        inputs: PlanInputs { budget: 10 << 20, runtime: 20 << 20, kv_and_scratch: kv },
+        policy: Policy::Lfu,
+        max_ratio: 0.7,
+        min_ratio: 0.0,
+        fixed_ratio: None,
+        base: TieredOptions::default(),
+    };
+    let err = plan(&model, pack(), &profile(), &req, None).unwrap_err().to_string();
+    assert!(err.contains("too small"), "{err}");
+}
+
+#[test]
+fn damaged_or_foreign_traces_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut engine, 0.5);
+    let path = dir.path().join("t.trace");
+    record(&mut engine, &path, 2);
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Trace::read(&cut).unwrap_err();
+    assert!(matches!(e, TraceError::Format { .. }) && e.to_string().contains("truncated"), "{e}");
+    let junk = dir.path().join("junk.trace");
+    std::fs::write(&junk, b"GGUF\x03\0\0\0 not a trace").unwrap();
+    assert!(Trace::read(&junk).unwrap_err().to_string().contains("not a sift trace"));
+    // A trace claims a shape no model has.
+    let mut h = header(&engine);
+    h.n_layer = 7;
+    let other = dir.path().join("other.trace");
+    TraceWriter::create(&other, &h).unwrap().finish().unwrap();
+    let t = Trace::read(&other).unwrap();
+    let model = sift_store::open_model(pack()).unwrap();
+    let e = t.header.check_model(&other, &model).unwrap_err();
+    assert!(matches!(e, TraceError::WrongModel { .. }), "{e}");
+}
