@@ -212,7 +212,9 @@ fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
     std::fs::write(dir.join("results.csv"), csv)?;
     let mut by_policy: Vec<(String, Vec<&SimReport>)> = Vec::new();
     for r in reports {
-        let key = format!("{} / {}", r.policy, r.selector);
+        // The method's name keeps the legend short ("lfu / topk").
+        let method = r.selector.split_whitespace().next().unwrap_or("");
+        let key = format!("{} / {method}", r.policy);
         match by_policy.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(r),
             None => by_policy.push((key, vec![r])),

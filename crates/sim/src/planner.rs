@@ -23,20 +23,20 @@
 use crate::profile::DeviceProfile;
 use crate::replay::{simulate, Replay, SimOptions};
 use crate::trace::Trace;
-use sift_model::layout::GROUP_OPS;
+use sift_model::layout::{OpKind, GROUP_OPS};
 use sift_model::Model;
 use sift_sparsity::{Method, Ratios, TopKSelector};
 use sift_store::cache::Policy;
-use sift_store::io::ReadReq;
-use sift_store::tiered::{IoCost, MemoryPlan, PlanInputs, TierError, TieredOptions, TieredStore};
+use sift_store::tiered::{
+    split_cache, CacheSplit, IoCost, MemoryPlan, PlanInputs, TierError, TieredOptions, TieredStore,
+};
 use std::path::Path;
 
-/// Hit rate of an LFU cache holding `cache_share` of a token's active set, without a trace to
-/// measure it: the share itself, discounted for the churn of the active set between tokens.
-/// (Fitted to sift's own simulations of Qwen2.5-1.5B at Top-K 0.5; see docs/simulator.md.)
-pub const DEFAULT_REUSE: f64 = 0.8;
-/// The cross-layer prefetcher's share of preloadable misses it predicts (measured on Qwen2.5-1.5B).
-pub const DEFAULT_PRELOAD_RECALL: f64 = 0.6;
+/// The cross-layer prefetcher's share of preloadable misses it brings in, and the share of what it
+/// reads that is used (measured on Qwen2.5-1.5B under --memory: recall 0.17–0.29, precision
+/// 0.46–0.55 for preload 4; docs/benchmarks.md).
+pub const DEFAULT_PRELOAD_RECALL: f64 = 0.25;
+pub const DEFAULT_PRELOAD_PRECISION: f64 = 0.5;
 
 /// What to plan for.
 #[derive(Clone, Debug)]
@@ -176,67 +176,79 @@ pub fn plan(
 }
 
 /// ActiveFlow's cost model (Eqs. 1–9) with this engine's terms; decode tokens per second.
+///
+/// Per token: active columns `a = 1 − ratio` of every op; a hit rate from the cache's share `f`
+/// of the op's columns as the store splits the cache ([`hit_rate_estimate`]); each op's missed columns read either as separate page
+/// reads (a column costs itself plus about a page) or, when misses lie closer than the read
+/// planner's 4 KiB merge gap, as long merged runs (a miss then costs the columns in between too);
+/// preloadable misses (q/k/v/gate/up, with `preload > 0`) at the prefetcher's recall and
+/// precision, read as large requests while the token computes; on-demand reads one batch per site.
+/// Decode time = max(compute + on-demand, preload + on-demand) + buffer copies.
 pub fn cost_model_tok_s(model: &Model, profile: &DeviceProfile, ratio: f64, preload: usize, plan: &MemoryPlan) -> f64 {
     let Some(index) = model.columns.as_ref() else {
         return 0.0;
     };
-    let c = &model.config;
-    let a = 1.0 - ratio;
-    let total = index.column_bytes() as f64;
-    // Share of each token's active bytes the cache can hold, discounted for churn.
-    let hr = ((plan.cache as f64 / (a * total).max(1.0)).min(1.0) * DEFAULT_REUSE).min(1.0);
+    let a = (1.0 - ratio).clamp(1e-3, 1.0);
+    // The cache's share of each op's columns, as the store splits it (small columns first).
+    let share = split_cache(index, plan.cache, CacheSplit::ReadCost);
     let mut compute = 0.0;
-    let mut preload_bytes = 0.0;
-    let mut preload_reqs = 0.0;
-    let mut ondemand_bytes = 0.0;
-    let mut ondemand_reqs = 0.0;
+    let (mut preload_bytes, mut copied) = (0.0, 0.0);
+    let mut t_ondemand = 0.0;
     for lc in &index.layers {
+        // On-demand bytes and request size per site (q/k/v, o, gate/up, down).
+        let mut site = [(0.0f64, 4096.0f64); 4];
         for t in &lc.ops {
+            let cb = t.col_bytes as f64;
             let active_cols = a * t.n_in as f64;
-            compute += profile.columns_ns(t.ty, (active_cols * t.col_bytes as f64) as u64);
+            compute += profile.columns_ns(t.ty, (active_cols * cb) as u64);
+            let hr = hit_rate_estimate(share[t.op as usize], a);
             let miss_cols = active_cols * (1.0 - hr);
-            // A miss costs its column, or a whole page when the column is smaller.
-            let per = (t.col_bytes as f64).max(4096.0 * (1.0 - a).max(t.col_bytes as f64 / 4096.0).min(1.0));
+            let density = (a * (1.0 - hr)).max(1e-6);
+            let gap = cb * (1.0 / density - 1.0);
+            let (per, req) = if gap <= 4096.0 { (cb / density, 256.0 * 1024.0) } else { (cb + 4096.0, cb + 4096.0) };
+            let bytes = (miss_cols * per).min(t.len as f64);
+            copied += miss_cols * cb;
             let preloadable = preload > 0 && GROUP_OPS.contains(&t.op);
-            if preloadable {
-                let pre = miss_cols * DEFAULT_PRELOAD_RECALL;
-                preload_bytes += pre * per;
-                preload_reqs += pre;
-                ondemand_bytes += (miss_cols - pre) * per;
-                ondemand_reqs += miss_cols - pre;
+            let on_demand = if preloadable {
+                preload_bytes += bytes * DEFAULT_PRELOAD_RECALL / DEFAULT_PRELOAD_PRECISION;
+                bytes * (1.0 - DEFAULT_PRELOAD_RECALL)
             } else {
-                ondemand_bytes += miss_cols * per;
-                ondemand_reqs += miss_cols;
+                bytes
+            };
+            let si = match t.op {
+                OpKind::Q | OpKind::K | OpKind::V => 0,
+                OpKind::O => 1,
+                OpKind::Gate | OpKind::Up => 2,
+                OpKind::Down => 3,
+            };
+            site[si].0 += on_demand;
+            site[si].1 = site[si].1.max(req);
+        }
+        for (bytes, req) in site {
+            if bytes > 0.0 {
+                let size = req as usize;
+                t_ondemand += profile.read_lat_ns(size) + bytes / profile.disk_bw(size, 64) * 1e9;
             }
         }
         compute += 4.0 * profile.dispatch_ns();
     }
     compute += profile.dense_ns(model.output.ty, (model.output.row_bytes * model.output.rows) as u64);
-    compute += profile.copy_ns((preload_bytes + ondemand_bytes) as u64);
-    // Reads: preloads as few large requests, on-demand reads as one batch per site of small ones.
-    let batch = |bytes: f64, reqs: f64, size: usize| -> f64 {
-        if reqs < 1.0 {
-            return 0.0;
-        }
-        let n = (bytes / size as f64).ceil().max(1.0) as usize;
-        // Time of `n` requests of `size`, issued 64 at a time.
-        let per_batch = profile.batch_ns(&vec![ReadReq::full(0, size, 0); n.min(64)]);
-        per_batch * (n as f64 / 64.0).max(1.0)
-    };
-    let t_preload = batch(preload_bytes, preload_reqs, 256 << 10);
-    let sites = (c.n_layer * 4) as f64;
-    let t_ondemand = if ondemand_reqs >= 1.0 {
-        let per_site_bytes = ondemand_bytes / sites;
-        let size = (ondemand_bytes / ondemand_reqs).max(4096.0) as usize;
-        let n_per_site = (per_site_bytes / size as f64).ceil().max(1.0) as usize;
-        sites * profile.batch_ns(&vec![ReadReq::full(0, size, 0); n_per_site.min(256)])
-    } else {
-        0.0
-    };
-    let t = compute.max(t_preload) + t_ondemand;
+    let t_preload = preload_bytes / profile.disk_bw(256 << 10, 16) * 1e9;
+    let t = (compute + t_ondemand).max(t_preload + t_ondemand) + profile.copy_ns(copied as u64);
     if t > 0.0 {
         1e9 / t
     } else {
         0.0
     }
+}
+
+/// Share of active columns found in the cache, from the cache's share `f` of all columns and the
+/// active share `a`: `0.8·(f/a)^0.6`, at most 0.9; 1 when every column fits. Fitted to sift's own
+/// simulations of Qwen2.5-1.5B traces (LFU, Top-K 0.5, 24 tokens from a cold cache: 26%, 45%, 60%,
+/// 77%, 84% at f/a = 0.16, 0.38, 0.62, 0.96, 1.46); a trace (`sift plan --trace`) replaces it.
+pub fn hit_rate_estimate(f: f64, a: f64) -> f64 {
+    if f >= 1.0 {
+        return 1.0;
+    }
+    (0.8 * (f / a.max(1e-6)).powf(0.6)).min(0.9)
 }

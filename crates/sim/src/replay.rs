@@ -18,7 +18,8 @@
 //!   buffers into the cache arena at memory-copy bandwidth.
 //!
 //! Belady's optimal policy ([`Policy::Belady`]) is available here only: it needs the future, which
-//! the simulator knows (the selections are computed before the replay).
+//! the simulator knows (the selections are computed before the replay). Static and Belady start
+//! with the hot set filled (off the clock); the other policies start cold, as the engine does.
 //!
 //! [`UnitCache`]: sift_store::cache::UnitCache
 
@@ -165,7 +166,9 @@ pub fn simulate(
             }
         }
     }
-    if policy == Policy::Static {
+    // Static pins its hot set before the replay; Belady starts from the same warm fill, so that
+    // it bounds static too (from the same start no policy beats it). Both load off the clock.
+    if policy == Policy::Static || policy == Policy::Belady {
         for l in 0..c.n_layer {
             for (si, site) in Site::ALL.into_iter().enumerate() {
                 let ranking = match calibration.as_ref().and_then(|cal| cal.hot_ranking(l, site)) {

@@ -1,6 +1,6 @@
 //! The simulator against the real engine on the real SmolLM2-135M pack: a trace recorded under a
 //! memory budget replays to exactly the hits, misses and preload hits the engine counted;
-//! Belady's policy is never beaten by lfu, lru or tam on the same trace; the planner's plans fit
+//! Belady's policy is never beaten by lfu, lru, tam or static on the same trace; the planner's plans fit
 //! their budgets; damaged or foreign traces are refused with a clear error.
 
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
@@ -158,7 +158,8 @@ fn belady_is_never_beaten_on_the_same_trace() {
         let run = |policy| simulate(&mapped, pack(), &trace, &profile(), sim_opts(budget, policy, 4)).unwrap();
         let belady = run(Policy::Belady);
         assert!(belady.stats.hits > 0);
-        for policy in [Policy::Lfu, Policy::Lru, Policy::TAM_DEFAULT] {
+        // Static pins the trace's hottest units first; Belady starts from the same fill.
+        for policy in [Policy::Lfu, Policy::Lru, Policy::TAM_DEFAULT, Policy::Static] {
             let other = run(policy);
             assert_eq!(other.stats.hits + other.stats.misses, belady.stats.hits + belady.stats.misses);
             assert!(
