@@ -58,7 +58,7 @@ pub struct SimOptions {
     /// Hot sets for the static policy (from `sift calibrate`); without it, the trace's own
     /// selection counts rank the units (an oracle profile of this very trace).
     pub calibration: Option<Calibration>,
-    /// Threads of the profiled kernels (informational).
+    /// A name for this run in reports (e.g. "60% lfu recorded").
     pub label: String,
 }
 
