@@ -35,13 +35,12 @@ struct Server {
 impl Server {
     fn start(args: &[&str]) -> Server {
         let m = model();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))
-            .args(["serve", "--port", "0", "-t", "2", "-m", m.to_str().unwrap()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run sift serve");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sift"));
+        cmd.args(["serve", "--port", "0", "-t", "2"]);
+        if !args.contains(&"-m") {
+            cmd.args(["-m", m.to_str().unwrap()]);
+        }
+        let mut child = cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run sift serve");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
@@ -99,8 +98,7 @@ impl Resp {
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let n = usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
         if n == 0 {
             break;

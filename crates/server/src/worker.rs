@@ -29,6 +29,13 @@ const PROMPT_CHUNK: usize = 256;
 /// Tokens per chunk when every position's logits are needed (echo): bounds the logits buffer.
 const ECHO_CHUNK: usize = 64;
 
+/// Called between tokens and after each request.
+pub type StepHook = Box<dyn FnMut(&mut Engine)>;
+/// The store's plan and counters as JSON.
+pub type StatsFn = Box<dyn Fn(&Engine) -> Option<Value>>;
+/// Parses a budget ("300MB", "60%") into bytes.
+pub type BudgetParser = Box<dyn Fn(&str) -> Result<u64, String>>;
+
 /// What the engine-building closure returns, on the worker thread.
 pub struct Loaded {
     pub engine: Engine,
@@ -36,11 +43,11 @@ pub struct Loaded {
     /// The model's chat template (or a ChatML fallback); `None`: chat requests are refused.
     pub template: Option<ChatTemplate>,
     /// Called between tokens and after each request (live budget files, logging budget changes).
-    pub on_step: Option<Box<dyn FnMut(&mut Engine)>>,
+    pub on_step: Option<StepHook>,
     /// The store's plan and counters as JSON (`None` without `--memory`).
-    pub stats: Box<dyn Fn(&Engine) -> Option<Value>>,
+    pub stats: StatsFn,
     /// Parses a budget as `--memory` does ("300MB", "60%").
-    pub parse_budget: Box<dyn Fn(&str) -> Result<u64, String>>,
+    pub parse_budget: BudgetParser,
 }
 
 /// Builds the engine on the worker thread (so the engine never has to cross threads).
@@ -409,7 +416,8 @@ impl Worker {
             });
             let n_vocab = self.l.engine.config().n_vocab;
             let mut start = 0;
-            for chunk in tokens.chunks(ECHO_CHUNK) {
+            for r in batches(tokens.len(), ECHO_CHUNK) {
+                let chunk = &tokens[r];
                 if self.cancelled(job) {
                     self.reset();
                     return Err(Stop::Cancelled);
@@ -433,11 +441,17 @@ impl Worker {
             }
             return Ok(echo);
         }
-        let common = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+        // Keep the common prefix, but evaluate at least two tokens: a single token runs on the
+        // decode path (the pack's column kernels under sparsity), whose rounding differs from a
+        // prompt batch's, and the same request must give the same text whether or not its
+        // prefix was cached.
+        let common =
+            self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(2));
         self.l.engine.truncate(common);
         self.cached.truncate(common);
         let rest = &tokens[common..];
-        for chunk in rest.chunks(PROMPT_CHUNK) {
+        for r in batches(rest.len(), PROMPT_CHUNK) {
+            let chunk = &rest[r];
             if self.cancelled(job) {
                 self.reset();
                 return Err(Stop::Cancelled);
@@ -564,6 +578,22 @@ impl Worker {
     }
 }
 
+/// Splits `n` prompt tokens into batches of at most `size`, none of one token when `n > 1`: a
+/// lone token would run on the decode path, whose rounding differs from a batch's.
+fn batches(n: usize, size: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let mut len = size.min(n - start);
+        if n - start - len == 1 && len > 2 {
+            len -= 1;
+        }
+        out.push(start..start + len);
+        start += len;
+    }
+    out
+}
+
 /// Length of the longest suffix of `text` that is a proper prefix of some stop string.
 fn held_back(text: &str, stops: &[String]) -> usize {
     let mut best = 0;
@@ -601,7 +631,20 @@ pub fn token_logprob(tok: &Tokenizer, logits: &[f32], id: u32, k: usize) -> Toke
 
 #[cfg(test)]
 mod tests {
-    use super::held_back;
+    use super::{batches, held_back};
+
+    #[test]
+    fn prompt_batches_never_leave_one_token_alone() {
+        assert_eq!(batches(5, 4), vec![0..3, 3..5]);
+        assert_eq!(batches(8, 4), vec![0..4, 4..8]);
+        assert_eq!(batches(1, 4), vec![0..1]);
+        assert!(batches(0, 4).is_empty());
+        for n in 2..40 {
+            let b = batches(n, 8);
+            assert!(b.iter().all(|r| r.len() >= 2 && r.len() <= 8), "{n}: {b:?}");
+            assert_eq!(b.last().unwrap().end, n);
+        }
+    }
 
     #[test]
     fn holds_back_partial_stop_strings() {
