@@ -24,6 +24,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Interactive chat using the model's chat template
     Chat(ChatArgs),
+    /// OpenAI-compatible HTTP server (completions, chat, streaming, logprobs, metrics, live budget)
+    Serve(crate::serve::ServeArgs),
     /// Perplexity over a text file, llama-perplexity's method
     Perplexity(PerplexityArgs),
     /// Prompt-processing and generation speed, like llama-bench

@@ -1,6 +1,6 @@
 //! `sift`: run GGUF language models from the command line, with llama.cpp's flag names.
 //!
-//! Subcommands: `generate`, `chat`, `perplexity`, `bench`, `inspect`. Each lives in its own module;
+//! Subcommands: `generate`, `chat`, `serve`, `perplexity`, `bench`, `inspect`, and more. Each lives in its own module;
 //! this file parses arguments and prints errors with their context.
 
 mod args;
@@ -17,6 +17,7 @@ mod perplexity;
 mod plan;
 mod plot;
 mod probe;
+mod serve;
 mod simulate;
 mod sparsity;
 mod sweep;
@@ -40,6 +41,7 @@ fn main() {
         args::Command::Simulate(a) => simulate::run(a),
         args::Command::Plan(a) => plan::run(a),
         args::Command::Probe(a) => probe::run(a),
+        args::Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

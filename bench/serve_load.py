@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Bounded load test of `sift serve` on loopback: N clients x M requests, requests/s, p50/p99
+latency, errors, and the server's resident memory (VmRSS, sampled from /proc/PID/status every
+--sample-ms throughout) against its --memory budget.
+
+It starts the server itself (loopback only, port 0 parsed from the listening line), so the RSS
+it samples is the server's. Standard library only.
+
+  python3 bench/serve_load.py --sift target/release/sift -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --clients 8 --requests 4 --max-tokens 32 [--server-args "--memory 140M --sparsity topk ..."] \
+      [-o bench/out/serve_load.json]
+
+Exit status 1 if any request failed or (with --budget-mib / --memory in --server-args) the
+sampled RSS ever exceeded the budget.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "The three primary colors are",
+    "def fibonacci(n):",
+    "Write a haiku about the sea:",
+    "The best way to learn a language is",
+]
+
+
+def rss_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def parse_mib(spec):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMG]?)(i?B)?\s*", spec, re.I)
+    if not m:
+        return None
+    v = float(m.group(1))
+    return v * {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024}[m.group(2).upper()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sift", default="target/release/sift")
+    ap.add_argument("-m", "--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--server-args", default="", help="extra flags for sift serve (quoted)")
+    ap.add_argument("--budget-mib", type=float, help="RSS limit to check (default: from --memory if in bytes)")
+    ap.add_argument("--sample-ms", type=int, default=50)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
+    ap.add_argument("-o", "--out", help="write the results as JSON")
+    a = ap.parse_args()
+
+    extra = shlex.split(a.server_args)
+    budget = a.budget_mib
+    if budget is None and "--memory" in extra:
+        budget = parse_mib(extra[extra.index("--memory") + 1])
+    cmd = [a.sift, "serve", "--host", "127.0.0.1", "--port", "0", "-m", a.model,
+           "--max-queue", str(max(16, a.clients))] + extra
+    srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    addr = None
+    t_start = time.time()
+    for line in srv.stderr:
+        sys.stderr.write(line)
+        m = re.search(r"listening on http://(\S+)", line)
+        if m:
+            addr = m.group(1)
+            break
+        if time.time() - t_start > 120:
+            break
+    if not addr:
+        srv.kill()
+        sys.exit("the server did not start")
+    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+
+    samples = []
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            r = rss_kib(srv.pid)
+            if r is not None:
+                samples.append((time.time(), r / 1024))
+            time.sleep(a.sample_ms / 1000)
+
+    threading.Thread(target=sampler, daemon=True).start()
+    lat, errors, tokens = [], [], [0]
+    lock = threading.Lock()
+
+    def client(c):
+        for j in range(a.requests):
+            body = json.dumps({"prompt": PROMPTS[(c + j) % len(PROMPTS)], "max_tokens": a.max_tokens,
+                               "temperature": 0.7, "seed": c * 1000 + j}).encode()
+            req = urllib.request.Request(f"http://{addr}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            t0 = time.time()
+            try:
+                with urllib.request.urlopen(req, timeout=a.timeout) as r:
+                    v = json.load(r)
+                with lock:
+                    lat.append(time.time() - t0)
+                    tokens[0] += v["usage"]["completion_tokens"]
+            except Exception as e:  # noqa: BLE001 - every failure counts as an error
+                with lock:
+                    errors.append(f"client {c} request {j}: {e}")
+
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(a.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(a.timeout)
+    wall = time.time() - t0
+    stop.set()
+    try:
+        metrics = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    except Exception:  # noqa: BLE001
+        metrics = ""
+    srv.terminate()
+    try:
+        srv.wait(20)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+
+    lat.sort()
+    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None  # noqa: E731
+    peak = max((r for _, r in samples), default=None)
+    res = {
+        "clients": a.clients, "requests_per_client": a.requests, "max_tokens": a.max_tokens,
+        "server_args": extra, "ok": len(lat), "errors": len(errors), "error_samples": errors[:5],
+        "wall_s": wall, "requests_per_s": len(lat) / wall if wall else None,
+        "tokens_per_s": tokens[0] / wall if wall else None,
+        "latency_p50_s": pct(0.50), "latency_p99_s": pct(0.99),
+        "latency_mean_s": statistics.mean(lat) if lat else None,
+        "rss_peak_mib": peak, "rss_samples": len(samples), "budget_mib": budget,
+        "rss_within_budget": None if budget is None or peak is None else peak <= budget,
+        "ttft_count": next((float(l.split()[1]) for l in metrics.splitlines()
+                            if l.startswith("sift_time_to_first_token_seconds_count")), None),
+    }
+    print(json.dumps(res, indent=2))
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+    if errors or res["rss_within_budget"] is False:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+//! `sift serve`: the OpenAI-compatible HTTP server (crates/server). The engine is built exactly as
+//! `generate` builds it (`MemoryArgs::load` then `MemoryArgs::engine`), so every memory, sparsity
+//! and policy flag works here too; this module only turns flags into a `ServerConfig` and a builder.
+
+use crate::args::ModelArgs;
+use crate::memory::MemoryArgs;
+use crate::sparsity::SparsityArgs;
+use clap::Args;
+use sift_model::chat::ChatTemplate;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub sparsity: SparsityArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network)
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the listening line says which)
+    #[arg(long = "port", default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Model name clients use (default: the model file's stem)
+    #[arg(long = "alias")]
+    pub alias: Option<String>,
+    /// Requests that may wait for the worker; more get 503
+    #[arg(long = "max-queue", default_value_t = 16)]
+    pub max_queue: usize,
+    /// Most tokens one request may generate (max_tokens above it is a 400)
+    #[arg(long = "max-tokens-limit", default_value_t = 2048)]
+    pub max_tokens_limit: usize,
+    /// Largest request body (bytes, K/M/G suffixes); larger gets 413
+    #[arg(long = "max-body", default_value = "2M")]
+    pub max_body: String,
+    /// Seconds in-flight requests may take to finish after SIGINT/SIGTERM before they are cancelled
+    #[arg(long = "shutdown-grace", default_value_t = 5.0)]
+    pub grace: f64,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    a.sparsity.validate()?;
+    let max_body = crate::memory::parse_budget(&a.max_body, 0)
+        .map_err(|_| anyhow::anyhow!("bad --max-body '{}': use bytes with an optional K/M/G suffix", a.max_body))?;
+    anyhow::ensure!(a.max_queue > 0, "--max-queue must be at least 1");
+    anyhow::ensure!(a.grace.is_finite() && a.grace >= 0.0, "--shutdown-grace must be a number of seconds");
+    let path = a.model.model.clone();
+    let file_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let alias = a
+        .alias
+        .clone()
+        .unwrap_or_else(|| path.file_stem().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
+    let mut eo = a.model.engine_options();
+    eo.sparse_head = a.sparsity.sparse_head;
+    eo.column_kernels = !a.sparsity.dense_kernels;
+    eo.all_columns = a.sparsity.all_columns;
+    a.memory.adjust(&mut eo);
+    let (memory, sparsity) = (a.memory.clone(), a.sparsity.clone());
+    let build: sift_server::Builder = Box::new(move || {
+        let (model, tok) = memory.load(&path, &eo)?;
+        // The model's template, else ChatML; a template that does not compile leaves chat off.
+        let template = match ChatTemplate::from_gguf_or_chatml(&model.file.gguf, &tok) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("sift: chat template unusable ({e}); /v1/chat/completions is off");
+                None
+            }
+        };
+        let engine = memory.engine(model, &path, &eo, &sparsity)?;
+        let live = memory.live(&engine)?;
+        let model_size = engine.model.columns.as_ref().map_or(0, |p| p.gguf_len);
+        Ok(sift_server::Loaded {
+            engine,
+            tok,
+            template,
+            on_step: Some(Box::new(move |e| {
+                if let Some(l) = &live {
+                    l.poll();
+                }
+                crate::memory::print_budget_log(e);
+            })),
+            stats: Box::new(crate::memory::stats_json),
+            parse_budget: Box::new(move |s| crate::memory::parse_budget(s, model_size).map_err(|e| e.to_string())),
+        })
+    });
+    let cfg = sift_server::ServerConfig {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        alias,
+        file_name,
+        max_queue: a.max_queue,
+        max_tokens_limit: a.max_tokens_limit,
+        max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+        grace: Duration::from_secs_f64(a.grace),
+    };
+    sift_server::run(cfg, build)
+}

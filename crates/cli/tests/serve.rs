@@ -1,0 +1,519 @@
+//! `sift serve` end to end: the real binary on a loopback port with the real SmolLM2-135M model,
+//! spoken to with a minimal HTTP client (std `TcpStream`) and, when installed, the `openai`
+//! Python package (tests/serve_openai.py). Greedy completions equal `sift generate --temp 0`,
+//! prompt log-probabilities equal the engine's own, bad requests get OpenAI-shaped 4xx errors,
+//! a client that disconnects mid-stream frees the worker, 8 concurrent clients × 4 requests all
+//! get their right answers, the budget of a pack under --memory changes live, and SIGTERM stops
+//! the server cleanly.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> PathBuf {
+    let p = std::env::var_os("SIFT_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
+    p
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let m = model();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sift"));
+        cmd.args(["serve", "--port", "0", "-t", "2"]);
+        if !args.contains(&"-m") {
+            cmd.args(["-m", m.to_str().unwrap()]);
+        }
+        let mut child = cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run sift serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(a) = line.strip_prefix("sift: listening on http://") {
+                    let _ = tx.send(a.split(' ').next().unwrap_or_default().to_string());
+                }
+                let mut g = l2.lock().unwrap();
+                g.push_str(&line);
+                g.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the server did not start:\n{}", log.lock().unwrap());
+            }
+        };
+        Server { child, addr, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body.
+    fn events(&self) -> Vec<String> {
+        self.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(String::from).collect()
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&b[start..(start + n).min(b.len())]);
+        b = &b[(start + n + 2).min(b.len())..];
+    }
+    out
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or_else(|| {
+        panic!("no HTTP response: {:?}", String::from_utf8_lossy(raw));
+    });
+    let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = headers.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = &raw[split + 4..];
+    let body =
+        if headers.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_vec() };
+    Resp { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+}
+
+fn connect(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if !body.is_empty() {
+        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body);
+    s
+}
+
+fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    let mut s = connect(addr, method, path, headers, body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Resp {
+    request(addr, "POST", path, &[], body.to_string().as_bytes())
+}
+
+fn get(addr: &str, path: &str) -> Resp {
+    request(addr, "GET", path, &[], b"")
+}
+
+fn assert_error(r: &Resp, status: u16, code_or_type: &str) {
+    assert_eq!(r.status, status, "{r:?}");
+    let v = r.json();
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    assert!(e["code"] == code_or_type || e["type"] == code_or_type, "expected {code_or_type}: {v}");
+}
+
+fn completion(addr: &str, prompt: &str, n: usize) -> String {
+    let r = post(addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": n, "temperature": 0}));
+    assert_eq!(r.status, 200, "{r:?}");
+    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let t = get(addr, "/metrics").body;
+    t.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {t}"))
+        .parse()
+        .unwrap()
+}
+
+const PROMPTS: [&str; 4] =
+    ["The capital of France is", "Once upon a time", "The three primary colors are", "def fibonacci(n):"];
+
+#[test]
+fn serve_answers_like_generate_and_refuses_bad_requests() {
+    let m = model();
+    let srv = Server::start(&["-c", "256", "--max-body", "64K", "--max-tokens-limit", "512"]);
+    let a = srv.addr.as_str();
+
+    // Health and models.
+    let r = get(a, "/health");
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ok")), "{r:?}");
+    let r = get(a, "/v1/models");
+    assert_eq!(r.json()["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1", "{r:?}");
+
+    // A greedy completion is what `sift generate --temp 0` prints.
+    let prompt = PROMPTS[0];
+    let out = Command::new(env!("CARGO_BIN_EXE_sift"))
+        .args(["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "12", "--temp", "0"])
+        .args(["-t", "2", "-c", "256", "--no-display-prompt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let expected = String::from_utf8(out.stdout).unwrap();
+    let expected = expected.strip_suffix('\n').unwrap();
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": prompt, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], expected, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    // Streaming gives the same text in SSE chunks, then [DONE]; with logprobs per chunk.
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": true, "logprobs": 2}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.headers.to_ascii_lowercase().contains("text/event-stream"), "{}", r.headers);
+    let ev = r.events();
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{ev:?}");
+    let mut text = String::new();
+    let mut n_lp = 0;
+    for e in &ev[..ev.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        text.push_str(c["choices"][0]["text"].as_str().unwrap());
+        if let Some(l) = c["choices"][0]["logprobs"]["token_logprobs"].as_array() {
+            n_lp += l.len();
+            assert!(c["choices"][0]["logprobs"]["top_logprobs"][0].as_object().unwrap().len() >= 2, "{c}");
+        }
+    }
+    assert_eq!(text, expected);
+    assert_eq!(n_lp, 12);
+    assert!(ev[ev.len() - 2].contains("\"finish_reason\":\"length\""), "{ev:?}");
+
+    // A stop string cuts the text where it first appears.
+    let stop = &expected[expected.len() / 2..expected.len() / 2 + 2];
+    let r = post(a, "/v1/completions", &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": [stop]}));
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], expected[..expected.find(stop).unwrap()], "stop {stop:?}: {v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Echo with logprobs and max_tokens 0: the prompt's log-probabilities (lm-eval's loglikelihood),
+    // equal to the engine's own, the first one null.
+    let full = "The capital of France is Paris, and the capital of Italy is Rome.";
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": full, "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], full);
+    let lp = &c["logprobs"];
+    let toks: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(toks.concat(), full);
+    let offs: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(offs[0], 0);
+    assert!(offs.windows(2).all(|w| w[0] < w[1]), "{offs:?}");
+    let tlp = lp["token_logprobs"].as_array().unwrap();
+    assert!(tlp[0].is_null() && lp["top_logprobs"][0].is_null(), "{lp}");
+    let model_ = sift_store::open_model(&m).unwrap();
+    let tok = sift_model::tokenizer::Tokenizer::from_gguf(&model_.file.gguf).unwrap();
+    let ids = tok.encode(full, true, false).unwrap();
+    assert_eq!(ids.len(), tlp.len());
+    let eo = sift_engine::EngineOptions {
+        n_threads: 1,
+        n_ctx: 256,
+        n_batch: 512,
+        sparse_head: 0.0,
+        column_kernels: true,
+        all_columns: false,
+    };
+    let mut engine = sift_engine::Engine::new(model_, &eo);
+    let nv = engine.config().n_vocab;
+    let logits = engine.eval(&ids, sift_engine::Logits::All).unwrap().to_vec();
+    for i in 1..ids.len() {
+        let row = &logits[(i - 1) * nv..i * nv];
+        let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = mx + row.iter().map(|&x| (x as f64 - mx).exp()).sum::<f64>().ln();
+        let want = row[ids[i] as usize] as f64 - lse;
+        let got = tlp[i].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-3 && got <= 0.0, "token {i}: {got} vs the engine's {want}");
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        let best = top.values().map(|x| x.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert!(best >= got - 1e-6, "{top:?}");
+    }
+    drop(engine);
+    // lm-eval's own shape: token ids, max_tokens 1, several prompts -> one choice each.
+    let ids2: Vec<u32> = ids[..5].to_vec();
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": [ids.clone(), ids2], "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0, "seed": 1234}),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().len(), ids.len() + 1, "{v}");
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert_eq!(v["choices"][1]["logprobs"]["token_logprobs"].as_array().unwrap().len(), 6, "{v}");
+    let l0 = v["choices"][0]["logprobs"]["token_logprobs"][3].as_f64().unwrap();
+    assert!((l0 - tlp[3].as_f64().unwrap()).abs() < 1e-3);
+
+    // Chat, non-streaming and streaming (same greedy text).
+    let chat = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24, "temperature": 0, "logprobs": true, "top_logprobs": 3});
+    let r = post(a, "/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!content.is_empty(), "{v}");
+    let lc = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lc.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    assert_eq!(lc[0]["top_logprobs"].as_array().unwrap().len(), 3, "{}", lc[0]);
+    let mut sc = chat.clone();
+    sc["stream"] = json!(true);
+    sc["stream_options"] = json!({"include_usage": true});
+    let r = post(a, "/v1/chat/completions", &sc);
+    let ev = r.events();
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let mut streamed = String::new();
+    let mut saw_usage = false;
+    for e in &ev[..ev.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            streamed.push_str(t);
+        }
+        saw_usage |= c["usage"]["completion_tokens"].as_u64().is_some();
+    }
+    assert_eq!(streamed, content);
+    assert!(saw_usage, "{ev:?}");
+
+    // Bad requests: OpenAI-shaped errors with the right status.
+    let bad = request(a, "POST", "/v1/completions", &[], b"{\"prompt\": \"x\",");
+    assert_error(&bad, 400, "invalid_request_error");
+    assert_error(&post(a, "/v1/completions", &json!({"model": "gpt-9", "prompt": "x"})), 404, "model_not_found");
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": -1})), 400, "invalid_request_error");
+    assert_error(
+        &post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": 100000})),
+        400,
+        "invalid_request_error",
+    );
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "x", "n": 3})), 400, "invalid_request_error");
+    assert_error(
+        &post(a, "/v1/completions", &json!({"prompt": "x", "temperature": "hot"})),
+        400,
+        "invalid_request_error",
+    );
+    assert_error(&post(a, "/v1/completions", &json!({"max_tokens": 3})), 400, "invalid_request_error");
+    assert_error(&post(a, "/v1/chat/completions", &json!({"messages": []})), 400, "invalid_request_error");
+    assert_error(&post(a, "/v1/chat/completions", &json!({"prompt": "x"})), 400, "invalid_request_error");
+    let long = "hello ".repeat(400);
+    assert_error(
+        &post(a, "/v1/completions", &json!({"prompt": long, "max_tokens": 4})),
+        400,
+        "context_length_exceeded",
+    );
+    let long = json!({"prompt": long, "stream": true});
+    assert_error(&post(a, "/v1/completions", &long), 400, "context_length_exceeded");
+    let huge = json!({"prompt": "x".repeat(100_000)});
+    assert_error(&post(a, "/v1/completions", &huge), 413, "request_too_large");
+    assert_error(&get(a, "/v1/nothing"), 404, "unknown_url");
+    assert_error(&get(a, "/v1/completions"), 405, "method_not_allowed");
+    assert_error(&post(a, "/admin/memory", &json!({"budget": "100M"})), 400, "invalid_request_error");
+    assert_eq!(get(a, "/admin/stats").json()["memory"], Value::Null);
+
+    // A client that disconnects mid-stream frees the worker; the next request is served.
+    let cancelled = metric(a, "sift_requests_cancelled_total");
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 500, "stream": true, "ignore_eos": true});
+    let mut s = connect(a, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.windows(6).filter(|w| w == b"data: ").count() < 3 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let t0 = Instant::now();
+    drop(s);
+    while metric(a, "sift_requests_cancelled_total") <= cancelled || metric(a, "sift_requests_running") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the worker did not notice the disconnect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(completion(a, prompt, 12), expected);
+
+    // 8 concurrent clients x 4 requests: every answer is that prompt's greedy completion.
+    let want: Vec<String> = PROMPTS.iter().map(|p| completion(a, p, 8)).collect();
+    let want = Arc::new(want);
+    let threads: Vec<_> = (0..8)
+        .map(|c| {
+            let (addr, want) = (a.to_string(), want.clone());
+            std::thread::spawn(move || {
+                for j in 0..4 {
+                    let i = (c + j) % PROMPTS.len();
+                    assert_eq!(completion(&addr, PROMPTS[i], 8), want[i], "client {c} request {j}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a client failed");
+    }
+
+    // Metrics: counters and histograms.
+    let t = get(a, "/metrics").body;
+    for k in
+        ["sift_time_to_first_token_seconds_bucket", "sift_inter_token_latency_seconds_count", "sift_resident_bytes"]
+    {
+        assert!(t.contains(k), "{k} missing: {t}");
+    }
+    assert!(metric(a, "sift_requests_total") >= 40.0);
+    assert!(metric(a, "sift_generated_tokens_total") >= 300.0);
+
+    // The openai Python package, unchanged.
+    if Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success()) {
+        let out = Command::new("python3")
+            .arg(root().join("tests/serve_openai.py"))
+            .args([&format!("http://{a}/v1"), "SmolLM2-135M-Instruct.Q4_1"])
+            .output()
+            .unwrap();
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && o.contains("openai client: ok"), "{o}\n{e}");
+    } else {
+        eprintln!("SKIPPED the openai Python client check: `python3 -c 'import openai'` failed (pip install openai)");
+    }
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+}
+
+#[test]
+fn serve_checks_the_api_key_and_stops_on_sigterm() {
+    let mut srv = Server::start(&["-c", "256", "--api-key", "s3cret", "--shutdown-grace", "1"]);
+    let a = srv.addr.clone();
+    assert_eq!(get(&a, "/health").status, 200);
+    assert_error(&get(&a, "/v1/models"), 401, "invalid_api_key");
+    let wrong = request(&a, "GET", "/v1/models", &[("Authorization", "Bearer nope")], b"");
+    assert_error(&wrong, 401, "invalid_api_key");
+    let body = json!({"prompt": "Hello", "max_tokens": 2}).to_string();
+    let r = request(&a, "POST", "/v1/completions", &[("Authorization", "Bearer wrong")], body.as_bytes());
+    assert_error(&r, 401, "invalid_api_key");
+    let r = request(&a, "POST", "/v1/completions", &[("Authorization", "Bearer s3cret")], body.as_bytes());
+    assert_eq!(r.status, 200, "{r:?}");
+
+    // SIGTERM while a long stream runs: the stream ends (finished or cancelled, then [DONE]) and
+    // the process exits cleanly within the grace period plus a little.
+    let long =
+        json!({"prompt": "Once upon a time", "max_tokens": 2000, "stream": true, "ignore_eos": true}).to_string();
+    let mut s = connect(&a, "POST", "/v1/completions", &[("Authorization", "Bearer s3cret")], long.as_bytes());
+    let mut first = [0u8; 64];
+    assert!(s.read(&mut first).unwrap() > 0);
+    let t0 = Instant::now();
+    unsafe {
+        libc::kill(srv.child.id() as i32, libc::SIGTERM);
+    }
+    let mut rest = first.to_vec();
+    let _ = s.read_to_end(&mut rest);
+    let body = String::from_utf8_lossy(&rest);
+    assert!(body.contains("[DONE]"), "the stream did not end with [DONE]: {body}");
+    let status = loop {
+        if let Some(st) = srv.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "the server did not exit:\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(status.success(), "exit status {status}:\n{}", srv.log());
+    let log = srv.log();
+    assert!(log.contains("shutting down") && log.contains("server stopped"), "{log}");
+    assert!(TcpStream::connect(&a).is_err(), "still listening after shutdown");
+}
+
+#[test]
+fn serve_changes_the_memory_budget_of_a_pack_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.sift");
+    let o = Command::new(env!("CARGO_BIN_EXE_sift"))
+        .args(["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = pack.to_str().unwrap();
+    let srv = Server::start(&[
+        "-m",
+        p,
+        "-c",
+        "256",
+        "--memory",
+        "140M",
+        "--sparsity",
+        "topk",
+        "--ratio",
+        "0.5",
+        "--profile",
+        "dip-a18",
+    ]);
+    let a = srv.addr.as_str();
+    let before = completion(a, PROMPTS[0], 16);
+    let st = get(a, "/admin/stats").json();
+    assert_eq!(st["memory"]["memory_budget"], 140u64 << 20, "{st}");
+    assert!(st["memory"]["hit_rate"].as_f64().is_some(), "{st}");
+    let r = post(a, "/admin/memory", &json!({"budget": "120M"}));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["plan"]["budget"], 120u64 << 20, "{r:?}");
+    assert_eq!(get(a, "/admin/stats").json()["memory"]["memory_budget"], 120u64 << 20);
+    assert_eq!(metric(a, "sift_memory_budget_bytes"), (120u64 << 20) as f64);
+    assert_error(&post(a, "/admin/memory", &json!({"budget": "10M"})), 400, "invalid_request_error");
+    assert_error(&post(a, "/admin/memory", &json!({"budget": "lots"})), 400, "invalid_request_error");
+    assert_error(&post(a, "/admin/memory", &json!({"size": 1})), 400, "invalid_request_error");
+    // The budget changes what stays cached, not the text.
+    assert_eq!(completion(a, PROMPTS[0], 16), before);
+    assert!(metric(a, "sift_bytes_read_total") > 0.0);
+}

@@ -1,0 +1,267 @@
+//! One async fn per endpoint. Generation handlers validate the body, queue a job on the worker and
+//! either collect its events into one JSON response or hand them to [`crate::stream`]; a
+//! [`CancelGuard`] held by the handler (or the stream) cancels the job when the client goes away.
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::{
+    chat_logprobs, check_model, completion_logprobs, parse_body, ChatRequest, CompletionRequest, Endpoint, GenRequest,
+    Limits, TokenLogprob,
+};
+use crate::stream::{sse, usage, CancelGuard, ResponseMeta};
+use crate::worker::{Event, Job, Msg, WorkerHandle};
+use crate::ServerConfig;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long an admin request waits for the worker (it answers between tokens).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What every handler shares.
+pub struct AppState {
+    pub worker: WorkerHandle,
+    pub metrics: Arc<Metrics>,
+    pub cfg: ServerConfig,
+    pub limits: Limits,
+    /// When the server started (Unix seconds): `created` of the model.
+    pub created: u64,
+    pub next_id: AtomicU64,
+}
+
+type S = State<Arc<AppState>>;
+
+/// Unix time in seconds.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {e}"))
+        }
+    })
+}
+
+/// `GET /health`.
+pub async fn health(State(s): S) -> Json<Value> {
+    Json(json!({"status": "ok", "model": s.cfg.alias, "queued": s.worker.queued()}))
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): S) -> Json<Value> {
+    let i = &s.worker.info;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.cfg.alias, "object": "model", "created": s.created, "owned_by": "sift",
+            "meta": {"n_ctx": i.n_ctx, "n_vocab": i.n_vocab, "chat_template": i.has_template, "memory_budget": i.memory},
+        }],
+    }))
+}
+
+/// `GET /metrics` (Prometheus text).
+pub async fn metrics(State(s): S) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render()).into_response()
+}
+
+/// Unknown routes: 404 in OpenAI's shape.
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::unknown_route(method.as_str(), uri.path())
+}
+
+/// Known route, wrong method: 405.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let body = body_bytes(body, s.cfg.max_body)?;
+        let req: CompletionRequest = parse_body(&body)?;
+        check_model(req.model.as_deref(), &s.cfg.alias, &s.cfg.file_name)?;
+        let g = req.validate(&s.limits)?;
+        generate(&s, g).await
+    }
+    .await;
+    finish(&s, r)
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let body = body_bytes(body, s.cfg.max_body)?;
+        let req: ChatRequest = parse_body(&body)?;
+        check_model(req.model.as_deref(), &s.cfg.alias, &s.cfg.file_name)?;
+        let g = req.validate(&s.limits)?;
+        generate(&s, g).await
+    }
+    .await;
+    finish(&s, r)
+}
+
+fn finish(s: &AppState, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(r) => r,
+        Err(e) => {
+            Metrics::inc(&s.metrics.errors, 1);
+            e.into_response()
+        }
+    }
+}
+
+/// One choice's collected events.
+#[derive(Default)]
+struct Choice {
+    n_prompt: usize,
+    n_gen: usize,
+    echo_text: String,
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<&'static str>,
+}
+
+async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiError> {
+    Metrics::inc(&s.metrics.requests, 1);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = CancelGuard(cancel.clone());
+    let n = req.prompts.len();
+    let meta = ResponseMeta {
+        id: format!(
+            "{}-{:x}{:04x}",
+            if req.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" },
+            now_secs(),
+            s.next_id.fetch_add(1, Ordering::Relaxed)
+        ),
+        created: now_secs(),
+        model: s.cfg.alias.clone(),
+        endpoint: req.endpoint,
+        logprobs: req.logprobs.is_some(),
+        include_usage: req.include_usage,
+    };
+    let stream = req.stream;
+    Metrics::inc(&s.metrics.queued, 1);
+    if let Err(e) = s.worker.submit(Job { req, events: tx, cancel, received: Instant::now() }) {
+        Metrics::dec(&s.metrics.queued);
+        return Err(e);
+    }
+    if stream {
+        return match rx.recv().await {
+            Some(Event::Error(e)) => Err(e),
+            Some(first) => Ok(sse(meta, first, rx, guard).into_response()),
+            None => Err(ApiError::shutting_down()),
+        };
+    }
+    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+    let mut done = 0;
+    while done < n {
+        match rx.recv().await {
+            Some(Event::Prompt { index, n_prompt, echo_text, echo }) => {
+                let c = &mut choices[index];
+                c.n_prompt = n_prompt;
+                c.echo_text = echo_text;
+                c.logprobs = echo;
+            }
+            Some(Event::Text { index, text, logprobs }) => {
+                let c = &mut choices[index];
+                c.text.push_str(&text);
+                c.logprobs.extend(logprobs);
+            }
+            Some(Event::Done { index, finish, n_gen }) => {
+                choices[index].finish = Some(finish);
+                choices[index].n_gen = n_gen;
+                done += 1;
+            }
+            Some(Event::Error(e)) => return Err(e),
+            None => return Err(ApiError::shutting_down()),
+        }
+    }
+    drop(guard);
+    let n_prompt: usize = choices.iter().map(|c| c.n_prompt).sum();
+    let n_gen: usize = choices.iter().map(|c| c.n_gen).sum();
+    let body = match meta.endpoint {
+        Endpoint::Completions => json!({
+            "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+            "choices": choices.iter().enumerate().map(|(i, c)| json!({
+                "index": i,
+                "text": format!("{}{}", c.echo_text, c.text),
+                "logprobs": if meta.logprobs { completion_logprobs(&c.logprobs, 0) } else { Value::Null },
+                "finish_reason": c.finish,
+            })).collect::<Vec<_>>(),
+            "usage": usage(n_prompt, n_gen),
+        }),
+        Endpoint::Chat => json!({
+            "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+            "choices": choices.iter().enumerate().map(|(i, c)| json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": if meta.logprobs { json!({"content": chat_logprobs(&c.logprobs)}) } else { Value::Null },
+                "finish_reason": c.finish,
+            })).collect::<Vec<_>>(),
+            "usage": usage(n_prompt, n_gen),
+        }),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// `POST /admin/memory {"budget": "300MB"}`: a new budget, applied between tokens.
+pub async fn admin_memory(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let body = body_bytes(body, s.cfg.max_body)?;
+        let v: Value = parse_body(&body)?;
+        let spec = match v.get("budget") {
+            Some(Value::String(b)) => b.clone(),
+            Some(Value::Number(b)) => b.to_string(),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "budget",
+                    "send {\"budget\": \"300MB\"} (bytes with K/M/G, or a percentage of the model)",
+                ))
+            }
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        s.worker.send(Msg::SetBudget { spec, reply: tx })?;
+        match tokio::time::timeout(ADMIN_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r.map(|v| Json(v).into_response()),
+            Ok(Err(_)) => Err(ApiError::internal("the worker thread has stopped")),
+            Err(_) => Err(ApiError::internal("the worker did not answer in time")),
+        }
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /admin/stats`: cache and I/O counters, the plan, the budget, resident memory.
+pub async fn admin_stats(State(s): S) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if let Err(e) = s.worker.send(Msg::Stats { reply: tx }) {
+        return e.into_response();
+    }
+    match tokio::time::timeout(ADMIN_TIMEOUT, rx).await {
+        Ok(Ok(mut v)) => {
+            v["model"] = s.cfg.alias.clone().into();
+            v["metrics"] = json!({
+                "requests": s.metrics.requests.load(Ordering::Relaxed),
+                "errors": s.metrics.errors.load(Ordering::Relaxed),
+                "cancelled": s.metrics.cancelled.load(Ordering::Relaxed),
+                "prompt_tokens": s.metrics.prompt_tokens.load(Ordering::Relaxed),
+                "generated_tokens": s.metrics.generated_tokens.load(Ordering::Relaxed),
+            });
+            Json(v).into_response()
+        }
+        Ok(Err(_)) => ApiError::internal("the worker thread has stopped").into_response(),
+        Err(_) => ApiError::internal("the worker did not answer in time").into_response(),
+    }
+}
