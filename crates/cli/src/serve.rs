@@ -76,7 +76,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let model_size = engine.model.columns.as_ref().map_or(0, |p| p.gguf_len);
         Ok(sift_server::Loaded {
             engine,
-            tok,
+            tok: std::sync::Arc::new(tok),
             template,
             on_step: Some(Box::new(move |e| {
                 if let Some(l) = &live {

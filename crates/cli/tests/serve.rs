@@ -337,6 +337,40 @@ fn serve_answers_like_generate_and_refuses_bad_requests() {
     assert_eq!(streamed, content);
     assert!(saw_usage, "{ev:?}");
 
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // The end-of-text token counts as generated and has its log-probability, but adds no text.
+    assert_eq!(lc.last().unwrap()["token"], "<|im_end|>", "{v}");
+
+    // Tokenizer endpoints (vLLM's and llama-server's shapes; lm-eval's `tokenizer_backend=remote`).
+    let info = get(a, "/tokenizer_info").json();
+    assert_eq!((info["eos_token"].as_str(), info["bos_token"].as_str()), (Some("<|im_end|>"), Some("<|im_start|>")));
+    assert_eq!(info["model_max_length"], 256);
+    assert!(info["chat_template"].as_str().unwrap().contains("<|im_start|>"), "{info}");
+    let r = post(a, "/tokenize", &json!({"prompt": full, "add_special_tokens": false}));
+    assert_eq!(r.json()["tokens"], json!(tok.encode(full, false, true).unwrap()), "{r:?}");
+    let turn = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital of France is Paris.";
+    let r = post(a, "/tokenize", &json!({"content": turn, "with_pieces": true}));
+    let pieces = r.json()["tokens"].as_array().unwrap().clone();
+    assert_eq!(pieces[0], json!({"id": 1, "piece": "<|im_start|>"}), "special-token text is parsed: {r:?}");
+    let turn_ids: Vec<u64> = pieces.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    let r = post(a, "/detokenize", &json!({"tokens": turn_ids}));
+    assert_eq!((r.json()["prompt"].as_str(), r.json()["content"].as_str()), (Some(turn), Some(turn)), "{r:?}");
+    assert_error(&post(a, "/tokenize", &json!({"prompt": 5})), 400, "invalid_request_error");
+    assert_error(&post(a, "/detokenize", &json!({"tokens": [1, 99999999]})), 400, "invalid_request_error");
+    // lm-eval's loglikelihood request where the model's next token is end-of-text: the reply has
+    // one entry per prompt token plus the generated one, which lm-eval drops.
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": [turn_ids], "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0}),
+    );
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!((c["text"].as_str(), c["finish_reason"].as_str()), (Some(turn), Some("stop")), "{v}");
+    let toks = c["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(toks.len(), pieces.len() + 1, "{v}");
+    assert_eq!(toks.last().unwrap(), "<|im_end|>");
+
     // Bad requests: OpenAI-shaped errors with the right status.
     let bad = request(a, "POST", "/v1/completions", &[], b"{\"prompt\": \"x\",");
     assert_error(&bad, 400, "invalid_request_error");
@@ -418,9 +452,19 @@ fn serve_answers_like_generate_and_refuses_bad_requests() {
     assert!(metric(a, "sift_requests_total") >= 40.0);
     assert!(metric(a, "sift_generated_tokens_total") >= 300.0);
 
-    // The openai Python package, unchanged.
-    if Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success()) {
-        let out = Command::new("python3")
+    // The openai Python package, unchanged (scripts/python-deps.sh installs it into target/python;
+    // the README's test command runs it). Skipped with a message only outside CI.
+    let pythonpath = match std::env::var("PYTHONPATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", root().join("target/python").display()),
+        _ => root().join("target/python").display().to_string(),
+    };
+    let python = || {
+        let mut c = Command::new("python3");
+        c.env("PYTHONPATH", &pythonpath);
+        c
+    };
+    if python().args(["-c", "import openai"]).status().is_ok_and(|s| s.success()) {
+        let out = python()
             .arg(root().join("tests/serve_openai.py"))
             .args([&format!("http://{a}/v1"), "SmolLM2-135M-Instruct.Q4_1"])
             .output()
@@ -428,7 +472,11 @@ fn serve_answers_like_generate_and_refuses_bad_requests() {
         let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success() && o.contains("openai client: ok"), "{o}\n{e}");
     } else {
-        eprintln!("SKIPPED the openai Python client check: `python3 -c 'import openai'` failed (pip install openai)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the openai Python package is missing: run ./scripts/python-deps.sh (the README's test command does)"
+        );
+        eprintln!("SKIPPED the openai Python client check: run ./scripts/python-deps.sh");
     }
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
 }

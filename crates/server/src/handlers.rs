@@ -265,3 +265,100 @@ pub async fn admin_stats(State(s): S) -> Response {
         Err(_) => ApiError::internal("the worker did not answer in time").into_response(),
     }
 }
+
+/// Most tokens `/detokenize` takes in one request.
+const MAX_DETOKENIZE: usize = 1 << 20;
+
+/// The text of the first of `keys` present in `v` (vLLM and llama-server name fields differently).
+fn field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Value> {
+    keys.iter().find_map(|k| v.get(*k))
+}
+
+/// `POST /tokenize {"prompt": "text", "add_special_tokens": false, "with_pieces": false}`: the
+/// model's token ids for a text (vLLM's and llama-server's shape: `content` / `add_special` are
+/// accepted too). Special-token text such as `<|im_end|>` becomes its id, as both servers do.
+/// `add_special_tokens` (default false, llama-server's default) prepends BOS when the model adds
+/// one. Answers `{"tokens": [...], "count": n, "max_model_len": n_ctx}`; with `with_pieces`, each
+/// token is `{"id", "piece"}`.
+pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let body = body_bytes(body, s.cfg.max_body)?;
+        let v: Value = parse_body(&body)?;
+        let text = match field(&v, &["prompt", "content"]) {
+            Some(Value::String(t)) => t.clone(),
+            _ => return Err(ApiError::invalid_param("prompt", "send {\"prompt\": \"text to tokenize\"}")),
+        };
+        let flag = |keys: &[&str], param: &str| match field(&v, keys) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ApiError::invalid_param(param, format!("{param} must be true or false"))),
+        };
+        let add_special = flag(&["add_special_tokens", "add_special"], "add_special_tokens")?;
+        let with_pieces = flag(&["with_pieces"], "with_pieces")?;
+        let tok = s.worker.info.tok.clone();
+        // Long texts take milliseconds: off the async threads.
+        let ids = tokio::task::spawn_blocking(move || tok.encode(&text, add_special, true))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+        let tok = &s.worker.info.tok;
+        let tokens: Vec<Value> = if with_pieces {
+            ids.iter().map(|&id| json!({"id": id, "piece": String::from_utf8_lossy(tok.piece(id))})).collect()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        };
+        Ok(Json(json!({"tokens": tokens, "count": ids.len(), "max_model_len": s.worker.info.n_ctx})).into_response())
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /detokenize {"tokens": [ids]}`: the text of token ids, special tokens included.
+/// Answers `{"prompt": text}` (vLLM) with the same text under `content` (llama-server).
+pub async fn detokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let body = body_bytes(body, s.cfg.max_body)?;
+        let v: Value = parse_body(&body)?;
+        let bad = || ApiError::invalid_param("tokens", "send {\"tokens\": [token ids]}");
+        let arr = v.get("tokens").and_then(Value::as_array).ok_or_else(bad)?;
+        if arr.len() > MAX_DETOKENIZE {
+            return Err(ApiError::invalid_param("tokens", format!("at most {MAX_DETOKENIZE} tokens per request")));
+        }
+        let n_vocab = s.worker.info.n_vocab;
+        let mut ids = Vec::with_capacity(arr.len());
+        for x in arr {
+            let id = x.as_u64().ok_or_else(bad)?;
+            if id >= n_vocab as u64 {
+                return Err(ApiError::invalid_param(
+                    "tokens",
+                    format!("token id {id} is outside the vocabulary of {n_vocab} tokens"),
+                ));
+            }
+            ids.push(id as u32);
+        }
+        let text = String::from_utf8_lossy(&s.worker.info.tok.decode_bytes(&ids, false)).into_owned();
+        Ok(Json(json!({"prompt": text, "content": text})).into_response())
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /tokenizer_info` (vLLM's shape, which lm-eval's `tokenizer_backend=remote` reads): the
+/// special tokens' text, the chat template, the context length.
+pub async fn tokenizer_info(State(s): S) -> Json<Value> {
+    let i = &s.worker.info;
+    let tok = &i.tok;
+    let text = |id: Option<u32>| id.map(|id| tok.token_str(id).to_string());
+    Json(json!({
+        "tokenizer_class": format!("sift-gguf-{}", tok.model_name()),
+        "bos_token": text(tok.bos()),
+        "eos_token": text(tok.eos()),
+        "pad_token": text(tok.pad()),
+        "unk_token": text(tok.unk()),
+        "add_bos_token": tok.add_bos(),
+        "add_eos_token": tok.add_eos(),
+        "vocab_size": tok.vocab_size(),
+        "model_max_length": i.n_ctx,
+        "chat_template": i.chat_template,
+    }))
+}

@@ -39,7 +39,8 @@ pub type BudgetParser = Box<dyn Fn(&str) -> Result<u64, String>>;
 /// What the engine-building closure returns, on the worker thread.
 pub struct Loaded {
     pub engine: Engine,
-    pub tok: Tokenizer,
+    /// Shared with the handlers, which tokenize for `/tokenize` without waiting for the worker.
+    pub tok: Arc<Tokenizer>,
     /// The model's chat template (or a ChatML fallback); `None`: chat requests are refused.
     pub template: Option<ChatTemplate>,
     /// Called between tokens and after each request (live budget files, logging budget changes).
@@ -89,12 +90,16 @@ pub enum Msg {
 }
 
 /// What the server knows about the loaded model.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ModelInfo {
     pub n_ctx: usize,
     pub n_vocab: usize,
     pub has_template: bool,
+    /// The chat template's Jinja source (for `/tokenizer_info`).
+    pub chat_template: Option<String>,
     pub memory: bool,
+    /// The model's tokenizer (read-only; the worker holds the same one).
+    pub tok: Arc<Tokenizer>,
 }
 
 /// The handlers' side of the worker.
@@ -175,7 +180,9 @@ pub fn spawn(
             n_ctx: loaded.engine.n_ctx(),
             n_vocab: loaded.engine.config().n_vocab,
             has_template: loaded.template.is_some(),
+            chat_template: loaded.template.as_ref().map(|t| t.source().to_string()),
             memory: loaded.engine.store().is_some(),
+            tok: loaded.tok.clone(),
         };
         let mut w = Worker {
             l: loaded,
@@ -512,9 +519,6 @@ impl Worker {
                 return Err(Stop::Cancelled);
             }
             let next = sampler.sample(&self.logits);
-            if !req.ignore_eos && self.l.tok.is_eog(next) {
-                break "stop";
-            }
             if let Some(k) = k {
                 pending.push(token_logprob(&self.l.tok, &self.logits, next, k));
             }
@@ -527,6 +531,13 @@ impl Worker {
                 self.metrics.observe_itl((now - last).as_secs_f64());
             }
             last = now;
+            if !req.ignore_eos && self.l.tok.is_eog(next) {
+                // The end-of-text token adds no text but counts as generated, and its
+                // log-probability is reported (as vLLM does): a client that asks for one token
+                // with `echo` (lm-eval's loglikelihood) drops the last entry and must find
+                // exactly the prompt's tokens before it.
+                break "stop";
+            }
             sampler.accept(next);
             if let Some(piece) = dec.push(&self.l.tok, next) {
                 text.push_str(&piece);
