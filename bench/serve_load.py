@@ -8,7 +8,11 @@ it samples is the server's. Standard library only.
 
   python3 bench/serve_load.py --sift target/release/sift -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
       --clients 8 --requests 4 --max-tokens 32 [--server-args "--memory 140M --sparsity topk ..."] \
-      [-o bench/out/serve_load.json]
+      [--peer-llama-server .ref/build/bin/llama-server --pairs 3] [-o bench/out/serve_load.json]
+
+With --peer-llama-server, llama.cpp's server runs the same load on the same GGUF (one slot,
+`-np 1`, like sift's one sequence at a time, unless --peer-parallel; the same -t and -c), alternating sift / peer for
+--pairs rounds; the medians and sift/peer ratios are reported.
 
 Exit status 1 if any request failed or (with --budget-mib / --memory in --server-args) the
 sampled RSS ever exceeded the budget.
@@ -18,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -65,6 +70,10 @@ def main():
     ap.add_argument("--budget-mib", type=float, help="RSS limit to check (default: from --memory if in bytes)")
     ap.add_argument("--sample-ms", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
+    ap.add_argument("--peer-llama-server", help="llama-server binary: run the same load on it too")
+    ap.add_argument("--peer-parallel", type=int, default=1,
+                    help="llama-server slots (-np); 1 = one sequence at a time like sift, more = its batching")
+    ap.add_argument("--pairs", type=int, default=3, help="sift / peer rounds with --peer-llama-server")
     ap.add_argument("-o", "--out", help="write the results as JSON")
     a = ap.parse_args()
 
@@ -72,24 +81,74 @@ def main():
     budget = a.budget_mib
     if budget is None and "--memory" in extra:
         budget = parse_mib(extra[extra.index("--memory") + 1])
+    if not a.peer_llama_server:
+        res = run_load(a, start_sift(a, extra), budget)
+        res["server_args"] = extra
+        report(a, res, [res])
+        return
+    runs = {"sift": [], "llama-server": []}
+    for i in range(a.pairs):
+        for name in ("sift", "llama-server"):
+            srv = start_sift(a, extra) if name == "sift" else start_llama_server(a, extra)
+            r = run_load(a, srv, budget if name == "sift" else None)
+            print(f"round {i + 1} {name}: {r['requests_per_s']:.3f} req/s, p50 {r['latency_p50_s']:.2f} s, "
+                  f"peak RSS {r['rss_peak_mib']:.0f} MiB, {r['errors']} errors", file=sys.stderr)
+            runs[name].append(r)
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    keys = ["requests_per_s", "tokens_per_s", "latency_p50_s", "latency_p99_s", "rss_peak_mib"]
+    res = {name: {k: med(rs, k) for k in keys} | {"errors": sum(r["errors"] for r in rs)} for name, rs in runs.items()}
+    res["ratio_sift_over_peer"] = {k: res["sift"][k] / res["llama-server"][k] for k in keys}
+    res.update({"peer_parallel": a.peer_parallel, "pairs": a.pairs, "clients": a.clients, "requests_per_client": a.requests,
+                "max_tokens": a.max_tokens, "server_args": extra, "runs": runs})
+    report(a, res, runs["sift"] + runs["llama-server"])
+
+
+def start_sift(a, extra):
     cmd = [a.sift, "serve", "--host", "127.0.0.1", "--port", "0", "-m", a.model,
            "--max-queue", str(max(16, a.clients))] + extra
     srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    addr = None
     t_start = time.time()
     for line in srv.stderr:
-        sys.stderr.write(line)
         m = re.search(r"listening on http://(\S+)", line)
         if m:
-            addr = m.group(1)
-            break
+            threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+            return srv, m.group(1)
         if time.time() - t_start > 120:
             break
-    if not addr:
-        srv.kill()
-        sys.exit("the server did not start")
-    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+    srv.kill()
+    sys.exit(f"sift serve did not start: {shlex.join(cmd)}")
 
+
+def start_llama_server(a, extra):
+    """llama.cpp's server on the same GGUF: --peer-parallel slots, the same -t / -c as given to sift
+    (with several slots llama-server splits -c between them, so it is multiplied to keep each
+    sequence's context)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    same = []
+    for flag in ("-t", "-c"):
+        if flag in extra:
+            v = extra[extra.index(flag) + 1]
+            same += [flag, str(int(v) * a.peer_parallel) if flag == "-c" else v]
+    cmd = [a.peer_llama_server, "-m", a.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(a.peer_parallel),
+           "--no-webui"] + same
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    addr = f"127.0.0.1:{port}"
+    t_start = time.time()
+    while time.time() - t_start < 120:
+        try:
+            if urllib.request.urlopen(f"http://{addr}/health", timeout=2).status == 200:
+                return srv, addr
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.2)
+    srv.kill()
+    sys.exit(f"llama-server did not start: {shlex.join(cmd)}")
+
+
+def run_load(a, started, budget):
+    """N clients x M requests against one server; stops the server afterwards."""
+    srv, addr = started
     samples = []
     stop = threading.Event()
 
@@ -131,7 +190,7 @@ def main():
     stop.set()
     try:
         metrics = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - llama-server has /metrics only with --metrics
         metrics = ""
     srv.terminate()
     try:
@@ -142,9 +201,9 @@ def main():
     lat.sort()
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None  # noqa: E731
     peak = max((r for _, r in samples), default=None)
-    res = {
+    return {
         "clients": a.clients, "requests_per_client": a.requests, "max_tokens": a.max_tokens,
-        "server_args": extra, "ok": len(lat), "errors": len(errors), "error_samples": errors[:5],
+        "ok": len(lat), "errors": len(errors), "error_samples": errors[:5],
         "wall_s": wall, "requests_per_s": len(lat) / wall if wall else None,
         "tokens_per_s": tokens[0] / wall if wall else None,
         "latency_p50_s": pct(0.50), "latency_p99_s": pct(0.99),
@@ -154,14 +213,16 @@ def main():
         "ttft_count": next((float(l.split()[1]) for l in metrics.splitlines()
                             if l.startswith("sift_time_to_first_token_seconds_count")), None),
     }
+
+
+def report(a, res, runs):
     print(json.dumps(res, indent=2))
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=2)
-    if errors or res["rss_within_budget"] is False:
+    if any(r["errors"] or r["rss_within_budget"] is False for r in runs):
         sys.exit(1)
-
 
 if __name__ == "__main__":
     main()

@@ -99,7 +99,13 @@ pub struct SamplingArgs {
     /// Penalty for repeating recent tokens (1.0 = off)
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty considers
+    /// Subtracted from the logit of every token in the last --repeat-last-n (0.0 = off)
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a recent token's logit once per occurrence (0.0 = off)
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties consider
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed (-1 = random)
@@ -119,6 +125,11 @@ impl SamplingArgs {
         anyhow::ensure!((0.0..=1.0).contains(&self.top_p), "--top-p must be between 0 and 1, got {}", self.top_p);
         anyhow::ensure!((0.0..=1.0).contains(&self.min_p), "--min-p must be between 0 and 1, got {}", self.min_p);
         anyhow::ensure!(self.repeat_penalty > 0.0, "--repeat-penalty must be positive, got {}", self.repeat_penalty);
+        for (flag, v) in
+            [("--presence-penalty", self.presence_penalty), ("--frequency-penalty", self.frequency_penalty)]
+        {
+            anyhow::ensure!(v.is_finite() && (-2.0..=2.0).contains(&v), "{flag} must be between -2 and 2, got {v}");
+        }
         Ok(GenerateOptions {
             n_predict: usize::try_from(self.n_predict).ok(),
             stop: self.stop.clone(),
@@ -129,6 +140,8 @@ impl SamplingArgs {
                 top_p: self.top_p,
                 min_p: self.min_p,
                 repeat_penalty: self.repeat_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
                 repeat_last_n: self.repeat_last_n,
                 seed: u64::try_from(self.seed).ok(),
             },

@@ -1,5 +1,5 @@
 //! Token sampling with llama.cpp's default chain and defaults:
-//! repetition penalty → top-k → top-p → min-p → temperature → draw. `temp <= 0` is greedy.
+//! repetition / presence / frequency penalties → top-k → top-p → min-p → temperature → draw. `temp <= 0` is greedy.
 
 use std::collections::VecDeque;
 
@@ -15,7 +15,12 @@ pub struct SamplerOptions {
     pub min_p: f32,
     /// 1.0 = no penalty.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// Subtracted from a recent token's logit once (0.0 = off; llama.cpp's `--presence-penalty`,
+    /// OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a recent token's logit per occurrence (0.0 = off; `--frequency-penalty`).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     /// Random seed; `None` picks one from the clock.
     pub seed: Option<u64>,
@@ -29,6 +34,8 @@ impl Default for SamplerOptions {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: None,
         }
@@ -78,10 +85,19 @@ impl Sampler {
         let o = &self.opts;
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        if o.repeat_penalty != 1.0 {
+        if o.repeat_penalty != 1.0 || o.presence_penalty != 0.0 || o.frequency_penalty != 0.0 {
+            // llama.cpp's penalties sampler: each distinct recent token once, with its count.
+            let mut counts: Vec<(u32, u32)> = Vec::with_capacity(self.recent.len());
             for &t in &self.recent {
+                match counts.iter_mut().find(|(id, _)| *id == t) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((t, 1)),
+                }
+            }
+            for (t, n) in counts {
                 if let Some(c) = self.cand.get_mut(t as usize) {
                     c.1 = if c.1 > 0.0 { c.1 / o.repeat_penalty } else { c.1 * o.repeat_penalty };
+                    c.1 -= n as f32 * o.frequency_penalty + o.presence_penalty;
                 }
             }
         }
@@ -245,5 +261,32 @@ mod tests {
         s.accept(1);
         // 3.0 / 1.5 = 2.0 < 2.9
         assert_eq!(s.sample(&logits()), 4);
+        // Once per distinct token, as llama.cpp: twice in the window is still 3.0 / 1.5.
+        // 3.0 / 1.02 = 2.94 > 2.9 (twice would be 3.0 / 1.02^2 = 2.88 < 2.9).
+        let mut s = Sampler::new(SamplerOptions { repeat_penalty: 1.02, ..SamplerOptions::greedy() });
+        s.accept(1);
+        s.accept(1);
+        assert_eq!(s.sample(&logits()), 1);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_subtract() {
+        let greedy = |presence, frequency, recent: &[u32]| {
+            let mut s = Sampler::new(SamplerOptions {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..SamplerOptions::greedy()
+            });
+            recent.iter().for_each(|&t| s.accept(t));
+            s.sample(&logits())
+        };
+        assert_eq!(greedy(0.0, 0.0, &[1, 1]), 1);
+        // 3.0 - 0.2 = 2.8 < 2.9.
+        assert_eq!(greedy(0.2, 0.0, &[1, 1]), 4);
+        // 3.0 - 2 x 0.06 = 2.88 < 2.9; one occurrence: 2.94 > 2.9.
+        assert_eq!(greedy(0.0, 0.06, &[1, 1]), 4);
+        assert_eq!(greedy(0.0, 0.06, &[1]), 1);
+        // A negative presence penalty promotes: 2.0 + 1.5 = 3.5 > 3.0.
+        assert_eq!(greedy(-1.5, 0.0, &[2]), 2);
     }
 }

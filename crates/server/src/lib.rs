@@ -1,14 +1,17 @@
 //! `sift serve`: an OpenAI-compatible HTTP server over one sift engine.
 //!
 //! Endpoints: `POST /v1/completions` and `/v1/chat/completions` (streaming over SSE or not, with
-//! log-probabilities and `echo` for lm-eval), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (Prometheus), `POST /admin/memory` (change the memory budget live) and `GET /admin/stats`.
+//! log-probabilities and `echo` for lm-eval), `GET /v1/models`, `POST /tokenize`,
+//! `POST /detokenize` and `GET /tokenizer_info` (vLLM's and llama-server's shapes; lm-eval's
+//! remote tokenizer), `GET /health`, `GET /metrics` (Prometheus), `POST /admin/memory` (change
+//! the memory budget live) and `GET /admin/stats`.
 //!
 //! Layout: [`router`] (routes, API key, body limit), [`handlers`] (one fn per endpoint),
 //! [`stream`] (SSE), [`openai`] (request/response types and validation), [`worker`] (the one
-//! thread that owns the engine and runs one sequence at a time), [`metrics`] (Prometheus text),
-//! [`error`] (OpenAI-shaped errors). The engine never runs on the async runtime: handlers talk
-//! to the worker thread through channels.
+//! thread that owns the engine and runs one sequence at a time; the tokenizer is shared
+//! read-only with the handlers), [`metrics`] (Prometheus text), [`error`] (OpenAI-shaped
+//! errors). The engine never runs on the async runtime: handlers talk to the worker thread
+//! through channels.
 
 pub mod error;
 pub mod handlers;

@@ -29,8 +29,9 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// The sampling fields both endpoints share (OpenAI's names; `top_k`, `min_p`, `repeat_penalty`
-/// as llama-server accepts them).
+/// The sampling fields both endpoints share (OpenAI's names, `presence_penalty` and
+/// `frequency_penalty` applied as llama.cpp does over the last 64 tokens; `top_k`, `min_p`,
+/// `repeat_penalty` as llama-server accepts them).
 #[derive(Deserialize, Debug, Default)]
 pub struct Sampling {
     pub temperature: Option<f32>,
@@ -38,6 +39,8 @@ pub struct Sampling {
     pub top_k: Option<i64>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<i64>,
@@ -179,6 +182,12 @@ fn sampler(s: &Sampling) -> Result<(SamplerOptions, Vec<String>), ApiError> {
             format!("repeat_penalty must be positive, got {repeat_penalty}"),
         ));
     }
+    let penalty = |v: Option<f32>, param: &str| match v.unwrap_or(0.0) {
+        x if x.is_finite() && (-2.0..=2.0).contains(&x) => Ok(x),
+        x => Err(ApiError::invalid_param(param, format!("{param} must be between -2 and 2, got {x}"))),
+    };
+    let presence_penalty = penalty(s.presence_penalty, "presence_penalty")?;
+    let frequency_penalty = penalty(s.frequency_penalty, "frequency_penalty")?;
     let stop = match &s.stop {
         None => Vec::new(),
         Some(Stop::One(x)) => vec![x.clone()],
@@ -195,6 +204,8 @@ fn sampler(s: &Sampling) -> Result<(SamplerOptions, Vec<String>), ApiError> {
             top_p,
             min_p,
             repeat_penalty,
+            presence_penalty,
+            frequency_penalty,
             repeat_last_n: 64,
             seed: s.seed.map(|x| x as u64),
         },
@@ -374,7 +385,8 @@ fn lp_value(lp: Option<f32>) -> Value {
 }
 
 /// Legacy completions `logprobs`: `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`;
-/// offsets count bytes of the text from `start`.
+/// `top_logprobs` holds the k most likely tokens and the chosen one; offsets count bytes of the
+/// text from `start`.
 pub fn completion_logprobs(toks: &[TokenLogprob], start: usize) -> Value {
     let mut offset = start;
     let mut offsets = Vec::with_capacity(toks.len());
@@ -393,6 +405,8 @@ pub fn completion_logprobs(toks: &[TokenLogprob], start: usize) -> Value {
             for (b, lp) in &t.top {
                 m.entry(String::from_utf8_lossy(b).into_owned()).or_insert(lp_value(Some(*lp)));
             }
+            // OpenAI's legacy shape: the chosen token is always there too (up to k + 1 entries).
+            m.entry(t.text()).or_insert(lp_value(t.logprob));
             Value::Object(m)
         }).collect::<Vec<_>>(),
         "text_offset": offsets,
@@ -442,6 +456,8 @@ mod tests {
             br#"{"prompt":"x","max_tokens":101}"#,
             br#"{"prompt":"x","n":2}"#,
             br#"{"prompt":"x","temperature":3}"#,
+            br#"{"prompt":"x","presence_penalty":2.5}"#,
+            br#"{"prompt":"x","frequency_penalty":-3}"#,
             br#"{"prompt":"x","logprobs":50}"#,
             br#"{"prompt":{"a":1}}"#,
             br#"{"prompt":[-1]}"#,
@@ -479,5 +495,9 @@ mod tests {
         assert_eq!(v["token_logprobs"][0], Value::Null);
         assert_eq!(v["top_logprobs"][0], Value::Null);
         assert_eq!(v["token_logprobs"][1], serde_json::json!(-1.5));
+        // The chosen token joins the top alternatives when it is not among them.
+        let chosen = TokenLogprob { top: vec![(b" a".to_vec(), -0.5)], ..t(3, " b", Some(-2.0)) };
+        let v = completion_logprobs(&[chosen], 0);
+        assert_eq!(v["top_logprobs"][0], serde_json::json!({" a": -0.5, " b": -2.0}));
     }
 }
