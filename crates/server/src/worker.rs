@@ -247,7 +247,24 @@ impl Worker {
                 Msg::Generate(job) => {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
                     Metrics::dec(&self.metrics.queued);
-                    self.job(job);
+                    // A bug that panics inside the engine fails this request, not the server:
+                    // the KV cache is dropped (its contents are unknown) and the next job runs.
+                    let events = job.events.clone();
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.job(job)));
+                    if let Err(p) = ran {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        eprintln!("sift: a request failed inside the engine ({what}); the KV cache was reset");
+                        self.reset();
+                        self.metrics.running.store(0, Ordering::SeqCst);
+                        Metrics::inc(&self.metrics.errors, 1);
+                        let _ = events.send(Event::Error(ApiError::internal(format!(
+                            "the engine failed on this request ({what}); the server goes on"
+                        ))));
+                    }
                 }
                 other => self.admin(other),
             }
