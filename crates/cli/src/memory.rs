@@ -182,14 +182,12 @@ impl MemoryArgs {
                 "--cache-policy static pins the hot channels measured by `sift calibrate`: pass its file with --calib",
             )?;
             let c = sift_engine::sparsity::Calibration::load(file)?;
+            let units = [model.config.n_embd, model.config.n_embd_q(), model.config.n_embd, model.config.n_ff];
+            c.check_dims(sift_engine::sparsity::SiteDims { n_layer: model.config.n_layer, units })
+                .with_context(|| format!("--calib {}", file.display()))?;
             for l in 0..model.config.n_layer {
                 for op in OpKind::ALL {
-                    let site = match op {
-                        OpKind::Q | OpKind::K | OpKind::V => Site::AttnIn,
-                        OpKind::O => Site::AttnOut,
-                        OpKind::Gate | OpKind::Up => Site::FfnIn,
-                        OpKind::Down => Site::FfnMid,
-                    };
+                    let site = Site::ALL[op.site_index()];
                     let ranking = c.hot_ranking(l, site).with_context(|| {
                         format!(
                             "{} has no per-channel magnitudes (made by an older sift); run `sift calibrate` again",
@@ -201,7 +199,7 @@ impl MemoryArgs {
             }
         }
         let mut engine = Engine::new(model, eo);
-        engine.attach_store(store);
+        engine.attach_store(store)?;
         sparsity.apply(&mut engine)?;
         Ok(engine)
     }

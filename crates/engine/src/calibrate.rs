@@ -201,7 +201,7 @@ fn allocate(
     let max_target = targets.last().copied().unwrap_or(0.0) as f64;
     for (l, x) in inputs.iter().enumerate() {
         engine.set_selector(Box::new(DenseSelector));
-        let y_dense = engine.run_layer(l, x, Phase::Prompt);
+        let y_dense = engine.run_layer(l, x, Phase::Prompt)?;
         let update: f64 = y_dense.iter().zip(x).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().max(1e-30);
         let mut r = [0f32; 4];
         let mut err = 0f64;
@@ -223,7 +223,7 @@ fn allocate(
                 }
                 let mut cand = r;
                 cand[i] += opts.step;
-                let e = layer_error(engine, calib, l, &cand, x, &y_dense, update);
+                let e = layer_error(engine, calib, l, &cand, x, &y_dense, update)?;
                 let cost = (e - err).max(0.0) / (opts.step as f64 * frac[i]);
                 if best.is_none_or(|b| cost < b.0) {
                     best = Some((cost, i, e));
@@ -252,11 +252,43 @@ fn layer_error(
     x: &[f32],
     y: &[f32],
     update: f64,
-) -> f64 {
+) -> Result<f64, EvalError> {
     let mut table = vec![[0f32; 4]; calib.n_layer];
     table[l] = *r;
     let sel = ThresholdSelector::new(calib, &Ratios::from_table(table)).expect("histograms exist for every layer");
     engine.set_selector(Box::new(sel));
-    let out = engine.run_layer(l, x, Phase::Prompt);
-    out.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / update
+    let out = engine.run_layer(l, x, Phase::Prompt)?;
+    Ok(out.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / update)
+}
+
+/// The engine as calibration drives it: layer inputs of a text, one layer at a time.
+impl Engine {
+    /// Runs `tokens` (at most one batch, from position 0) and returns each layer's input: the
+    /// residual stream entering layer `l`, `tokens.len() * n_embd` values per layer. For calibration.
+    pub fn layer_inputs(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EvalError> {
+        self.check_tokens(tokens)?;
+        let n = tokens.len().min(self.n_batch).min(self.n_ctx);
+        let e = self.model.config.n_embd;
+        self.truncate(0);
+        self.embed(&tokens[..n])?;
+        let mut out = Vec::with_capacity(self.model.layers.len());
+        for l in 0..self.model.layers.len() {
+            out.push(self.s.x[..n * e].to_vec());
+            self.layer(l, n)?;
+        }
+        Ok(out)
+    }
+
+    /// Runs layer `l` alone on `x` (`n` tokens at positions `0..n`, at most one batch) with the
+    /// current selector and returns its output. Overwrites that layer's KV cache; call
+    /// `truncate(0)` before evaluating text again.
+    pub fn run_layer(&mut self, l: usize, x: &[f32], phase: Phase) -> Result<Vec<f32>, EvalError> {
+        let e = self.model.config.n_embd;
+        let n = (x.len() / e).min(self.n_batch).min(self.n_ctx);
+        self.n_past = 0;
+        self.phase = phase;
+        self.s.x[..n * e].copy_from_slice(&x[..n * e]);
+        self.layer(l, n)?;
+        Ok(self.s.x[..n * e].to_vec())
+    }
 }

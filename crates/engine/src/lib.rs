@@ -4,7 +4,9 @@
 //! One token's path reads top to bottom: [`forward::Engine::eval`] → `layer` → `matmul_many` →
 //! the dot kernels of `sift_quant`.
 
+mod attention;
 pub mod bench;
+pub mod budget;
 pub mod calibrate;
 pub mod forward;
 pub mod generate;
@@ -12,13 +14,15 @@ pub mod matmul;
 pub mod perplexity;
 pub mod pool;
 pub mod sampling;
+pub mod source;
 pub mod sparse;
+pub mod trace;
 pub mod vecops;
 
-pub use forward::{
-    current_rss, default_threads, BudgetChange, BudgetHandle, Engine, EngineOptions, EvalError, Logits, SparsityStats,
-    Tracer,
-};
+pub use budget::{current_rss, BudgetChange, BudgetHandle};
+pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits};
 pub use generate::{GenerateOptions, Generation, StopReason};
 pub use sampling::{Sampler, SamplerOptions};
 pub use sift_sparsity as sparsity;
+pub use source::{SiteWeights, WeightSource};
+pub use trace::{SparsityStats, Tracer};

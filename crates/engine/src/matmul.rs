@@ -29,6 +29,20 @@ impl QuantActs {
         QuantActs { bufs: Vec::new() }
     }
 
+    /// Quantizes `n` rows of `x` (row length `cols`) into every activation format the weights
+    /// `ws` need (each once), dropping formats of earlier products.
+    pub fn quantize_for(&mut self, pool: &ThreadPool, ws: &[&QTensor], x: &[f32], cols: usize, n: usize) {
+        self.clear();
+        let mut done: Vec<ActType> = Vec::with_capacity(2);
+        for w in ws {
+            let ty = w.ty.act_type();
+            if !done.contains(&ty) {
+                self.quantize(pool, ty, x, cols, n);
+                done.push(ty);
+            }
+        }
+    }
+
     /// Quantizes `n_tok` rows of `x` (row length `cols`) into format `ty` (kept beside other formats).
     pub fn quantize(&mut self, pool: &ThreadPool, ty: ActType, x: &[f32], cols: usize, n_tok: usize) {
         let rb = ty.row_bytes(cols);

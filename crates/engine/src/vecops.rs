@@ -2,6 +2,7 @@
 //! softmax. Each is a plain loop that LLVM vectorizes; an AVX2+FMA build of the same loop is
 //! chosen at run time (the default x86-64 target only has SSE2).
 
+use crate::pool::{split, SharedMut, ThreadPool};
 use sift_quant::Isa;
 
 macro_rules! multiversion {
@@ -106,6 +107,23 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// RMS-normalises each of the rows of `x` (row length `e`) into `out`.
+pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32], e: usize) {
+    let n = x.len() / e;
+    if n == 1 {
+        rms_norm(x, w, eps, &mut out[..e]);
+        return;
+    }
+    let sm = SharedMut::new(out);
+    pool.run(&|tid, nth| {
+        for t in split(n, nth, tid) {
+            // SAFETY: each row is written by one thread.
+            let o = unsafe { sm.slice(t * e..(t + 1) * e) };
+            rms_norm(&x[t * e..(t + 1) * e], w, eps, o);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ fn budgeted(opts: &TieredOptions, cache: u64) -> Engine {
     let fixed = TieredStore::new(&model, pack(), opts, &inputs(u64::MAX / 4)).unwrap().plan.fixed();
     let store = TieredStore::new(&model, pack(), opts, &inputs(fixed + cache)).unwrap();
     let mut engine = Engine::new(model, &eo());
-    engine.attach_store(store);
+    engine.attach_store(store).unwrap();
     engine
 }
 

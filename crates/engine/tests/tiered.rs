@@ -57,7 +57,7 @@ fn budgeted(path: &Path, opts: &TieredOptions, cache: u64) -> Engine {
     let fixed = TieredStore::new(&model, path, opts, &inputs(u64::MAX / 4)).unwrap().plan.fixed();
     let store = TieredStore::new(&model, path, opts, &inputs(fixed + cache)).unwrap();
     let mut engine = Engine::new(model, &eo());
-    engine.attach_store(store);
+    engine.attach_store(store).unwrap();
     engine
 }
 
@@ -366,4 +366,64 @@ fn a_budget_change_mid_generation_keeps_the_text_and_returns_the_memory() {
     let err = e.set_memory_budget(fixed / 2).unwrap_err().to_string();
     assert!(err.contains("too small"), "{err}");
     assert_eq!(e.store().unwrap().plan.budget, fixed + (16 << 20));
+}
+
+/// A selection bug that panics once, inside the `panic_at` layer of the first prompt batch (the
+/// server catches such panics per request, resets the KV cache and goes on).
+struct PanicsOnce {
+    inner: Box<dyn sift_engine::sparsity::Selector>,
+    panic_at: Option<usize>,
+}
+
+impl sift_engine::sparsity::Selector for PanicsOnce {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn select(
+        &mut self,
+        layer: usize,
+        site: sift_engine::sparsity::Site,
+        phase: sift_engine::sparsity::Phase,
+        x: &[f32],
+        active: &mut Vec<u32>,
+    ) -> sift_engine::sparsity::Selection {
+        if self.panic_at == Some(layer) && phase == sift_engine::sparsity::Phase::Prompt {
+            self.panic_at = None;
+            panic!("injected selection bug");
+        }
+        self.inner.select(layer, site, phase, x, active)
+    }
+}
+
+#[test]
+fn a_panic_inside_a_prompt_batch_leaves_the_store_usable() {
+    // Before the weight-source interface, the engine held the store's prefill buffer while a
+    // prompt layer ran: a panic there lost it, and every later prompt panicked too.
+    let prompt = prompt();
+    let opts = TieredOptions { policy: Policy::Lfu, preload: 4, ..TieredOptions::default() };
+    let mut fresh = budgeted(pack(), &opts, 1 << 20);
+    topk(&mut fresh, 0.5);
+    let want = decode(&mut fresh, &prompt, 4);
+    let mut e = budgeted(pack(), &opts, 1 << 20);
+    let n_layer = e.config().n_layer;
+    let cfg = SparsityConfig {
+        method: Method::TopK,
+        ratios: Ratios::uniform(Method::TopK, n_layer, 0.5).unwrap(),
+        gamma: 0.2,
+        cache_fraction: None,
+        alpha: 0.4,
+        core_magnitude: false,
+    };
+    let inner = build_selector(&cfg, e.site_dims(), None).unwrap();
+    e.set_selector(Box::new(PanicsOnce { inner, panic_at: Some(5) }));
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = e.eval(&prompt, Logits::Last);
+    }));
+    std::panic::set_hook(hook);
+    assert!(ran.is_err(), "the injected bug must panic");
+    // What the server does after a panic: forget the sequence, run the next request.
+    e.truncate(0);
+    assert_eq!(decode(&mut e, &prompt, 4), want, "after a panic the store must give the same results");
 }

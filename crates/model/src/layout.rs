@@ -21,7 +21,24 @@ pub enum OpKind {
 
 impl OpKind {
     pub const ALL: [OpKind; 7] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::O, OpKind::Gate, OpKind::Up, OpKind::Down];
+
+    /// The selection site whose activation this op reads (an index into [`SITE_OPS`]: attention
+    /// input, attention output, FFN input, GLU activation).
+    pub fn site_index(self) -> usize {
+        match self {
+            OpKind::Q | OpKind::K | OpKind::V => 0,
+            OpKind::O => 1,
+            OpKind::Gate | OpKind::Up => 2,
+            OpKind::Down => 3,
+        }
+    }
 }
+
+/// The ops that read each selection site's activation, by site index (`sift_sparsity::Site`
+/// order: attention input, attention output, FFN input, GLU activation). The one place the
+/// site-to-ops map is written.
+pub const SITE_OPS: [&[OpKind]; 4] =
+    [&[OpKind::Q, OpKind::K, OpKind::V], &[OpKind::O], &[OpKind::Gate, OpKind::Up], &[OpKind::Down]];
 
 /// One op's transposed weight: `n_in` columns of `n_out` values, `col_bytes` each.
 #[derive(Clone, Debug, Serialize, Deserialize)]

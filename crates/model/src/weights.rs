@@ -39,6 +39,22 @@ pub struct LayerWeights {
     pub w_down: QTensor,
 }
 
+impl LayerWeights {
+    /// The weight of one of the seven linear ops.
+    pub fn op(&self, op: crate::layout::OpKind) -> &QTensor {
+        use crate::layout::OpKind;
+        match op {
+            OpKind::Q => &self.wq,
+            OpKind::K => &self.wk,
+            OpKind::V => &self.wv,
+            OpKind::O => &self.wo,
+            OpKind::Gate => &self.w_gate,
+            OpKind::Up => &self.w_up,
+            OpKind::Down => &self.w_down,
+        }
+    }
+}
+
 /// A loaded model: its file, config and tensor views.
 pub struct Model {
     pub file: GgufFile,

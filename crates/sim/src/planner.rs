@@ -23,7 +23,7 @@
 use crate::profile::DeviceProfile;
 use crate::replay::{simulate, Replay, SimOptions};
 use crate::trace::Trace;
-use sift_model::layout::{OpKind, GROUP_OPS};
+use sift_model::layout::GROUP_OPS;
 use sift_model::Model;
 use sift_sparsity::{Method, Ratios, TopKSelector};
 use sift_store::cache::Policy;
@@ -215,12 +215,7 @@ pub fn cost_model_tok_s(model: &Model, profile: &DeviceProfile, ratio: f64, prel
             } else {
                 bytes
             };
-            let si = match t.op {
-                OpKind::Q | OpKind::K | OpKind::V => 0,
-                OpKind::O => 1,
-                OpKind::Gate | OpKind::Up => 2,
-                OpKind::Down => 3,
-            };
+            let si = t.op.site_index();
             site[si].0 += on_demand;
             site[si].1 = site[si].1.max(req);
         }

@@ -26,9 +26,9 @@
 use crate::profile::DeviceProfile;
 use crate::trace::{Event, Trace, TraceHeader};
 use sift_engine::{Engine, EngineOptions};
-use sift_model::layout::OpKind;
+use sift_model::layout::SITE_OPS;
 use sift_model::Model;
-use sift_sparsity::{Calibration, Phase, Selection, Selector, Site};
+use sift_sparsity::{Calibration, Phase, Selection, Selector, Site, SiteDims};
 use sift_store::cache::Policy;
 use sift_store::tiered::{MemoryPlan, PlanInputs, TierError, TierStats, TieredOptions, TieredStore};
 use std::path::Path;
@@ -84,9 +84,6 @@ pub struct SimReport {
     pub active_bytes_per_token: f64,
 }
 
-const SITE_OPS: [&[OpKind]; 4] =
-    [&[OpKind::Q, OpKind::K, OpKind::V], &[OpKind::O], &[OpKind::Gate, OpKind::Up], &[OpKind::Down]];
-
 /// The plan inputs a budgeted run like the recorded one has: its budget, runtime and KV/scratch
 /// sizes (the prompt batch capped as under `--memory`).
 pub fn plan_inputs(model: &Model, header: &TraceHeader, budget: u64) -> PlanInputs {
@@ -111,6 +108,11 @@ pub fn simulate(
     let inputs = plan_inputs(model, &trace.header, opts.budget);
     let mut store = TieredStore::simulated(model, path, &opts.tiered, &inputs, Box::new(profile.clone()))?;
     let SimOptions { tiered, replay, calibration, label, .. } = opts;
+    if let Some(cal) = &calibration {
+        // Its hot rankings are pinned by unit id: refuse one made for another model shape.
+        let units = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
+        cal.check_dims(SiteDims { n_layer: c.n_layer, units }).map_err(|e| SimError::Invalid(e.to_string()))?;
+    }
     let policy = tiered.policy;
     let (selector_name, mut online) = match replay {
         Replay::Recorded => (format!("{} (recorded)", trace.header.selector), None),

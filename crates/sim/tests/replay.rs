@@ -126,7 +126,7 @@ fn replaying_a_recorded_trace_reproduces_the_engines_hits_exactly() {
         let store =
             TieredStore::new(&model, pack(), &opts, &PlanInputs { budget, runtime: 0, kv_and_scratch: kv }).unwrap();
         let mut engine = Engine::new(model, &eo());
-        engine.attach_store(store);
+        engine.attach_store(store).unwrap();
         topk(&mut engine, 0.5);
         let path = dir.path().join(format!("{}-{preload}.trace", policy.name()));
         record(&mut engine, &path, 10);

@@ -23,8 +23,12 @@ pub enum CalibrationError {
     Parse { path: String, msg: String },
     #[error("calibration file version {found} is not supported (this sift reads version {CALIB_VERSION}); run `sift calibrate` again")]
     Version { found: u32 },
-    #[error("the calibration was made for a different model shape ({found}), this model is {expected}; calibrate this model")]
+    #[error("the calibration was made for a different model shape ({found}), this model is {expected}: re-run `sift calibrate` on this model")]
     WrongModel { found: String, expected: String },
+    /// A per-layer / per-site table whose shape disagrees with the model's (or the file's own
+    /// header): refused up front, since the selectors and the static cache index these tables.
+    #[error("{origin}: `{field}` has {found}, expected {expected}; the file is damaged or was made for another model: re-run `sift calibrate` on this model")]
+    Shape { origin: String, field: String, expected: String, found: String },
     #[error("the calibration has no histogram for layer {layer} site {site}")]
     Missing { layer: usize, site: &'static str },
 }
@@ -264,9 +268,8 @@ impl Calibration {
         }
         let c: Calibration =
             serde_json::from_value(v).map_err(|e| CalibrationError::Parse { path: p.clone(), msg: e.to_string() })?;
-        if c.histograms.len() != c.n_layer || c.histograms.iter().any(|h| h.len() != 4) {
-            return Err(CalibrationError::Parse { path: p, msg: "histogram table does not match n_layer x 4".into() });
-        }
+        // Every table against the file's own header; `check_dims` compares the header with the model.
+        c.check_shapes(|| format!("calibration file {p}"))?;
         Ok(c)
     }
 
@@ -277,13 +280,122 @@ impl Calibration {
         std::fs::write(path, text).map_err(|e| CalibrationError::Io { path: p, source: e })
     }
 
-    /// Errors unless the calibration was made for a model of this shape.
+    /// Errors unless the calibration was made for a model of this shape: its header (`n_layer`,
+    /// `units`) and every per-layer / per-site table it holds (histograms, allocations, core
+    /// clusters, channel means; see [`Calibration::check_shapes`]). Everything that indexes
+    /// these tables by the model's layers and units (the selectors, the static cache's hot
+    /// rankings) may rely on them once this has passed.
     pub fn check_dims(&self, dims: SiteDims) -> Result<(), CalibrationError> {
         if self.n_layer != dims.n_layer || self.units != dims.units {
             return Err(CalibrationError::WrongModel {
                 found: format!("{} layers, units {:?}", self.n_layer, self.units),
                 expected: format!("{} layers, units {:?}", dims.n_layer, dims.units),
             });
+        }
+        self.check_shapes(|| format!("calibration made from {}", self.model))
+    }
+
+    /// Errors ([`CalibrationError::Shape`], naming the field, the expected and the found shape)
+    /// unless every table matches the header's `n_layer` and `units`: `histograms` is
+    /// `n_layer × 4` histograms of the standard bin count; each allocation has `n_layer` rows of
+    /// ratios in [0, 1); the core clusters are at least one centroid of `n_layer × units[down]`
+    /// with one size each; `channel_mean_abs` is empty (files from before it was recorded) or
+    /// `n_layer × 4 × units[site]`. `origin` names the calibration in the message.
+    pub fn check_shapes(&self, origin: impl Fn() -> String) -> Result<(), CalibrationError> {
+        let bad = |field: String, expected: String, found: String| CalibrationError::Shape {
+            origin: origin(),
+            field,
+            expected,
+            found,
+        };
+        let n_layer = self.n_layer;
+        let layers = |n: usize| format!("{n} layers");
+        let want_layers = || format!("{n_layer} layers (n_layer)");
+        let sites = |n: usize| format!("{n} sites");
+        let want_sites = || "4 sites (qkv, o, gate_up, down)".to_string();
+        if self.histograms.len() != n_layer {
+            return Err(bad("histograms".into(), want_layers(), layers(self.histograms.len())));
+        }
+        for (l, row) in self.histograms.iter().enumerate() {
+            if row.len() != 4 {
+                return Err(bad(format!("histograms[{l}]"), want_sites(), sites(row.len())));
+            }
+            for (s, h) in row.iter().enumerate() {
+                if h.bins.len() != HIST_BINS {
+                    return Err(bad(
+                        format!("histograms[{l}][{s}].bins"),
+                        format!("{HIST_BINS} bins"),
+                        format!("{} bins", h.bins.len()),
+                    ));
+                }
+            }
+        }
+        for (i, a) in self.allocations.iter().enumerate() {
+            if a.ratios.len() != n_layer {
+                return Err(bad(format!("allocations[{i}].ratios"), want_layers(), layers(a.ratios.len())));
+            }
+            for (l, row) in a.ratios.iter().enumerate() {
+                for (s, &r) in row.iter().enumerate() {
+                    if !(0.0..1.0).contains(&r) {
+                        return Err(bad(
+                            format!("allocations[{i}].ratios[{l}][{s}]"),
+                            "a ratio in [0, 1)".into(),
+                            format!("{r}"),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(cl) = &self.clusters {
+            let n_ff = self.units[Site::FfnMid.index()];
+            if cl.centroids.is_empty() {
+                return Err(bad("clusters.centroids".into(), "at least 1 centroid".into(), "none".into()));
+            }
+            for (c, cent) in cl.centroids.iter().enumerate() {
+                if cent.len() != n_layer {
+                    return Err(bad(format!("clusters.centroids[{c}]"), want_layers(), layers(cent.len())));
+                }
+                for (l, v) in cent.iter().enumerate() {
+                    if v.len() != n_ff {
+                        return Err(bad(
+                            format!("clusters.centroids[{c}][{l}]"),
+                            format!("{n_ff} neurons (units[3], the FFN width)"),
+                            format!("{} neurons", v.len()),
+                        ));
+                    }
+                }
+            }
+            if cl.sizes.len() != cl.centroids.len() {
+                return Err(bad(
+                    "clusters.sizes".into(),
+                    format!("{} entries (one per centroid)", cl.centroids.len()),
+                    format!("{} entries", cl.sizes.len()),
+                ));
+            }
+        }
+        if !self.channel_mean_abs.is_empty() {
+            if self.channel_mean_abs.len() != n_layer {
+                return Err(bad(
+                    "channel_mean_abs".into(),
+                    format!("{n_layer} layers (n_layer), or none"),
+                    layers(self.channel_mean_abs.len()),
+                ));
+            }
+            for (l, row) in self.channel_mean_abs.iter().enumerate() {
+                if row.len() != 4 {
+                    return Err(bad(format!("channel_mean_abs[{l}]"), want_sites(), sites(row.len())));
+                }
+                for (site, m) in Site::ALL.into_iter().zip(row) {
+                    let n = self.units[site.index()];
+                    if m.len() != n {
+                        return Err(bad(
+                            format!("channel_mean_abs[{l}][{}]", site.index()),
+                            format!("{n} channels (units[{}], site {})", site.index(), site.name()),
+                            format!("{} channels", m.len()),
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -336,5 +448,186 @@ mod tests {
         let c = CoreClusters::kmeans(0.4, &s, 2, 5);
         assert_eq!(c.sizes, vec![2, 2]);
         assert_ne!(c.nearest(&a), c.nearest(&b));
+    }
+
+    use crate::{build_selector, Method, Phase, Selection, SparsityConfig};
+
+    const DIMS: SiteDims = SiteDims { n_layer: 3, units: [8, 8, 8, 12] };
+
+    /// A complete calibration of a small model shape, filled the way `sift calibrate` fills one:
+    /// histograms and channel means from activation rows, an allocation, core clusters by k-means.
+    fn calibration() -> Calibration {
+        let mut c = Calibration::new("test.gguf".into(), DIMS);
+        let rows = 16;
+        for t in 0..rows {
+            for l in 0..DIMS.n_layer {
+                for s in Site::ALL {
+                    let x: Vec<f32> =
+                        (0..DIMS.units[s.index()]).map(|j| ((j * 7 + t * 3 + l) % 11) as f32 * 0.1 - 0.3).collect();
+                    c.histograms[l][s.index()].add(&x);
+                    c.add_channel_abs(l, s, &x);
+                }
+            }
+        }
+        c.n_tokens = rows;
+        c.finish_channel_means(rows);
+        c.allocations.push(Allocation { target: 0.5, ratios: vec![[0.5; 4]; DIMS.n_layer] });
+        let n_ff = DIMS.units[Site::FfnMid.index()];
+        let sentence = |k: usize| -> Vec<Vec<f32>> {
+            (0..DIMS.n_layer).map(|l| (0..n_ff).map(|j| ((j + k + l) % 4) as f32 / 3.0).collect()).collect()
+        };
+        c.clusters = Some(CoreClusters::kmeans(0.4, &[sentence(0), sentence(1), sentence(2)], 2, 5));
+        c
+    }
+
+    fn config(method: Method) -> SparsityConfig {
+        SparsityConfig {
+            method,
+            ratios: Ratios::uniform(method, DIMS.n_layer, 0.5).unwrap(),
+            gamma: 0.2,
+            cache_fraction: None,
+            alpha: 0.4,
+            core_magnitude: false,
+        }
+    }
+
+    /// Builds `method`'s selector on `calib` and, if that succeeds, runs a prompt and a decoded
+    /// token through it the way the engine does, checking every unit it returns is in range.
+    fn build_and_run(method: Method, calib: &Calibration) -> Result<(), crate::SelectorError> {
+        let mut sel = build_selector(&config(method), DIMS, Some(calib))?;
+        let mut active = Vec::new();
+        for phase in [Phase::Prompt, Phase::Generate] {
+            sel.begin_batch(phase);
+            for l in 0..DIMS.n_layer {
+                for s in Site::ALL {
+                    let n = DIMS.units[s.index()];
+                    let x: Vec<f32> = (0..n).map(|j| j as f32 - 3.0).collect();
+                    if sel.select(l, s, phase, &x, &mut active) == Selection::Subset {
+                        assert!(active.iter().all(|&u| (u as usize) < n), "layer {l} {s:?}: {active:?}");
+                    }
+                }
+            }
+            sel.end_batch(phase);
+        }
+        Ok(())
+    }
+
+    /// Asserts `r` is a shape error that names `field` and says what to do.
+    fn assert_shape_error<T>(r: Result<T, impl std::fmt::Display>, field: &str) {
+        let msg = match r {
+            Ok(_) => panic!("a calibration with a bad `{field}` was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(msg.contains(field), "the error should name `{field}`: {msg}");
+        assert!(msg.contains("expected"), "the error should give the expected shape: {msg}");
+        assert!(msg.contains("re-run `sift calibrate` on this model"), "the error should say what to do: {msg}");
+    }
+
+    #[test]
+    fn a_complete_calibration_is_accepted() {
+        let c = calibration();
+        c.check_dims(DIMS).unwrap();
+        for m in [Method::Threshold, Method::CoreSim, Method::Dip, Method::DipCa, Method::TopK] {
+            build_and_run(m, &c).unwrap();
+        }
+        // Files from before the channel means were recorded have none: still valid.
+        let mut old = c.clone();
+        old.channel_mean_abs.clear();
+        old.check_dims(DIMS).unwrap();
+        assert!(old.hot_ranking(0, Site::FfnIn).is_none());
+    }
+
+    #[test]
+    fn core_sim_refuses_centroids_of_the_wrong_shape() {
+        // Fewer layers than the model: used to panic indexing `centroids[c][l]` at the prompt's end.
+        let mut c = calibration();
+        c.clusters.as_mut().unwrap().centroids[0].pop();
+        assert_shape_error(build_and_run(Method::CoreSim, &c), "clusters.centroids[0]");
+        // Too few neurons in one layer.
+        let mut c = calibration();
+        c.clusters.as_mut().unwrap().centroids[1][2].truncate(5);
+        assert_shape_error(build_and_run(Method::CoreSim, &c), "clusters.centroids[1][2]");
+        // Too many: the fixed set would name neurons the model does not have.
+        let mut c = calibration();
+        c.clusters.as_mut().unwrap().centroids[0][0].extend([255; 4]);
+        assert_shape_error(build_and_run(Method::CoreSim, &c), "clusters.centroids[0][0]");
+        // No clusters at all (k = 0): `nearest` would pick cluster 0 of none.
+        let mut c = calibration();
+        let cl = c.clusters.as_mut().unwrap();
+        cl.centroids.clear();
+        cl.sizes.clear();
+        assert_shape_error(build_and_run(Method::CoreSim, &c), "clusters.centroids");
+        let mut c = calibration();
+        c.clusters.as_mut().unwrap().sizes.push(1);
+        assert_shape_error(build_and_run(Method::CoreSim, &c), "clusters.sizes");
+    }
+
+    #[test]
+    fn threshold_refuses_histograms_and_allocations_of_the_wrong_shape() {
+        let mut c = calibration();
+        c.histograms[1][3].bins.truncate(10);
+        assert_shape_error(build_and_run(Method::Threshold, &c), "histograms[1][3].bins");
+        let mut c = calibration();
+        c.histograms[2].pop();
+        assert_shape_error(build_and_run(Method::Threshold, &c), "histograms[2]");
+        let mut c = calibration();
+        c.allocations[0].ratios.pop();
+        assert_shape_error(build_and_run(Method::Threshold, &c), "allocations[0].ratios");
+        let mut c = calibration();
+        c.allocations[0].ratios[1][2] = 1.5;
+        assert_shape_error(build_and_run(Method::Threshold, &c), "allocations[0].ratios[1][2]");
+    }
+
+    #[test]
+    fn channel_means_of_the_wrong_shape_are_refused() {
+        // The static policy pins `hot_ranking`'s unit ids: a short list ranks too few channels,
+        // a long one names channels the model does not have.
+        let mut c = calibration();
+        c.channel_mean_abs[1][2].truncate(3);
+        assert_shape_error(c.check_dims(DIMS), "channel_mean_abs[1][2]");
+        let mut c = calibration();
+        c.channel_mean_abs[0][0].push(1.0);
+        assert_shape_error(c.check_dims(DIMS), "channel_mean_abs[0][0]");
+        let mut c = calibration();
+        c.channel_mean_abs.pop();
+        assert_shape_error(c.check_dims(DIMS), "channel_mean_abs");
+        // Every selector is built through the same check.
+        assert_shape_error(build_and_run(Method::Dip, &c), "channel_mean_abs");
+    }
+
+    #[test]
+    fn load_refuses_a_file_whose_fields_disagree_with_its_header() {
+        let dir = std::env::temp_dir().join(format!("sift-calib-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.json");
+        let good = calibration();
+        good.save(&path).unwrap();
+        Calibration::load(&path).unwrap().check_dims(DIMS).unwrap();
+        type Cut = fn(&mut serde_json::Value);
+        let cases: [(&str, Cut); 4] = [
+            ("clusters.centroids[0]", |v| {
+                v["clusters"]["centroids"][0].as_array_mut().unwrap().pop();
+            }),
+            ("channel_mean_abs[2][3]", |v| {
+                v["channel_mean_abs"][2][3].as_array_mut().unwrap().truncate(1);
+            }),
+            ("histograms[0][1].bins", |v| {
+                v["histograms"][0][1]["bins"].as_array_mut().unwrap().truncate(1);
+            }),
+            ("histograms", |v| {
+                v["histograms"].as_array_mut().unwrap().pop();
+            }),
+        ];
+        for (field, cut) in cases {
+            let mut v = serde_json::to_value(&good).unwrap();
+            cut(&mut v);
+            std::fs::write(&path, v.to_string()).unwrap();
+            let r = Calibration::load(&path);
+            if let Err(e) = &r {
+                assert!(e.to_string().contains(&path.display().to_string()), "the error names the file: {e}");
+            }
+            assert_shape_error(r, field);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -54,6 +54,8 @@ pub struct CoreNeuronSelector {
 }
 
 impl CoreNeuronSelector {
+    /// `clusters` (core-sim) must match `dims` (every centroid `n_layer × units[down]`);
+    /// [`crate::build_selector`] checks that with [`crate::Calibration::check_dims`].
     pub fn new(dims: SiteDims, ratios: Ratios, params: CoreParams, clusters: Option<CoreClusters>) -> Self {
         let n_ff = dims.units[Site::FfnMid.index()];
         CoreNeuronSelector {

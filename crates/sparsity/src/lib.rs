@@ -247,7 +247,9 @@ pub struct SiteDims {
     pub units: [usize; 4],
 }
 
-/// Builds the selector a config asks for.
+/// Builds the selector a config asks for. A calibration is checked against `dims` first
+/// ([`Calibration::check_dims`]: its header and every per-layer / per-site table), so a file cut
+/// short or made for another model is an error here rather than an index out of bounds later.
 pub fn build_selector(
     cfg: &SparsityConfig,
     dims: SiteDims,

@@ -80,6 +80,16 @@ use std::cmp::Ordering;
 /// into a transient buffer for this token only.
 pub const NO_SLOT: u32 = u32::MAX;
 
+/// A unit id at or past a cache's unit count, given to [`UnitCache::record`],
+/// [`UnitCache::admit`] or [`UnitCache::set_hot`] /
+/// [`UnitCache::place_hot`]. The call that returns it changes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unit {unit} is out of range: the tensor has {n_units} units")]
+pub struct UnitOutOfRange {
+    pub unit: u32,
+    pub n_units: usize,
+}
+
 /// KAIROX's default momentum decay λ.
 pub const TAM_DEFAULT_LAMBDA: f32 = 0.8;
 /// KAIROX's default admission margin ε over the one-hit-wonder momentum `1 − λ`.
@@ -237,7 +247,7 @@ pub struct UnitCache {
     /// Scratch buffers reused across calls.
     ranked: Vec<Ranked>,
     cands: Vec<Candidate>,
-    /// Units evicted by the last `admit`/`admit_predicted`/`set_hot` call.
+    /// Units evicted by the last `admit`/`set_hot` call.
     evicted: Vec<u32>,
 }
 
@@ -370,8 +380,7 @@ impl UnitCache {
         self.last.get(unit as usize).copied().unwrap_or(0)
     }
 
-    /// Units evicted by the last [`admit`](Self::admit), [`admit_predicted`](Self::admit_predicted)
-    /// or [`set_hot`](Self::set_hot) call (for statistics; the slot map is already updated).
+    /// Units evicted by the last [`admit`](Self::admit) or [`set_hot`](Self::set_hot) call (for statistics; the slot map is already updated).
     pub fn last_evictions(&self) -> &[u32] {
         &self.evicted
     }
@@ -463,11 +472,13 @@ impl UnitCache {
     /// `< n_units`). Advances the clock and updates the policy state: LFU counts, LRU access
     /// ticks, TAM momentum (every unit's, lazily), Belady's position in the future (`active`
     /// must then be the future's list for this step; checked in debug builds). Call it once per
-    /// token even when `active` is empty, and before admitting that token's misses.
-    pub fn record(&mut self, active: &[u32]) {
+    /// token even when `active` is empty, and before admitting that token's misses. A unit out
+    /// of range is an error, under every policy, and nothing is recorded.
+    pub fn record(&mut self, active: &[u32]) -> Result<(), UnitOutOfRange> {
         debug_assert!(active.windows(2).all(|w| w[0] < w[1]), "record: active not sorted/unique");
+        self.check_units(active)?;
         if matches!(self.policy, Policy::Static | Policy::None) {
-            return;
+            return Ok(());
         }
         // Saturates after 2^32 − 1 tokens, which only blurs LRU order among later accesses.
         self.clock = self.clock.saturating_add(1);
@@ -500,6 +511,7 @@ impl UnitCache {
             }
             Policy::Static | Policy::None => unreachable!(),
         }
+        Ok(())
     }
 
     /// Belady: the index in the future's arrays of `unit`'s next use after the current tick.
@@ -528,30 +540,28 @@ impl UnitCache {
     /// now fill with that unit's bytes, or [`NO_SLOT`] if the policy does not admit it. Victims
     /// are removed from the map ([`last_evictions`](Self::last_evictions) lists them) and the
     /// admitted units inserted. LRU admits whenever there is something evictable; LFU and TAM
-    /// compare the scores [`record`](Self::record) left; static and none admit nothing.
-    pub fn admit(&mut self, misses: &[u32], protect: &[u32]) -> Vec<u32> {
+    /// compare the scores [`record`](Self::record) left; static and none admit nothing. A unit of
+    /// `misses` out of range is an error and nothing changes (units of `protect` out of range
+    /// are ignored: they cannot be cached).
+    pub fn admit(&mut self, misses: &[u32], protect: &[u32]) -> Result<Vec<u32>, UnitOutOfRange> {
         self.admit_batch(misses, protect)
-    }
-
-    /// Like [`admit`](Self::admit) for units predicted (to be preloaded) rather than activated:
-    /// the same rules, with LFU counts and TAM momentum taken as they are now (prediction does
-    /// not bump them; only `record` does). Under LRU an admitted unit counts as accessed now.
-    pub fn admit_predicted(&mut self, units: &[u32], protect: &[u32]) -> Vec<u32> {
-        self.admit_batch(units, protect)
     }
 
     /// Static: pins the first `slots` distinct units of `ranking` (hottest first), replacing
     /// any previous pinned set. Other policies: warm start, filling free slots with the
     /// ranking's units in order (nothing is evicted). None: no effect. Use
-    /// [`place_hot`](Self::place_hot) to learn which slots need bytes.
-    pub fn set_hot(&mut self, ranking: &[u32]) {
-        self.place_hot(ranking);
+    /// [`place_hot`](Self::place_hot) to learn which slots need bytes. A unit of `ranking` out
+    /// of range (anywhere in it, under every policy) is an error and nothing changes.
+    pub fn set_hot(&mut self, ranking: &[u32]) -> Result<(), UnitOutOfRange> {
+        self.place_hot(ranking).map(|_| ())
     }
 
     /// [`set_hot`](Self::set_hot), returning the `(unit, slot)` pairs newly placed (whose bytes
     /// the caller must load). Under static, pinned units that stay pinned keep their slots, and
-    /// units that drop out are evicted ([`last_evictions`](Self::last_evictions)).
-    pub fn place_hot(&mut self, ranking: &[u32]) -> Vec<(u32, u32)> {
+    /// units that drop out are evicted ([`last_evictions`](Self::last_evictions)). Errors like
+    /// [`set_hot`](Self::set_hot).
+    pub fn place_hot(&mut self, ranking: &[u32]) -> Result<Vec<(u32, u32)>, UnitOutOfRange> {
+        self.check_units(ranking)?;
         self.evicted.clear();
         let mut placed = Vec::new();
         match self.policy {
@@ -599,7 +609,7 @@ impl UnitCache {
                 }
             }
         }
-        placed
+        Ok(placed)
     }
 
     /// New conversation: LFU counts and TAM momentum back to zero. The LRU clock, access ticks,
@@ -668,6 +678,14 @@ impl UnitCache {
     }
 
     // ---- internals ----
+
+    /// Errors with the first unit of `units` at or past `n_units`.
+    fn check_units(&self, units: &[u32]) -> Result<(), UnitOutOfRange> {
+        match units.iter().find(|&&u| u as usize >= self.n_units) {
+            Some(&unit) => Err(UnitOutOfRange { unit, n_units: self.n_units }),
+            None => Ok(()),
+        }
+    }
 
     /// TAM momentum of `unit` at the current tick.
     fn momentum_now(&self, unit: u32, lambda: f32) -> f32 {
@@ -782,16 +800,14 @@ impl UnitCache {
         self.ranked = ranked;
     }
 
-    fn admit_batch(&mut self, units: &[u32], protect: &[u32]) -> Vec<u32> {
+    fn admit_batch(&mut self, units: &[u32], protect: &[u32]) -> Result<Vec<u32>, UnitOutOfRange> {
+        self.check_units(units)?;
         self.evicted.clear();
-        for &u in units {
-            assert!((u as usize) < self.n_units, "admit: unit {u} out of range ({} units)", self.n_units);
-        }
         let admits = matches!(self.policy, Policy::Lfu | Policy::Lru | Policy::Tam { .. } | Policy::Belady);
         if admits && !self.unit_in.is_empty() {
             self.admit_inner(units, protect);
         }
-        units.iter().map(|&u| self.slot_of[u as usize]).collect()
+        Ok(units.iter().map(|&u| self.slot_of[u as usize]).collect())
     }
 
     fn admit_inner(&mut self, units: &[u32], protect: &[u32]) {
@@ -888,10 +904,10 @@ mod tests {
 
     /// One token the way the engine drives a cache: record, split hits/misses, admit.
     fn token(c: &mut UnitCache, active: &[u32]) -> Vec<u32> {
-        c.record(active);
+        c.record(active).unwrap();
         let hits: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
         let misses: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
-        let r = c.admit(&misses, &hits);
+        let r = c.admit(&misses, &hits).unwrap();
         check(c);
         r
     }
@@ -975,7 +991,7 @@ mod tests {
     fn lfu_paper_example_needs_a_second_activation() {
         // ActiveFlow Fig. 12: 4 channels cached, channel 0 present initially.
         let mut c = UnitCache::new(8, 4, Policy::Lfu);
-        c.set_hot(&[0]);
+        c.set_hot(&[0]).unwrap();
         assert_eq!(cached_set(&c), vec![0]);
         token(&mut c, &[0, 1, 4, 6]);
         assert_eq!(cached_set(&c), vec![0, 1, 4, 6]);
@@ -994,11 +1010,11 @@ mod tests {
         token(&mut c, &[1]);
         token(&mut c, &[1]); // counts 0:1 1:3 2:1
         for _ in 0..2 {
-            c.record(&[5, 6, 7]); // 5,6,7 reach count 2 without being admitted
+            c.record(&[5, 6, 7]).unwrap(); // 5,6,7 reach count 2 without being admitted
         }
-        c.record(&[6]);
-        c.record(&[5, 6, 7, 8]); // counts 5:3 6:4 7:3 8:1
-        let r = c.admit(&[5, 6, 7, 8], &[]);
+        c.record(&[6]).unwrap();
+        c.record(&[5, 6, 7, 8]).unwrap(); // counts 5:3 6:4 7:3 8:1
+        let r = c.admit(&[5, 6, 7, 8], &[]).unwrap();
         // Victims worst first: 0 (1), 2 (1), 1 (3). 6 beats 0, 5 beats 2, 7 (3) does not beat 1 (3).
         assert_eq!(r[1], 0); // 6 took 0's slot
         assert_ne!(r[0], NO_SLOT);
@@ -1029,18 +1045,18 @@ mod tests {
     fn lfu_predicted_uses_current_count_without_bump() {
         let mut c = UnitCache::new(8, 1, Policy::Lfu);
         token(&mut c, &[0]);
-        c.record(&[]);
+        c.record(&[]).unwrap();
         // Unit 5 never activated: count 0 does not beat 0's count 1.
-        assert_eq!(c.admit_predicted(&[5], &[]), vec![NO_SLOT]);
+        assert_eq!(c.admit(&[5], &[]).unwrap(), vec![NO_SLOT]);
         assert_eq!(c.count(5), 0);
-        c.record(&[5]);
-        c.record(&[5]);
+        c.record(&[5]).unwrap();
+        c.record(&[5]).unwrap();
         // Not admitted by record; predicted with count 2 > 1.
-        assert_eq!(c.admit_predicted(&[5], &[]), vec![0]);
+        assert_eq!(c.admit(&[5], &[]).unwrap(), vec![0]);
         assert_eq!(c.count(5), 2);
         // Free slot: predicted unit admitted even with count 0.
         let mut c = UnitCache::new(8, 1, Policy::Lfu);
-        assert_eq!(c.admit_predicted(&[3], &[]), vec![0]);
+        assert_eq!(c.admit(&[3], &[]).unwrap(), vec![0]);
     }
 
     #[test]
@@ -1075,8 +1091,8 @@ mod tests {
         let mut c = UnitCache::new(10, 2, Policy::Lru);
         token(&mut c, &[0]);
         token(&mut c, &[1]);
-        c.record(&[]);
-        assert_eq!(c.admit_predicted(&[7], &[]), vec![c.slot_of(7).unwrap()]);
+        c.record(&[]).unwrap();
+        assert_eq!(c.admit(&[7], &[]).unwrap(), vec![c.slot_of(7).unwrap()]);
         assert_eq!(c.last_evictions(), &[0]);
         // The preloaded unit is not the next victim.
         token(&mut c, &[8]);
@@ -1091,21 +1107,21 @@ mod tests {
     #[test]
     fn tam_momentum_values_and_decay() {
         let mut c = UnitCache::new(4, 2, TAM);
-        c.record(&[1]);
+        c.record(&[1]).unwrap();
         assert!(close(c.momentum(1), 0.2));
-        c.record(&[1]);
+        c.record(&[1]).unwrap();
         assert!(close(c.momentum(1), 0.36)); // 0.8·0.2 + 0.2
-        c.record(&[]);
+        c.record(&[]).unwrap();
         assert!(close(c.momentum(1), 0.288));
-        c.record(&[0]);
+        c.record(&[0]).unwrap();
         assert!(close(c.momentum(1), 0.2304));
         assert!(close(c.momentum(0), 0.2));
-        c.record(&[0, 1]);
+        c.record(&[0, 1]).unwrap();
         assert!(close(c.momentum(1), 0.8 * 0.2304 + 0.2));
         assert!(close(c.momentum(0), 0.36));
         // Long idle decays towards zero.
         for _ in 0..200 {
-            c.record(&[]);
+            c.record(&[]).unwrap();
         }
         assert!(c.momentum(1) < 1e-12);
         // Against a reference eager update over a pseudo-random script.
@@ -1117,7 +1133,7 @@ mod tests {
             x ^= x >> 17;
             x ^= x << 5;
             let active: Vec<u32> = (0..3).filter(|b| x >> (b * 3) & 1 == 1).collect();
-            c.record(&active);
+            c.record(&active).unwrap();
             for (u, s) in eager.iter_mut().enumerate() {
                 let a = if active.contains(&(u as u32)) { 1.0 } else { 0.0 };
                 *s = 0.6 * *s + 0.4 * a;
@@ -1140,7 +1156,7 @@ mod tests {
         // Two activations far apart are two one-hit wonders (S ≈ 0.2 each time).
         token(&mut c, &[5]);
         for _ in 0..30 {
-            c.record(&[]);
+            c.record(&[]).unwrap();
         }
         assert_eq!(token(&mut c, &[5]), vec![NO_SLOT]);
         assert!(close(c.momentum(5), 0.2 + 0.2 * 0.8f32.powi(31)));
@@ -1168,20 +1184,20 @@ mod tests {
         for _ in 0..5 {
             token(&mut c, &[1, 7]);
         }
-        c.record(&[1, 7, 9]);
-        c.record(&[1, 7, 9]);
+        c.record(&[1, 7, 9]).unwrap();
+        c.record(&[1, 7, 9]).unwrap();
         assert!(c.momentum(9) > 0.25 && c.momentum(9) < c.momentum(7).min(c.momentum(1)));
-        assert_eq!(c.admit(&[9], &[]), vec![NO_SLOT]);
+        assert_eq!(c.admit(&[9], &[]).unwrap(), vec![NO_SLOT]);
         assert!(c.last_evictions().is_empty());
     }
 
     #[test]
     fn tam_predicted_uses_current_momentum() {
         let mut c = UnitCache::new(10, 2, TAM);
-        c.record(&[4]);
-        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]); // 0.2
-        c.record(&[4]);
-        assert_ne!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]); // 0.36
+        c.record(&[4]).unwrap();
+        assert_eq!(c.admit(&[4], &[]).unwrap(), vec![NO_SLOT]); // 0.2
+        c.record(&[4]).unwrap();
+        assert_ne!(c.admit(&[4], &[]).unwrap(), vec![NO_SLOT]); // 0.36
         assert!(close(c.momentum(4), 0.36));
     }
 
@@ -1191,7 +1207,7 @@ mod tests {
         // Before set_hot: empty, admits nothing.
         assert_eq!(token(&mut c, &[1, 2]), vec![NO_SLOT, NO_SLOT]);
         assert!(c.is_empty());
-        let placed = c.place_hot(&[7, 3, 7, 9, 1, 0]);
+        let placed = c.place_hot(&[7, 3, 7, 9, 1, 0]).unwrap();
         assert_eq!(placed.len(), 3);
         assert_eq!(cached_set(&c), vec![3, 7, 9]);
         let before: Vec<(u32, u32)> = c.cached().collect();
@@ -1201,13 +1217,13 @@ mod tests {
             active.dedup();
             let r = token(&mut c, &active);
             assert!(r.iter().all(|&s| s == NO_SLOT));
-            assert!(c.admit_predicted(&[0, 1, 2], &[]).iter().all(|&s| s == NO_SLOT));
+            assert!(c.admit(&[0, 1, 2], &[]).unwrap().iter().all(|&s| s == NO_SLOT));
         }
         c.reset_context();
         assert_eq!(c.cached().collect::<Vec<_>>(), before);
         // Re-pinning keeps slots of units that stay, evicts those that drop out.
         let slot9 = c.slot_of(9).unwrap();
-        let placed = c.place_hot(&[9, 4, 7]);
+        let placed = c.place_hot(&[9, 4, 7]).unwrap();
         assert_eq!(c.slot_of(9), Some(slot9));
         assert_eq!(c.last_evictions(), &[3]);
         assert_eq!(placed, vec![(4, c.slot_of(4).unwrap())]);
@@ -1224,20 +1240,20 @@ mod tests {
         let mut c = UnitCache::new(10, 5, Policy::None);
         assert_eq!(c.slots(), 0);
         assert_eq!(token(&mut c, &[1, 2, 3]), vec![NO_SLOT; 3]);
-        c.set_hot(&[1, 2, 3]);
+        c.set_hot(&[1, 2, 3]).unwrap();
         assert!(c.is_empty());
         assert_eq!(c.resize(5), Resize::default());
         assert_eq!(c.slots(), 0);
-        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]);
+        assert_eq!(c.admit(&[4], &[]).unwrap(), vec![NO_SLOT]);
     }
 
     #[test]
     fn warm_start_fills_free_slots_in_ranking_order() {
         for p in [Policy::Lfu, Policy::Lru, TAM] {
             let mut c = UnitCache::new(10, 3, p);
-            let placed = c.place_hot(&[8, 8, 2, 5, 1]);
+            let placed = c.place_hot(&[8, 8, 2, 5, 1]).unwrap();
             assert_eq!(placed, vec![(8, 0), (2, 1), (5, 2)]);
-            assert!(c.place_hot(&[0]).is_empty()); // full: nothing evicted
+            assert!(c.place_hot(&[0]).unwrap().is_empty()); // full: nothing evicted
             check(&c);
         }
     }
@@ -1246,15 +1262,15 @@ mod tests {
     fn protect_is_honoured() {
         for p in [Policy::Lfu, Policy::Lru, TAM] {
             let mut c = UnitCache::new(10, 2, p);
-            c.place_hot(&[0, 1]);
+            c.place_hot(&[0, 1]).unwrap();
             for _ in 0..5 {
-                c.record(&[2, 3]);
+                c.record(&[2, 3]).unwrap();
             }
             // Both residents protected: nothing admitted.
-            assert_eq!(c.admit(&[2, 3], &[1, 0]), vec![NO_SLOT, NO_SLOT], "{p:?}");
+            assert_eq!(c.admit(&[2, 3], &[1, 0]).unwrap(), vec![NO_SLOT, NO_SLOT], "{p:?}");
             assert_eq!(cached_set(&c), vec![0, 1]);
             // One protected: exactly the other is evicted.
-            let r = c.admit(&[2, 3], &[1]);
+            let r = c.admit(&[2, 3], &[1]).unwrap();
             assert_eq!(r.iter().filter(|&&s| s != NO_SLOT).count(), 1, "{p:?}");
             assert!(c.contains(1));
             assert_eq!(c.last_evictions(), &[0]);
@@ -1266,9 +1282,9 @@ mod tests {
     fn admit_tolerates_cached_and_duplicate_units() {
         let mut c = UnitCache::new(10, 2, Policy::Lru);
         token(&mut c, &[0]);
-        c.record(&[0, 5]);
+        c.record(&[0, 5]).unwrap();
         // 0 is cached: gets its slot back and is protected even though not in `protect`.
-        let r = c.admit(&[5, 0, 5, 6], &[]);
+        let r = c.admit(&[5, 0, 5, 6], &[]).unwrap();
         assert_eq!(r[1], c.slot_of(0).unwrap());
         assert_eq!(r[0], r[2]);
         assert_ne!(r[0], NO_SLOT);
@@ -1310,9 +1326,9 @@ mod tests {
         assert_eq!(c.slots(), 20);
         // Shrink with free room: no eviction, only moves.
         let mut c = UnitCache::new(20, 6, Policy::Lfu);
-        c.place_hot(&[0, 1, 2, 3, 4, 5]);
+        c.place_hot(&[0, 1, 2, 3, 4, 5]).unwrap();
         c.evict_all();
-        c.place_hot(&[9]);
+        c.place_hot(&[9]).unwrap();
         c.remove(9);
         c.insert(9, 5); // put it in the last slot
         c.rebuild_free();
@@ -1326,7 +1342,7 @@ mod tests {
         let r = c.resize(0);
         assert_eq!(r.evicted, vec![9]);
         assert!(c.is_empty());
-        assert_eq!(c.admit(&[1], &[]), vec![NO_SLOT]);
+        assert_eq!(c.admit(&[1], &[]).unwrap(), vec![NO_SLOT]);
         check(&c);
     }
 
@@ -1423,7 +1439,7 @@ mod tests {
                     }
                     3 | 4 => {
                         let ranking: Vec<u32> = (0..rng.below(n + 1)).map(|_| rng.below(n) as u32).collect();
-                        for (u, s) in c.place_hot(&ranking) {
+                        for (u, s) in c.place_hot(&ranking).unwrap() {
                             view[s as usize] = u;
                         }
                     }
@@ -1431,7 +1447,7 @@ mod tests {
                 }
                 check(&c);
 
-                c.record(active);
+                c.record(active).unwrap();
                 let hits: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
                 let misses: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
                 let predicted = rng.chance(20);
@@ -1448,7 +1464,7 @@ mod tests {
                 let hit_slots: Vec<u32> = hits.iter().map(|&u| c.slot_of(u).unwrap()).collect();
                 let before: Vec<(u32, u32)> = c.cached().collect();
                 let free_before = c.slots() - c.len();
-                let r = if predicted { c.admit_predicted(&units, &protect) } else { c.admit(&units, &protect) };
+                let r = c.admit(&units, &protect).unwrap();
                 check(&c);
                 assert_eq!(r.len(), units.len());
                 // Protected units stay where they were.
@@ -1541,14 +1557,14 @@ mod tests {
     fn run_hits(n: usize, slots: usize, policy: Policy, trace: &[Vec<u32>], warm: &[u32]) -> u64 {
         let mut c = UnitCache::new(n, slots, policy);
         c.set_future(trace.to_vec());
-        c.set_hot(warm);
+        c.set_hot(warm).unwrap();
         let mut hits = 0;
         for active in trace {
-            c.record(active);
+            c.record(active).unwrap();
             let h: Vec<u32> = active.iter().copied().filter(|&u| c.contains(u)).collect();
             let m: Vec<u32> = active.iter().copied().filter(|&u| !c.contains(u)).collect();
             hits += h.len() as u64;
-            c.admit(&m, &h);
+            c.admit(&m, &h).unwrap();
         }
         hits
     }
@@ -1605,7 +1621,7 @@ mod tests {
         let trace = steps(&[&[0, 3, 4, 5], &[3, 4], &[1, 5], &[2], &[0]]);
         let mut c = UnitCache::new(6, 3, Policy::Belady);
         c.set_future(trace.clone());
-        c.set_hot(&[0, 1, 2]);
+        c.set_hot(&[0, 1, 2]).unwrap();
         assert_eq!(cached_set(&c), vec![0, 1, 2]);
         assert_eq!((c.next_use(0), c.next_use(5), c.next_use(2)), (Some(1), Some(1), Some(4)));
         let (slot1, slot2) = (c.slot_of(1).unwrap(), c.slot_of(2).unwrap());
@@ -1635,7 +1651,7 @@ mod tests {
         let trace = steps(&[&[3], &[2, 3], &[3]]);
         let mut c = UnitCache::new(4, 1, Policy::Belady);
         c.set_future(trace.clone());
-        c.set_hot(&[2]);
+        c.set_hot(&[2]).unwrap();
         assert_eq!(token(&mut c, &trace[0]), vec![0]);
         assert_eq!(c.last_evictions(), &[2]);
         assert_eq!(c.next_use(2), c.next_use(3));
@@ -1645,8 +1661,8 @@ mod tests {
         // A unit whose uses are a prefix of another's ranks later (it ends: ∞ after that).
         let mut c = UnitCache::new(4, 1, Policy::Belady);
         c.set_future(steps(&[&[0, 1], &[0, 1], &[1]]));
-        c.record(&[0, 1]);
-        assert_eq!(c.admit(&[0, 1], &[]), vec![NO_SLOT, 0]);
+        c.record(&[0, 1]).unwrap();
+        assert_eq!(c.admit(&[0, 1], &[]).unwrap(), vec![NO_SLOT, 0]);
     }
 
     #[test]
@@ -1667,9 +1683,9 @@ mod tests {
         let mut c = UnitCache::new(10, 3, Policy::Belady);
         assert_eq!(token(&mut c, &[1, 2]), vec![NO_SLOT, NO_SLOT]);
         assert_eq!(c.next_use(1), None);
-        assert_eq!(c.admit_predicted(&[4], &[]), vec![NO_SLOT]);
+        assert_eq!(c.admit(&[4], &[]).unwrap(), vec![NO_SLOT]);
         // Warm start like LFU.
-        assert_eq!(c.place_hot(&[5, 6, 5, 7, 8]), vec![(5, 0), (6, 1), (7, 2)]);
+        assert_eq!(c.place_hot(&[5, 6, 5, 7, 8]).unwrap(), vec![(5, 0), (6, 1), (7, 2)]);
         assert_eq!(token(&mut c, &[5, 9]), vec![NO_SLOT]);
         assert_eq!(c.resize(1).evicted.len(), 2);
         c.reset_context();
@@ -1702,7 +1718,33 @@ mod tests {
     fn belady_record_checks_the_future_in_debug_builds() {
         let mut c = UnitCache::new(5, 1, Policy::Belady);
         c.set_future(steps(&[&[1, 2]]));
-        c.record(&[1]);
+        c.record(&[1]).unwrap();
+    }
+
+    #[test]
+    fn units_out_of_range_are_errors_that_change_nothing() {
+        let all = [Policy::Lfu, Policy::Lru, TAM, Policy::Static, Policy::None, Policy::Belady];
+        for p in all {
+            let mut c = UnitCache::new(10, 3, p);
+            c.set_future(steps(&[&[1, 2], &[1, 2, 4], &[4]]));
+            c.set_hot(&[2, 1]).unwrap();
+            c.record(&[1, 2]).unwrap();
+            let before = format!("{c:?}");
+            let err = UnitOutOfRange { unit: 10, n_units: 10 };
+            assert_eq!(c.record(&[1, 2, 10]), Err(err), "{p:?}");
+            assert_eq!(c.admit(&[4, 10], &[1]), Err(err), "{p:?}");
+            assert_eq!(c.admit(&[10], &[]), Err(err), "{p:?}");
+            assert_eq!(c.set_hot(&[3, 4, 5, 6, 10]), Err(err), "{p:?}");
+            let far = UnitOutOfRange { unit: u32::MAX, n_units: 10 };
+            assert_eq!(c.place_hot(&[u32::MAX, 0]), Err(far), "{p:?}");
+            assert_eq!(format!("{c:?}"), before, "{p:?}: a refused call changes nothing");
+            assert_eq!(err.to_string(), "unit 10 is out of range: the tensor has 10 units");
+            // Protected units out of range cannot be cached, so they are not an error.
+            c.record(&[1, 2, 4]).unwrap();
+            let r = c.admit(&[4], &[1, 2, 99]).unwrap();
+            assert_eq!(r.len(), 1);
+            check(&c);
+        }
     }
 
     #[test]

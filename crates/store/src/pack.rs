@@ -280,7 +280,7 @@ fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackEr
             .layers
             .get(t.layer)
             .ok_or_else(|| toc_err(format!("layer {} does not exist in the model", t.layer)))?;
-        let w = op_weight(lw, t.op);
+        let w = lw.op(t.op);
         if t.n_in != w.cols
             || t.n_out != w.rows
             || t.col_bytes != t.ty.col_bytes(t.n_out)
@@ -345,18 +345,6 @@ fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackEr
     })
 }
 
-fn op_weight(lw: &sift_model::LayerWeights, op: OpKind) -> &QTensor {
-    match op {
-        OpKind::Q => &lw.wq,
-        OpKind::K => &lw.wk,
-        OpKind::V => &lw.wv,
-        OpKind::O => &lw.wo,
-        OpKind::Gate => &lw.w_gate,
-        OpKind::Up => &lw.w_up,
-        OpKind::Down => &lw.w_down,
-    }
-}
-
 /// Dequantizes `w` and writes its columns (transposed, re-quantized to `ty`).
 fn transpose_columns(model: &Model, w: &QTensor, ty: ColType) -> Vec<u8> {
     let (rows, cols) = (w.rows, w.cols);
@@ -415,7 +403,7 @@ pub fn pack_model(
     for (l, lw) in model.layers.iter().enumerate() {
         let mut down_cols: Option<(ColType, Vec<u8>)> = None;
         for op in OpKind::ALL {
-            let wt = op_weight(lw, op);
+            let wt = lw.op(op);
             let ty = opts.cols.choose(wt.ty);
             let data = transpose_columns(&model, wt, ty);
             let aligned = align_up(pos);

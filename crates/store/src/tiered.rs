@@ -245,6 +245,22 @@ struct Preload {
     parts: u64,
 }
 
+/// The columns one [`TieredStore::fetch`] made available, per op in the order asked.
+pub struct Fetched<'a> {
+    arena: &'a [u8],
+    /// Per op: the byte offset of its slot 0 in the arena.
+    bases: Vec<usize>,
+    /// Per op: each active unit's column index, counted from the op's base.
+    idx: &'a [Vec<u32>],
+}
+
+impl<'a> Fetched<'a> {
+    /// The `k`-th op's columns: the arena from the op's base, and each active unit's column in it.
+    pub fn op(&self, k: usize) -> (&'a [u8], &'a [u32]) {
+        (&self.arena[self.bases[k]..], &self.idx[k])
+    }
+}
+
 /// The column store for a model run under a memory budget.
 pub struct TieredStore {
     path: PathBuf,
@@ -275,6 +291,8 @@ pub struct TieredStore {
     misses: Vec<u32>,
     hits: Vec<u32>,
     prefill: Option<AlignedBuf>,
+    /// The layer whose rows the prefill buffer holds, with its weights rebased into the buffer.
+    prefill_layer: Option<(usize, sift_model::LayerWeights)>,
     embd: Option<(QTensor, u64)>,
     embd_buf: Option<AlignedBuf>,
     stats: TierStats,
@@ -476,9 +494,7 @@ impl TieredStore {
         };
         let mut transient = 0;
         for l in 0..c.n_layer {
-            for ops in
-                [&[OpKind::Q, OpKind::K, OpKind::V][..], &[OpKind::O], &[OpKind::Gate, OpKind::Up], &[OpKind::Down]]
-            {
+            for ops in sift_model::layout::SITE_OPS {
                 transient = transient.max(site_need(ops, l));
             }
         }
@@ -571,6 +587,7 @@ impl TieredStore {
             misses: Vec::new(),
             hits: Vec::new(),
             prefill: Some(AlignedBuf::new(prefill)),
+            prefill_layer: None,
             embd,
             embd_buf: Some(AlignedBuf::new(2 * 4096 + model.tok_embd.row_bytes.div_ceil(4096) * 4096)),
             stats: TierStats::default(),
@@ -766,7 +783,11 @@ impl TieredStore {
     /// Pins a hot set per (layer, op) (`static` policy; a warm start for the others).
     pub fn set_hot(&mut self, layer: usize, op: OpKind, ranking: &[u32]) -> Result<(), TierError> {
         let oc = &mut self.ops[layer][op as usize];
-        oc.cache.set_hot(ranking);
+        oc.cache.set_hot(ranking).map_err(|e| {
+            TierError::Unsupported(format!(
+                "hot ranking for layer {layer} {op:?}: {e}; a ranking from a calibration must come from this model (re-run `sift calibrate` on it)"
+            ))
+        })?;
         // Read the pinned columns now.
         let mut units: Vec<u32> = (0..oc.n_units as u32).filter(|&u| oc.cache.contains(u)).collect();
         units.sort_unstable();
@@ -787,7 +808,8 @@ impl TieredStore {
         let aligned = start / 4096 * 4096;
         let skip = (start - aligned) as usize;
         let len = (skip + t.row_bytes).div_ceil(4096) * 4096;
-        let buf = self.embd_buf.take().expect("embedding buffer present");
+        // A buffer lost to a panic elsewhere is replaced, never expected.
+        let buf = self.embd_buf.take().unwrap_or_else(|| AlignedBuf::new(len));
         let (done, stall) =
             self.io.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + t.row_bytes }]);
         self.account(&done, stall, Kind::OnDemand, 1);
@@ -798,21 +820,17 @@ impl TieredStore {
         Ok(true)
     }
 
-    /// Reads layer `l`'s weights (the GGUF rows of its seven ops, exact) for a prompt batch and
-    /// returns the buffer with the layer's weights rebased into it. Give the buffer back with
-    /// [`TieredStore::end_prefill_layer`].
-    pub fn prefill_layer(
-        &mut self,
-        model: &Model,
-        l: usize,
-    ) -> Result<(AlignedBuf, sift_model::LayerWeights), TierError> {
+    /// Reads layer `l`'s weights (the GGUF rows of its seven ops, exact) for a prompt batch into
+    /// the store's prefill buffer; [`TieredStore::prefill_view`] then gives them to the kernels.
+    pub fn prefill_layer(&mut self, model: &Model, l: usize) -> Result<(), TierError> {
         let lw = &model.layers[l];
         let span = layer_span(lw);
         let file_start = self.index.gguf_offset + span.start as u64;
         let aligned = file_start / 4096 * 4096;
         let skip = (file_start - aligned) as usize;
         let len = (skip + span.len()).div_ceil(4096) * 4096;
-        let buf = self.prefill.take().expect("prefill buffer present");
+        self.prefill_layer = None;
+        let buf = self.prefill.take().unwrap_or_else(|| AlignedBuf::new(len));
         let (done, stall) =
             self.io.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + span.len() }]);
         self.account(&done, stall, Kind::Prefill, 1);
@@ -839,11 +857,18 @@ impl TieredStore {
         ] {
             *t = shift(t);
         }
-        Ok((buf, rebased))
+        self.prefill = Some(buf);
+        self.prefill_layer = Some((l, rebased));
+        Ok(())
     }
 
-    pub fn end_prefill_layer(&mut self, buf: AlignedBuf) {
-        self.prefill = Some(buf);
+    /// The bytes and rebased weights of layer `l` read by the last [`TieredStore::prefill_layer`]
+    /// (`None` when that was another layer, or the read failed).
+    pub fn prefill_view(&self, l: usize) -> Option<(&[u8], &sift_model::LayerWeights)> {
+        match (&self.prefill, &self.prefill_layer) {
+            (Some(buf), Some((pl, lw))) if *pl == l => Some((&buf[..], lw)),
+            _ => None,
+        }
     }
 
     /// Called at the start of layer `l` of a decoded token with the residual entering it: at the
@@ -1044,8 +1069,9 @@ impl TieredStore {
     }
 
     /// Makes the columns `active` (ascending) of each op in `ops` of `layer` available to the
-    /// kernels; afterwards [`TieredStore::view`] gives each op's arena slice and indices.
-    pub fn fetch(&mut self, layer: usize, ops: &[OpKind], active: &[u32]) -> Result<(), TierError> {
+    /// kernels, and returns where they are: per op, the arena slice and each active unit's
+    /// column index in it.
+    pub fn fetch(&mut self, layer: usize, ops: &[OpKind], active: &[u32]) -> Result<Fetched<'_>, TierError> {
         let site = match ops[0] {
             OpKind::Q | OpKind::K | OpKind::V => Some(0),
             OpKind::Gate | OpKind::Up => Some(1),
@@ -1063,7 +1089,9 @@ impl TieredStore {
         let mut preload_copied = 0usize;
         for (k, &op) in ops.iter().enumerate() {
             let oc = &mut self.ops[layer][op as usize];
-            oc.cache.record(active);
+            oc.cache
+                .record(active)
+                .map_err(|e| TierError::Unsupported(format!("fetch of layer {layer} {op:?}: {e}")))?;
             self.hits.clear();
             self.misses.clear();
             for &u in active {
@@ -1075,7 +1103,10 @@ impl TieredStore {
             }
             self.stats.hits += self.hits.len() as u64;
             self.stats.misses += self.misses.len() as u64;
-            let slots = oc.cache.admit(&self.misses, &self.hits);
+            let slots = oc
+                .cache
+                .admit(&self.misses, &self.hits)
+                .map_err(|e| TierError::Unsupported(format!("fetch of layer {layer} {op:?}: {e}")))?;
             // Transient indices start at the first multiple of col_bytes past the cursor.
             let cb = oc.col_bytes;
             let t0 = (cursor - oc.base).div_ceil(cb);
@@ -1140,13 +1171,8 @@ impl TieredStore {
         if !ranges.is_empty() {
             self.read_into_arena(&ranges, &dests, true)?;
         }
-        Ok(())
-    }
-
-    /// The arena slice and kernel indices of the `k`-th op of the last fetch.
-    pub fn view(&self, layer: usize, op: OpKind, k: usize) -> (&[u8], &[u32]) {
-        let oc = &self.ops[layer][op as usize];
-        (&self.arena[oc.base..], &self.idx[k])
+        let bases = ops.iter().map(|&op| self.ops[layer][op as usize].base).collect();
+        Ok(Fetched { arena: &self.arena, bases, idx: &self.idx })
     }
 
     /// Reads `ranges` (file offset, len) into the arena at `dests`, on demand (waiting).
@@ -1166,8 +1192,10 @@ impl TieredStore {
             }
             let batch: Vec<(u64, usize)> = order[start..end].iter().map(|&i| ranges[i]).collect();
             let (reqs, starts, need) = plan_reads(&batch, MAX_GAP, MAX_READ);
-            let buf = self.ondemand.take().expect("on-demand buffer present");
-            let buf = if need > buf.len() { AlignedBuf::new(need) } else { buf };
+            let buf = match self.ondemand.take() {
+                Some(buf) if buf.len() >= need => buf,
+                _ => AlignedBuf::new(need.max(ONDEMAND_BUF)),
+            };
             let n_reqs = reqs.len() as u64;
             let (done, stall) = self.io.read_now(buf, reqs);
             self.account(&done, stall, if ondemand { Kind::OnDemand } else { Kind::Prefill }, n_reqs);

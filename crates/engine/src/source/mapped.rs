@@ -1,0 +1,71 @@
+//! Weights in memory: the mmapped GGUF's rows, or a mmapped pack's columns.
+
+use super::{column_ops, site_col_ops, ColumnPart, SiteWeights, WeightSource};
+use crate::sparse::ColOp;
+use sift_model::Model;
+use sift_sparsity::Site;
+use sift_store::tiered::TierError;
+
+/// Every product on the GGUF's row-major weights (masked inputs for sparse selections).
+pub struct MappedRows {
+    /// Compute only a single token's fixed FFN neurons' rows of gate and up.
+    pub row_gather: bool,
+}
+
+impl WeightSource for MappedRows {
+    fn name(&self) -> &'static str {
+        "gguf rows"
+    }
+
+    fn site<'a>(
+        &'a mut self,
+        model: &'a Model,
+        l: usize,
+        _site: Site,
+        _n: usize,
+        _active: Option<&'a [u32]>,
+    ) -> Result<SiteWeights<'a>, TierError> {
+        Ok(SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: self.row_gather })
+    }
+}
+
+/// A sift pack in memory: a single token's sparse selection runs on the active columns of the
+/// pack's column tensors; batches and dense selections on the GGUF rows, or with `all_columns`
+/// on the whole column tensors (which measures what the re-quantized columns cost).
+pub struct MappedColumns {
+    cols: Vec<Vec<ColOp>>,
+    all_columns: bool,
+}
+
+impl MappedColumns {
+    /// `None` when `model` has no column layout (not a pack).
+    pub fn new(model: &Model, all_columns: bool) -> Option<MappedColumns> {
+        Some(MappedColumns { cols: column_ops(model)?, all_columns })
+    }
+}
+
+impl WeightSource for MappedColumns {
+    fn name(&self) -> &'static str {
+        "pack columns"
+    }
+
+    fn site<'a>(
+        &'a mut self,
+        model: &'a Model,
+        l: usize,
+        site: Site,
+        n: usize,
+        active: Option<&'a [u32]>,
+    ) -> Result<SiteWeights<'a>, TierError> {
+        let ops = site_col_ops(&self.cols[l], site);
+        let file = model.file.file_bytes();
+        Ok(match active {
+            Some(units) if n == 1 => SiteWeights::Columns {
+                units,
+                parts: ops.iter().map(|op| ColumnPart { op, data: &file[op.range.clone()], idx: units }).collect(),
+            },
+            _ if self.all_columns => SiteWeights::ColumnTensors { file, ops },
+            _ => SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: true },
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! Where a linear op's weights come from: the weight-source interface the forward pass computes
+//! against.
+//!
+//! For each layer and selection site the engine asks its [`WeightSource`] for the weights of the
+//! site's ops, given the batch size and the active input units, and gets back what to run:
+//! row-major GGUF rows for the dense kernels ([`SiteWeights::Rows`]), the active columns of a
+//! pack for the sparse column kernels ([`SiteWeights::Columns`]), or whole column tensors for a
+//! batch ([`SiteWeights::ColumnTensors`], `--all-columns`). One implementation per place the
+//! weights live:
+//!
+//! | source | weights | used when |
+//! |---|---|---|
+//! | [`MappedRows`] | the mmapped GGUF's rows | a `.gguf`, or a pack with `column_kernels` off |
+//! | [`MappedColumns`] | the mmapped pack's columns (rows for batches) | a `.sift` pack in memory |
+//! | [`TieredSource`] | the tiered store: columns through its cache, rows streamed per layer | `--memory` |
+//!
+//! A source's errors (a read that failed, a cut file) come back through `?`; everything a
+//! source needs between calls (prefill buffers, preloads, the site-to-ops map) lives behind it.
+
+mod mapped;
+mod tiered;
+
+pub use mapped::{MappedColumns, MappedRows};
+pub use tiered::TieredSource;
+
+use crate::sparse::ColOp;
+use sift_model::layout::{OpKind, SITE_OPS};
+use sift_model::{LayerWeights, Model};
+use sift_sparsity::Site;
+use sift_store::tiered::{TierError, TieredStore};
+
+/// The ops whose products read `site`'s activation, in kernel order.
+pub fn site_ops(site: Site) -> &'static [OpKind] {
+    SITE_OPS[site.index()]
+}
+
+/// One op's active columns: `data` holds them `op.col_bytes` apart, `idx[i]` is the column of
+/// `data` that holds input `units[i]`.
+pub struct ColumnPart<'a> {
+    pub op: &'a ColOp,
+    pub data: &'a [u8],
+    pub idx: &'a [u32],
+}
+
+/// The weights of one site's ops, as the source holds them.
+pub enum SiteWeights<'a> {
+    /// Row-major GGUF weights: the layer's tensors index `file`. With `gather`, a single token
+    /// whose FFN neurons are fixed in advance computes only those rows of gate and up.
+    Rows { file: &'a [u8], layer: &'a LayerWeights, gather: bool },
+    /// The columns of the inputs `units` (ascending), per op of the site (one token).
+    Columns { units: &'a [u32], parts: Vec<ColumnPart<'a>> },
+    /// Whole column tensors, per op of the site, in `file` (a batch on columns).
+    ColumnTensors { file: &'a [u8], ops: &'a [ColOp] },
+}
+
+/// Where the engine's weights come from (see the module docs).
+pub trait WeightSource: Send {
+    /// A short name for reports ("gguf rows", "pack columns", "tiered store").
+    fn name(&self) -> &'static str;
+
+    /// Layer `l` starts for a batch of `n` tokens; `x` is the residual entering it (the first
+    /// token's row). A source that streams weights gets them ready here.
+    fn begin_layer(&mut self, _model: &Model, _l: usize, _n: usize, _x: &[f32]) -> Result<(), TierError> {
+        Ok(())
+    }
+
+    /// The weights of `site` in layer `l` for a batch of `n` tokens whose active inputs are
+    /// `active` (ascending; `None`: all of them).
+    fn site<'a>(
+        &'a mut self,
+        model: &'a Model,
+        l: usize,
+        site: Site,
+        n: usize,
+        active: Option<&'a [u32]>,
+    ) -> Result<SiteWeights<'a>, TierError>;
+
+    /// Token `id`'s embedding row, dequantized into `out`.
+    fn embed(&mut self, model: &Model, id: u32, out: &mut [f32]) -> Result<(), TierError> {
+        let row = model.row(&model.tok_embd, id as usize);
+        model.tok_embd.ty.dequantize_row(row, out);
+        Ok(())
+    }
+
+    /// Which units of `site` in layer `l` have their weights in fast memory (into `out`), for
+    /// cache-aware selection; false when the source keeps no cache (every unit is resident).
+    fn cached_mask(&self, _l: usize, _site: Site, _out: &mut Vec<bool>) -> bool {
+        false
+    }
+
+    /// A new conversation starts (context-level counters restart).
+    fn reset_context(&mut self) {}
+
+    /// The tiered store behind this source, when there is one.
+    fn store(&self) -> Option<&TieredStore> {
+        None
+    }
+
+    fn store_mut(&mut self) -> Option<&mut TieredStore> {
+        None
+    }
+}
+
+/// The kernel-ready column ops of every layer of a pack (q, k, v, o, gate, up, down).
+fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
+    model.columns.as_ref().map(|p| p.layers.iter().map(|l| l.ops.iter().map(ColOp::new).collect()).collect())
+}
+
+/// The column ops of `site` among a layer's seven.
+fn site_col_ops(ops: &[ColOp], site: Site) -> &[ColOp] {
+    match site {
+        Site::AttnIn => &ops[0..3],
+        Site::AttnOut => &ops[3..4],
+        Site::FfnIn => &ops[4..6],
+        Site::FfnMid => &ops[6..7],
+    }
+}
