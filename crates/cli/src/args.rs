@@ -152,9 +152,9 @@ impl SamplingArgs {
 #[derive(Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
-    pub memory: crate::memory::MemoryArgs,
+    pub memory: sift_session::MemoryOptions,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -176,9 +176,9 @@ pub struct GenerateArgs {
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
-    pub memory: crate::memory::MemoryArgs,
+    pub memory: sift_session::MemoryOptions,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -191,9 +191,9 @@ pub struct ChatArgs {
 #[derive(Args)]
 pub struct PerplexityArgs {
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
-    pub memory: crate::memory::MemoryArgs,
+    pub memory: sift_session::MemoryOptions,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -217,9 +217,9 @@ pub struct PerplexityArgs {
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
-    pub memory: crate::memory::MemoryArgs,
+    pub memory: sift_session::MemoryOptions,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -306,7 +306,7 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     /// Evaluation file: HellaSwag text (6 lines per task) or JSON lines (centerpiece, options, correct_options_idx)
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,

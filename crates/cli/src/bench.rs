@@ -9,23 +9,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
     let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
     let opts = |t: usize| {
-        let mut eo = EngineOptions {
-            n_threads: t,
-            n_ctx,
-            n_batch: a.batch_size.max(1),
-            sparse_head: a.sparsity.sparse_head,
-            column_kernels: !a.sparsity.dense_kernels,
-            all_columns: a.sparsity.all_columns,
-        };
-        a.memory.adjust(&mut eo);
-        eo
+        let eo = EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() };
+        crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
     };
-    let (model, _tok) = a.memory.load(&a.model, &opts(threads[0]))?;
+    let mut session = crate::session::open(&a.model, opts(threads[0]).engine, &a.sparsity, &a.memory)?;
+    let model = &session.engine.model;
     let size = model.weight_bytes();
     let params = model.n_params();
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
     let filename = a.model.display().to_string();
-    let mut engine = a.memory.engine(model, &a.model, &opts(threads[0]), &a.sparsity)?;
     let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();
     let md = a.output == "md";
     if md {
@@ -33,13 +25,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
     }
     for &t in &threads {
-        if t != engine.n_threads() {
-            let model = engine.model;
-            engine = a.memory.engine(model, &a.model, &opts(t), &a.sparsity)?;
+        if t != session.engine.n_threads() {
+            session = session.rebuild(&opts(t))?;
         }
+        let engine = &mut session.engine;
         let mut tests: Vec<BenchResult> = Vec::new();
         for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
-            tests.push(bench_pp(&mut engine, p, a.reps)?);
+            tests.push(bench_pp(engine, p, a.reps)?);
             if md {
                 print_row(&desc, size, params, t, tests.last().expect("just pushed"));
             }
@@ -49,13 +41,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 s.reset_stats();
             }
             let t0 = std::time::Instant::now();
-            tests.push(bench_tg(&mut engine, n, a.reps)?);
+            tests.push(bench_tg(engine, n, a.reps)?);
             if md {
                 print_row(&desc, size, params, t, tests.last().expect("just pushed"));
-                crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
+                for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
+                    eprintln!("{line}");
+                }
             }
         }
-        let store = crate::memory::stats_json(&engine);
+        let store = sift_session::report::stats_json(engine);
         rows.extend(tests.into_iter().map(|r| (t, r, store.clone())));
     }
     if md {

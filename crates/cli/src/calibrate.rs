@@ -13,7 +13,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         anyhow::ensure!((0.0..0.98).contains(&t), "--target must be in [0, 0.98), got {t}");
     }
     anyhow::ensure!(a.step > 0.0 && a.step < 0.5, "--step must be in (0, 0.5), got {}", a.step);
-    let (model, tok) = crate::generate::load(&model_path)?;
+    let (model, tok) = sift_session::load(&model_path, &Default::default(), &Default::default())?;
     let tokens = tok.encode(&text, true, false)?;
     anyhow::ensure!(
         tokens.len() > a.skip + a.window,

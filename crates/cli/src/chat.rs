@@ -5,20 +5,15 @@ use crate::args::ChatArgs;
 use anyhow::Context;
 use sift_engine::generate::generate;
 use sift_model::chat::{ChatMessage, ChatTemplate};
+use sift_session::Session;
 use std::io::{BufRead, Write};
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
     let opts = a.sampling.generate_options()?;
-    let mut eo = a.model.engine_options();
-    a.memory.adjust(&mut eo);
-    let (model, tok) = a.memory.load(&a.model.model, &eo)?;
-    let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
-    eo.sparse_head = a.sparsity.sparse_head;
-    eo.column_kernels = !a.sparsity.dense_kernels;
-    eo.all_columns = a.sparsity.all_columns;
-    a.memory.adjust(&mut eo);
-    let mut engine = a.memory.engine(model, &a.model.model, &eo, &a.sparsity)?;
-    let live = a.memory.live(&engine)?;
+    let mut session = crate::session::open(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
+    let tok = session.tok.clone();
+    let tmpl =
+        ChatTemplate::from_gguf(&session.engine.model.file.gguf, &tok)?.context("the model has no chat template")?;
     let mut history: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &a.system {
         history.push(ChatMessage { role: "system".into(), content: s.clone() });
@@ -42,13 +37,14 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
         let text = tmpl.apply(&history, true)?;
         let all = tok.encode(&text, true, true)?;
         let common = cached.iter().zip(&all).take_while(|(a, b)| a == b).count().min(all.len() - 1);
+        let Session { engine, live, .. } = &mut session;
         engine.truncate(common);
         cached.truncate(common);
-        if let Some(l) = &live {
+        if let Some(l) = live {
             l.poll();
         }
-        let g = generate(&mut engine, &tok, &all[common..], &opts, |piece| {
-            if let Some(l) = &live {
+        let g = generate(engine, &tok, &all[common..], &opts, |piece| {
+            if let Some(l) = live {
                 l.poll();
             }
             let _ = write!(out, "{piece}");
@@ -56,11 +52,11 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
             true
         })?;
         writeln!(out)?;
-        crate::memory::print_budget_log(&mut engine);
         cached.extend_from_slice(&all[common..]);
         cached.extend_from_slice(&g.tokens);
         // The last sampled token (EOS or past the limit) was not evaluated.
         cached.truncate(engine.n_past());
+        crate::session::print_budget_log(&mut session);
         history.push(ChatMessage { role: "assistant".into(), content: g.text.trim().to_string() });
     }
     Ok(())

@@ -3,7 +3,6 @@
 
 use crate::args::EvalArgs;
 use anyhow::Context;
-use sift_engine::Engine;
 use sift_eval::{evaluate, EngineScorer, EvalOptions, Format, TaskKind};
 
 /// Items between two progress lines.
@@ -24,13 +23,9 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let items = &ds.items[a.offset..end];
     anyhow::ensure!(!items.is_empty(), "--limit 0 leaves nothing to score");
 
-    let (model, tok) = crate::generate::load(&a.model.model)?;
-    let mut eo = a.model.engine_options();
-    eo.sparse_head = a.sparsity.sparse_head;
-    eo.column_kernels = !a.sparsity.dense_kernels;
-    eo.all_columns = a.sparsity.all_columns;
-    let mut engine = Engine::new(model, &eo);
-    a.sparsity.apply(&mut engine)?;
+    let memory = sift_session::MemoryOptions::default();
+    let mut session = crate::session::open(&a.model.model, a.model.engine_options(), &a.sparsity, &memory)?;
+    let (engine, tok) = (&mut session.engine, session.tok.clone());
     eprintln!("sparsity: {}", engine.selector().describe());
     eprintln!(
         "eval: task {}, {:?} format, items {}..{} of {total} from '{}', n_ctx {}, {} threads",
@@ -44,7 +39,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     );
     let t0 = std::time::Instant::now();
     let stateful = a.sparsity.method() != sift_engine::sparsity::Method::Dense;
-    let mut scorer = EngineScorer::new(&mut engine);
+    let mut scorer = EngineScorer::new(engine);
     // Selectors with sequence state (core neurons, DIP-CA's cache) must see each item from an
     // empty context, so every context restarts instead of reusing a shared prefix.
     scorer.reuse_prefix = !stateful;

@@ -4,24 +4,8 @@ use crate::args::GenerateArgs;
 use anyhow::Context;
 use sift_engine::generate::generate;
 use sift_model::chat::{ChatMessage, ChatTemplate};
-use sift_model::tokenizer::Tokenizer;
-use sift_model::Model;
+use sift_session::Session;
 use std::io::Write;
-use std::path::Path;
-
-/// Loads a model and its tokenizer, with errors that say what to do.
-pub fn load(path: &Path) -> anyhow::Result<(Model, Tokenizer)> {
-    if !path.exists() {
-        anyhow::bail!(
-            "model file '{}' not found; fetch the default model with scripts/fetch-model.sh or pass -m PATH",
-            path.display()
-        );
-    }
-    let model = sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
-    let tok = Tokenizer::from_gguf(&model.file.gguf)
-        .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
-    Ok((model, tok))
-}
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let prompt = match (&a.prompt, &a.file) {
@@ -32,30 +16,26 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     let opts = a.sampling.generate_options()?;
-    let mut eo = a.model.engine_options();
-    eo.sparse_head = a.sparsity.sparse_head;
-    eo.column_kernels = !a.sparsity.dense_kernels;
-    eo.all_columns = a.sparsity.all_columns;
-    a.memory.adjust(&mut eo);
-    let (model, tok) = a.memory.load(&a.model.model, &eo)?;
+    let mut session = crate::session::open(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
+    let tok = session.tok.clone();
     let text = if a.chat {
-        let tmpl = ChatTemplate::from_gguf(&model.file.gguf, &tok)?.context("the model has no chat template")?;
+        let tmpl = ChatTemplate::from_gguf(&session.engine.model.file.gguf, &tok)?
+            .context("the model has no chat template")?;
         tmpl.apply(&[ChatMessage { role: "user".into(), content: prompt.clone() }], true)?
     } else {
         prompt.clone()
     };
     let tokens = tok.encode(&text, true, a.chat)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
-    let mut engine = a.memory.engine(model, &a.model.model, &eo, &a.sparsity)?;
-    let live = a.memory.live(&engine)?;
     let t0 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();
     if !a.no_display_prompt {
         write!(out, "{text}")?;
         out.flush()?;
     }
-    let g = generate(&mut engine, &tok, &tokens, &opts, |piece| {
-        if let Some(l) = &live {
+    let Session { engine, live, .. } = &mut session;
+    let g = generate(engine, &tok, &tokens, &opts, |piece| {
+        if let Some(l) = live {
             l.poll();
         }
         let ok = write!(out, "{piece}").is_ok();
@@ -64,8 +44,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     print_speed(&g);
-    crate::memory::print_budget_log(&mut engine);
-    crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
+    crate::session::print_budget_log(&mut session);
+    crate::session::print_stats(&session, t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -82,7 +62,7 @@ pub fn print_speed(g: &sift_engine::Generation) {
     eprintln!();
     line("prompt eval time", g.n_prompt, g.prompt_secs);
     line("eval time", g.n_gen, g.gen_secs);
-    if let Some(b) = crate::peak_rss_bytes() {
+    if let Some(b) = sift_session::peak_rss_bytes() {
         eprintln!("sift: peak memory (VmHWM) = {:.1} MiB; stopped by {:?}", b as f64 / (1 << 20) as f64, g.stop);
     }
 }

@@ -3,6 +3,8 @@
 //! Subcommands: `generate`, `chat`, `serve`, `perplexity`, `bench`, `inspect`, and more. Each lives in its own module;
 //! this file parses arguments and prints errors with their context.
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod bench;
 mod calibrate;
@@ -10,16 +12,13 @@ mod chat;
 mod eval;
 mod generate;
 mod inspect;
-mod live;
-mod memory;
 mod pack;
 mod perplexity;
 mod plan;
-mod plot;
 mod probe;
 mod serve;
+mod session;
 mod simulate;
-mod sparsity;
 mod sweep;
 mod trace;
 
@@ -50,12 +49,4 @@ fn main() {
         }
         std::process::exit(1);
     }
-}
-
-/// Peak resident memory of this process (VmHWM), in bytes, if the OS reports it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

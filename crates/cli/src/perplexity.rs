@@ -8,27 +8,26 @@ use std::io::Write;
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
-    let mut eo = EngineOptions {
+    let eo = EngineOptions {
         n_threads: threads,
         n_ctx: a.ctx_size,
         n_batch: a.batch_size.min(a.ctx_size).max(1),
-        sparse_head: a.sparsity.sparse_head,
-        column_kernels: !a.sparsity.dense_kernels,
-        all_columns: a.sparsity.all_columns,
+        ..EngineOptions::default()
     };
-    a.memory.adjust(&mut eo);
-    let (model, tok) = a.memory.load(&a.model, &eo)?;
+    let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory);
+    let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();
     let tokens = tok.encode(&text, true, false)?;
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
     let bos = if tok.add_bos() { tok.bos() } else { None };
-    let mut engine = a.memory.engine(model, &a.model, &eo, &a.sparsity)?;
+    let mut session = crate::session::build(model, tok, &opts)?;
+    let engine = &mut session.engine;
     eprintln!("sparsity: {}", engine.selector().describe());
     let chunks = usize::try_from(a.chunks).ok();
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
     let t1 = std::time::Instant::now();
-    let r = perplexity(&mut engine, &tokens, a.ctx_size, chunks, bos, |i, ppl| {
+    let r = perplexity(engine, &tokens, a.ctx_size, chunks, bos, |i, ppl| {
         print!("[{}]{ppl:.4},", i + 1);
         let _ = std::io::stdout().flush();
     })?;

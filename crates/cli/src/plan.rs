@@ -29,7 +29,7 @@ pub struct PlanArgs {
     #[arg(long = "cache-policy", default_value = "lfu")]
     pub cache_policy: String,
     /// Highest sparsity the planner may choose
-    #[arg(long = "max-ratio", default_value_t = crate::memory::DEFAULT_MAX_RATIO)]
+    #[arg(long = "max-ratio", default_value_t = sift_session::DEFAULT_MAX_RATIO)]
     pub max_ratio: f64,
     /// Plan only the group size for this fixed sparsity ratio
     #[arg(long = "ratio")]
@@ -48,13 +48,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(r) = a.ratio {
         anyhow::ensure!((0.0..1.0).contains(&r), "--ratio must be in [0, 1)");
     }
-    let profile = crate::simulate::resolve_profile(a.profile.as_deref())?;
+    let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
     let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
     let index = model
         .columns
         .as_ref()
         .with_context(|| format!("{}: the planner needs a sift pack; make one with `sift pack`", a.model.display()))?;
-    let budget = crate::memory::parse_budget(&a.memory, index.gguf_len)?;
+    let budget = sift_session::parse_budget(&a.memory, index.gguf_len)?;
     let trace = match &a.trace {
         Some(p) => {
             let t = Trace::read(p)?;
@@ -65,9 +65,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     };
     // What a budgeted run counts as runtime: this process with the tokenizer built.
     let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
-    let runtime = trace.as_ref().map(|t| t.header.runtime_bytes).unwrap_or_else(|| rss_anon() + (8 << 20));
+    let runtime = trace
+        .as_ref()
+        .map(|t| t.header.runtime_bytes)
+        .unwrap_or_else(|| sift_session::runtime_bytes(&a.model, model.file.gguf.data_offset));
     let eo = EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() };
-    let policy = crate::simulate::parse_policy(&a.cache_policy, 0.8, 0.05)?;
+    let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {
         inputs: PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo) },
         policy,
@@ -109,14 +112,4 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn rss_anon() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("RssAnon:"))?.to_string();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kb| kb * 1024)
 }

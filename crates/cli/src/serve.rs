@@ -1,20 +1,18 @@
-//! `sift serve`: the OpenAI-compatible HTTP server (crates/server). The engine is built exactly as
-//! `generate` builds it (`MemoryArgs::load` then `MemoryArgs::engine`), so every memory, sparsity
-//! and policy flag works here too; this module only turns flags into a `ServerConfig` and a builder.
+//! `sift serve`: the OpenAI-compatible HTTP server (crates/server). The server opens the same
+//! `sift_session::Session` `generate` opens, so every memory, sparsity and policy flag works here
+//! too; this module only turns flags into a `ServerConfig`.
 
 use crate::args::ModelArgs;
-use crate::memory::MemoryArgs;
-use crate::sparsity::SparsityArgs;
 use clap::Args;
-use sift_model::chat::ChatTemplate;
+use sift_session::{MemoryOptions, SparsityOptions};
 use std::time::Duration;
 
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub sparsity: SparsityArgs,
+    pub sparsity: SparsityOptions,
     #[command(flatten)]
-    pub memory: MemoryArgs,
+    pub memory: MemoryOptions,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 exposes the server to the network)
@@ -45,7 +43,7 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     a.sparsity.validate()?;
-    let max_body = crate::memory::parse_budget(&a.max_body, 0)
+    let max_body = sift_session::parse_budget(&a.max_body, 0)
         .map_err(|_| anyhow::anyhow!("bad --max-body '{}': use bytes with an optional K/M/G suffix", a.max_body))?;
     anyhow::ensure!(a.max_queue > 0, "--max-queue must be at least 1");
     anyhow::ensure!(a.grace.is_finite() && a.grace >= 0.0, "--shutdown-grace must be a number of seconds");
@@ -55,39 +53,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .alias
         .clone()
         .unwrap_or_else(|| path.file_stem().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
-    let mut eo = a.model.engine_options();
-    eo.sparse_head = a.sparsity.sparse_head;
-    eo.column_kernels = !a.sparsity.dense_kernels;
-    eo.all_columns = a.sparsity.all_columns;
-    a.memory.adjust(&mut eo);
-    let (memory, sparsity) = (a.memory.clone(), a.sparsity.clone());
-    let build: sift_server::Builder = Box::new(move || {
-        let (model, tok) = memory.load(&path, &eo)?;
-        // The model's template, else ChatML; a template that does not compile leaves chat off.
-        let template = match ChatTemplate::from_gguf_or_chatml(&model.file.gguf, &tok) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                eprintln!("sift: chat template unusable ({e}); /v1/chat/completions is off");
-                None
-            }
-        };
-        let engine = memory.engine(model, &path, &eo, &sparsity)?;
-        let live = memory.live(&engine)?;
-        let model_size = engine.model.columns.as_ref().map_or(0, |p| p.gguf_len);
-        Ok(sift_server::Loaded {
-            engine,
-            tok: std::sync::Arc::new(tok),
-            template,
-            on_step: Some(Box::new(move |e| {
-                if let Some(l) = &live {
-                    l.poll();
-                }
-                crate::memory::print_budget_log(e);
-            })),
-            stats: Box::new(crate::memory::stats_json),
-            parse_budget: Box::new(move |s| crate::memory::parse_budget(s, model_size).map_err(|e| e.to_string())),
-        })
-    });
     let cfg = sift_server::ServerConfig {
         host: a.host,
         port: a.port,
@@ -98,6 +63,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_tokens_limit: a.max_tokens_limit,
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         grace: Duration::from_secs_f64(a.grace),
+        session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory),
     };
-    sift_server::run(cfg, build)
+    sift_server::run(cfg)
 }

@@ -2,13 +2,11 @@
 //! profile (see `sift_sim::replay`); `--sweep` runs every budget × policy given and writes CSV and
 //! plots. Also home of the profile lookup shared with `sift plan` and `--memory`.
 
-use crate::plot::{Chart, Series};
 use anyhow::Context;
 use clap::Args;
-use sift_sim::profile::DeviceProfile;
+use sift_eval::plot::{Chart, Series};
 use sift_sim::replay::{simulate, Replay, SimOptions, SimReport};
 use sift_sim::trace::Trace;
-use sift_store::cache::Policy;
 use sift_store::tiered::{CacheSplit, TieredOptions};
 use std::path::{Path, PathBuf};
 
@@ -67,41 +65,8 @@ pub struct SimulateArgs {
     pub output: String,
 }
 
-/// A profile by file path or builtin name; without one, `$SIFT_PROFILE`, then the builtin profile
-/// of the machine sift was developed on (say which).
-pub fn resolve_profile(spec: Option<&str>) -> anyhow::Result<DeviceProfile> {
-    let spec = spec.map(String::from).or_else(|| std::env::var("SIFT_PROFILE").ok());
-    match spec {
-        Some(s) => {
-            if let Some(p) = DeviceProfile::builtin(&s) {
-                return Ok(p);
-            }
-            let path = Path::new(&s);
-            anyhow::ensure!(
-                path.exists(),
-                "no device profile '{s}': pass a file written by `sift probe -o FILE`, or one of the builtin profiles: {}",
-                sift_sim::profile::list_builtin().join(", ")
-            );
-            Ok(DeviceProfile::load(path)?)
-        }
-        None => DeviceProfile::builtin(DEFAULT_PROFILE).with_context(|| format!("builtin profile {DEFAULT_PROFILE}")),
-    }
-}
-
-/// The builtin profile used when none is given: measured by `sift probe` on the 2-core
-/// development machine (see profiles/).
-pub const DEFAULT_PROFILE: &str = "sift-dev-2core";
-
-pub fn parse_policy(s: &str, lambda: f32, eps: f32) -> anyhow::Result<Policy> {
-    match Policy::parse(s) {
-        Some(Policy::Tam { .. }) => Ok(Policy::Tam { lambda, eps }),
-        Some(p) => Ok(p),
-        None => anyhow::bail!("unknown policy '{s}': use lfu, lru, tam, static, belady or none"),
-    }
-}
-
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
-    let profile = resolve_profile(a.profile.as_deref())?;
+    let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
     let trace = Trace::read(&a.trace)?;
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
@@ -109,7 +74,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
     let mut header = trace.header.clone();
     if let Some(r) = &a.runtime {
-        header.runtime_bytes = crate::memory::parse_budget(r, 0).context("--runtime")?;
+        header.runtime_bytes = sift_session::parse_budget(r, 0).context("--runtime")?;
     }
     if let Some(c) = a.ctx_size {
         header.n_ctx = c;
@@ -123,15 +88,15 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let mut reports: Vec<SimReport> = Vec::new();
     let runs = a.memory.len() * a.policy.len() * a.sparsity.len();
     for m in &a.memory {
-        let budget = crate::memory::parse_budget(m, model_size)?;
+        let budget = sift_session::parse_budget(m, model_size)?;
         for (p, sp) in a.policy.iter().flat_map(|p| a.sparsity.iter().map(move |s| (p, s))) {
-            let policy = parse_policy(p, a.tam_lambda, a.tam_eps)?;
+            let policy = sift_session::profile::parse_policy(p, a.tam_lambda, a.tam_eps)?;
             let replay = if sp == "recorded" {
                 Replay::Recorded
             } else {
                 let method: sift_engine::sparsity::Method =
                     sp.parse().map_err(|e| anyhow::anyhow!("--sparsity: {e}"))?;
-                let args = crate::sparsity::SparsityArgs::for_method(method, a.ratio, a.gamma, a.calib.clone());
+                let args = sift_session::SparsityOptions::for_method(method, a.ratio, a.gamma, a.calib.clone());
                 Replay::Select(args.selector(&model)?)
             };
             let opts = SimOptions {

@@ -4,13 +4,13 @@
 //! token, and decode tok/s vs ratio.
 
 use crate::args::SweepArgs;
-use crate::plot::{Chart, Series};
-use crate::sparsity::SparsityArgs;
 use anyhow::Context;
 use sift_engine::perplexity::perplexity;
 use sift_engine::sparsity::Method;
 use sift_engine::{Engine, EngineOptions, Logits};
+use sift_eval::plot::{Chart, Series};
 use sift_eval::{evaluate, EngineScorer, EvalOptions};
+use sift_session::SparsityOptions;
 use std::io::Write;
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ struct Row {
 
 pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
-    let (model, tok) = crate::generate::load(&a.model)?;
+    let (model, tok) = sift_session::load(&a.model, &Default::default(), &Default::default())?;
     let tokens = tok.encode(&text, true, false)?;
     let bos = if tok.add_bos() { tok.bos() } else { None };
     std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create '{}'", a.out.display()))?;
@@ -66,7 +66,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for (i, &(method, ratio)) in runs.iter().enumerate() {
-        let sp = SparsityArgs {
+        let sp = SparsityOptions {
             method: Some(method),
             ratio,
             config: None,

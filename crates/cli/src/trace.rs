@@ -11,9 +11,9 @@ use std::path::PathBuf;
 #[derive(Args)]
 pub struct TraceArgs {
     #[command(flatten)]
-    pub sparsity: crate::sparsity::SparsityArgs,
+    pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
-    pub memory: crate::memory::MemoryArgs,
+    pub memory: sift_session::MemoryOptions,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -46,18 +46,18 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         a.sampling.n_predict = 32;
     }
     let opts = a.sampling.generate_options()?;
-    let mut eo = a.model.engine_options();
-    eo.sparse_head = a.sparsity.sparse_head;
-    a.memory.adjust(&mut eo);
-    let (model, tok) = a.memory.load(&a.model.model, &eo)?;
-    // What a budgeted run counts as runtime: the process's own (anonymous) memory with the
-    // tokenizer built, before the engine; mapped weights are not part of it.
-    let anon = rss_anon().unwrap_or(0) + (8 << 20);
-    let mut engine = a.memory.engine(model, &a.model.model, &eo, &a.sparsity)?;
+    let so = crate::session::options(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory);
+    let eo = so.engine_options();
+    let (model, tok) = sift_session::load(&so.model, &eo, &so.memory)?;
+    // What a budgeted run counts as runtime, measured as every budgeted run measures it.
+    let unbudgeted_runtime = sift_session::runtime_bytes(&so.model, model.file.gguf.data_offset);
+    let mut session = crate::session::build(model, tok, &so)?;
+    let tok = session.tok.clone();
+    let engine = &mut session.engine;
     let c = engine.config().clone();
     let runtime = match engine.store() {
         Some(s) => s.plan.runtime,
-        None => anon,
+        None => unbudgeted_runtime,
     };
     let name = a.model.model.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let header = TraceHeader {
@@ -79,7 +79,7 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         engine.truncate(0);
         let tokens = tok.encode(p, true, false)?;
         anyhow::ensure!(!tokens.is_empty(), "a prompt is empty after tokenization");
-        let g = generate(&mut engine, &tok, &tokens, &opts, |_| true)?;
+        let g = generate(engine, &tok, &tokens, &opts, |_| true)?;
         n_gen += g.n_gen;
         secs += g.gen_secs;
     }
@@ -94,14 +94,6 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         bytes as f64 / (1 << 20) as f64,
         n_gen as f64 / secs.max(1e-9)
     );
-    crate::memory::print_stats(&engine, t0.elapsed().as_secs_f64());
+    crate::session::print_stats(&session, t0.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// Anonymous resident memory of this process (RssAnon), in bytes.
-fn rss_anon() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

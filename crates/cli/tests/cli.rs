@@ -422,6 +422,12 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     };
     let steady = Command::new(env!("CARGO_BIN_EXE_sift")).args(gen(&["--memory", "140M"])).output().unwrap();
     assert!(steady.status.success(), "{}", text(&steady.stderr));
+    // `sift plan` and a budgeted run measure the process's runtime memory the same way.
+    let line =
+        text(&steady.stderr).lines().find(|l| l.contains("memory budget 140 MiB = runtime")).unwrap().to_string();
+    let run_mib: f64 = line.split("runtime ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let plan_mib = mem["runtime"].as_u64().unwrap() as f64 / (1 << 20) as f64;
+    assert!((plan_mib - run_mib).abs() <= 4.0, "sift plan counts {plan_mib:.1} MiB of runtime, the run {line}");
     let file = dir.path().join("budget");
     std::fs::write(&file, "140M").unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))

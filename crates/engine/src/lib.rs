@@ -21,8 +21,8 @@ pub mod vecops;
 
 pub use budget::{current_rss, BudgetChange, BudgetHandle};
 pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits};
-pub use generate::{GenerateOptions, Generation, StopReason};
-pub use sampling::{Sampler, SamplerOptions};
+pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason};
+pub use sampling::{Pick, Sampler, SamplerChain, SamplerOptions, SamplerStage};
 pub use sift_sparsity as sparsity;
 pub use source::{SiteWeights, WeightSource};
 pub use trace::{SparsityStats, Tracer};

@@ -116,7 +116,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         dot4_rows: Dot4RowsFn,
         act_rb: usize,
         act: &'a [u8],
-        out: SharedMut<f32>,
+        out: SharedMut<'a, f32>,
         stride: usize,
         first_chunk: usize,
     }
@@ -185,8 +185,14 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
 /// neuron sparsity: the active neurons' gate and up rows); every other output is set to 0. Several
 /// matrices over the same input run in one dispatch. Each row's result is bit-identical to the
 /// dense product's.
+///
+/// # Panics
+/// If `rows` is not strictly ascending (as [`sift_sparsity::Selector::fixed_neurons`] gives
+/// them), or holds a row a matrix does not have.
 pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32], jobs: &mut [MatJob<'_>]) {
-    let prepared: Vec<(&QTensor, DotFn, &[u8], SharedMut<f32>)> = jobs
+    // Distinct rows: the threads below write `out[r]` for their own rows only.
+    assert!(rows.windows(2).all(|p| p[0] < p[1]), "matmul_rows: rows not strictly ascending");
+    let prepared: Vec<(&QTensor, DotFn, &[u8], SharedMut<'_, f32>)> = jobs
         .iter_mut()
         .map(|j| {
             assert!(j.out.len() >= j.w.rows, "matmul output too small for {}", j.w.name);
@@ -204,7 +210,8 @@ pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32
             let (rb, base) = (w.row_bytes, w.range.start);
             for &r in &rows[i0..(i0 + ROW_CHUNK).min(rows.len())] {
                 let r = r as usize;
-                // SAFETY: each listed row is written by the one chunk that holds it (rows are distinct).
+                // SAFETY: each listed row is written by the one chunk that holds it (rows are
+                // distinct: asserted above), and each chunk runs once.
                 let o = unsafe { out.slice(r..r + 1) };
                 o[0] = dot(w.cols, &file[base + r * rb..base + (r + 1) * rb], act);
             }

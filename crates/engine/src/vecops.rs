@@ -15,9 +15,10 @@ macro_rules! multiversion {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
+                fn avx2($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
                 if Isa::detect() >= Isa::Avx2 {
-                    // SAFETY: AVX2 and FMA were detected at run time.
+                    // SAFETY: `avx2` needs AVX2 and FMA, part of `Isa::Avx2`, which `Isa::detect`
+                    // reports only where the CPU has them.
                     return unsafe { avx2($($arg),*) };
                 }
             }

@@ -27,7 +27,10 @@
 //! The scoring loop takes any [`score::LogProbs`] (a closure from token ids to per-token
 //! log-probabilities, or [`score::EngineScorer`] over a `sift_engine::Engine`).
 
+#![forbid(unsafe_code)]
+
 pub mod data;
+pub mod plot;
 pub mod prompt;
 pub mod score;
 

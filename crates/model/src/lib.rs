@@ -7,6 +7,8 @@
 //! - [`chat`]: `tokenizer.chat_template` rendered with minijinja.
 //! - [`layout`]: the column / neuron-bundle layouts a sift pack adds (input-channel sparsity).
 
+#![forbid(unsafe_code)]
+
 pub mod chat;
 pub mod config;
 pub mod layout;

@@ -13,6 +13,8 @@
 //! errors). The engine never runs on the async runtime: handlers talk to the worker thread
 //! through channels.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod handlers;
 pub mod metrics;
@@ -25,8 +27,6 @@ use anyhow::Context;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-
-pub use worker::{Builder, Loaded};
 
 /// Server settings (the CLI's `sift serve` flags).
 #[derive(Clone, Debug)]
@@ -48,13 +48,16 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// After SIGINT/SIGTERM, how long in-flight requests may finish before they are cancelled.
     pub grace: Duration,
+    /// The model and how to run it: opened on the worker thread exactly as `sift generate`
+    /// opens it (every sparsity, memory and policy flag applies).
+    pub session: sift_session::SessionOptions,
 }
 
-/// Loads the model on the worker thread (`build`), listens, and serves until SIGINT or SIGTERM.
+/// Opens the session on the worker thread, listens, and serves until SIGINT or SIGTERM.
 /// Prints `sift: listening on http://HOST:PORT (model NAME)` on stderr when ready.
-pub fn run(cfg: ServerConfig, build: Builder) -> anyhow::Result<()> {
+pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let (worker, thread) = worker::spawn(build, metrics.clone(), cfg.max_queue)?;
+    let (worker, thread) = worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -14,9 +14,11 @@ use crate::metrics::{MemoryGauges, Metrics};
 use crate::openai::{GenRequest, PromptInput, TokenLogprob};
 use serde_json::{json, Value};
 use sift_engine::sparsity::Phase;
-use sift_engine::{Engine, Logits, Sampler};
+use sift_engine::generate::Generator;
+use sift_engine::{GenerateOptions, Logits};
 use sift_model::chat::ChatTemplate;
-use sift_model::tokenizer::{StreamDecoder, Tokenizer};
+use sift_model::tokenizer::Tokenizer;
+use sift_session::{Session, SessionOptions};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -28,31 +30,6 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 const PROMPT_CHUNK: usize = 256;
 /// Tokens per chunk when every position's logits are needed (echo): bounds the logits buffer.
 const ECHO_CHUNK: usize = 64;
-
-/// Called between tokens and after each request.
-pub type StepHook = Box<dyn FnMut(&mut Engine)>;
-/// The store's plan and counters as JSON.
-pub type StatsFn = Box<dyn Fn(&Engine) -> Option<Value>>;
-/// Parses a budget ("300MB", "60%") into bytes.
-pub type BudgetParser = Box<dyn Fn(&str) -> Result<u64, String>>;
-
-/// What the engine-building closure returns, on the worker thread.
-pub struct Loaded {
-    pub engine: Engine,
-    /// Shared with the handlers, which tokenize for `/tokenize` without waiting for the worker.
-    pub tok: Arc<Tokenizer>,
-    /// The model's chat template (or a ChatML fallback); `None`: chat requests are refused.
-    pub template: Option<ChatTemplate>,
-    /// Called between tokens and after each request (live budget files, logging budget changes).
-    pub on_step: Option<StepHook>,
-    /// The store's plan and counters as JSON (`None` without `--memory`).
-    pub stats: StatsFn,
-    /// Parses a budget as `--memory` does ("300MB", "60%").
-    pub parse_budget: BudgetParser,
-}
-
-/// Builds the engine on the worker thread (so the engine never has to cross threads).
-pub type Builder = Box<dyn FnOnce() -> anyhow::Result<Loaded> + Send>;
 
 /// What the worker sends back for a generation job, in order.
 #[derive(Debug)]
@@ -153,9 +130,33 @@ impl WorkerHandle {
     }
 }
 
-/// Starts the worker thread, builds the engine on it and waits until it is loaded.
+/// The session a worker serves, with the chat template requests are rendered with.
+struct Loaded {
+    session: Session,
+    /// The model's chat template (or a ChatML fallback); `None`: chat requests are refused.
+    template: Option<ChatTemplate>,
+}
+
+/// Opens the session on the worker thread (so the engine never crosses threads).
+fn open(opts: &SessionOptions) -> anyhow::Result<Loaded> {
+    let session = Session::open(opts)?;
+    if let Some(line) = &session.planned {
+        eprintln!("{line}");
+    }
+    // The model's template, else ChatML; a template that does not compile leaves chat off.
+    let template = match ChatTemplate::from_gguf_or_chatml(&session.engine.model.file.gguf, &session.tok) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("sift: chat template unusable ({e}); /v1/chat/completions is off");
+            None
+        }
+    };
+    Ok(Loaded { session, template })
+}
+
+/// Starts the worker thread, opens the session on it and waits until it is loaded.
 pub fn spawn(
-    build: Builder,
+    opts: SessionOptions,
     metrics: Arc<Metrics>,
     max_queue: usize,
 ) -> anyhow::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
@@ -165,7 +166,7 @@ pub fn spawn(
     let abort = Arc::new(AtomicBool::new(false));
     let (q2, a2) = (queued.clone(), abort.clone());
     let thread = std::thread::Builder::new().name("sift-worker".into()).spawn(move || {
-        let loaded = match build() {
+        let loaded = match open(&opts) {
             Ok(l) => l,
             Err(e) => {
                 let msg = std::iter::once(e.to_string())
@@ -177,12 +178,12 @@ pub fn spawn(
             }
         };
         let info = ModelInfo {
-            n_ctx: loaded.engine.n_ctx(),
-            n_vocab: loaded.engine.config().n_vocab,
+            n_ctx: loaded.session.engine.n_ctx(),
+            n_vocab: loaded.session.engine.config().n_vocab,
             has_template: loaded.template.is_some(),
             chat_template: loaded.template.as_ref().map(|t| t.source().to_string()),
-            memory: loaded.engine.store().is_some(),
-            tok: loaded.tok.clone(),
+            memory: loaded.session.engine.store().is_some(),
+            tok: loaded.session.tok.clone(),
         };
         let mut w = Worker {
             l: loaded,
@@ -279,8 +280,8 @@ impl Worker {
                 other => self.admin(other),
             }
         }
-        if let Some(f) = &mut self.l.on_step {
-            f(&mut self.l.engine);
+        for change in self.l.session.poll() {
+            eprintln!("{}", sift_session::report::describe_budget_change(&change));
         }
     }
 
@@ -300,15 +301,15 @@ impl Worker {
     }
 
     fn set_budget(&mut self, spec: &str) -> Result<Value, ApiError> {
-        if self.l.engine.store().is_none() {
+        if self.l.session.engine.store().is_none() {
             return Err(ApiError::invalid_param(
                 "budget",
                 "the memory budget can change only on a server started with --memory (on a sift pack)",
             ));
         }
-        let bytes = (self.l.parse_budget)(spec).map_err(|e| ApiError::invalid_param("budget", e))?;
+        let bytes = self.l.session.parse_budget(spec).map_err(|e| ApiError::invalid_param("budget", e.to_string()))?;
         let t0 = Instant::now();
-        match self.l.engine.set_memory_budget(bytes) {
+        match self.l.session.engine.set_memory_budget(bytes) {
             Ok(plan) => {
                 eprintln!("sift: budget -> {bytes} bytes (admin request), cache {} bytes", plan.cache);
                 Ok(json!({
@@ -325,11 +326,11 @@ impl Worker {
     fn stats(&self) -> Value {
         let g = self.metrics.memory();
         json!({
-            "memory": (self.l.stats)(&self.l.engine),
+            "memory": sift_session::report::stats_json(&self.l.session.engine),
             "budget_bytes": if g.budget_bytes > 0 { Value::from(g.budget_bytes) } else { Value::Null },
             "rss_bytes": sift_engine::current_rss(),
-            "n_ctx": self.l.engine.n_ctx(),
-            "n_past": self.l.engine.n_past(),
+            "n_ctx": self.l.session.engine.n_ctx(),
+            "n_past": self.l.session.engine.n_past(),
             "queued": self.queued.load(Ordering::SeqCst),
         })
     }
@@ -337,7 +338,7 @@ impl Worker {
     /// Publishes the memory gauges for /metrics.
     fn publish(&self) {
         let mut g = MemoryGauges { rss_bytes: sift_engine::current_rss().unwrap_or(0), ..Default::default() };
-        if let Some(s) = self.l.engine.store() {
+        if let Some(s) = self.l.session.engine.store() {
             g.budget_bytes = s.plan.budget;
             g.hit_rate = s.stats().hit_rate();
             g.bytes_read = s.stats().bytes_read();
@@ -385,15 +386,15 @@ impl Worker {
     }
 
     fn tokenize(&self, p: &PromptInput) -> Result<(Vec<u32>, String), ApiError> {
-        let tok = &self.l.tok;
+        let tok = &self.l.session.tok;
         let bad = |e: String| ApiError::invalid_param("prompt", e);
         let (tokens, text) = match p {
             PromptInput::Text(s) => (tok.encode(s, true, false).map_err(|e| bad(e.to_string()))?, s.clone()),
             PromptInput::Tokens(t) => {
-                if let Some(&id) = t.iter().find(|&&id| id as usize >= self.l.engine.config().n_vocab) {
+                if let Some(&id) = t.iter().find(|&&id| id as usize >= self.l.session.engine.config().n_vocab) {
                     return Err(bad(format!(
                         "token id {id} is outside the vocabulary of {} tokens",
-                        self.l.engine.config().n_vocab
+                        self.l.session.engine.config().n_vocab
                     )));
                 }
                 (t.clone(), String::from_utf8_lossy(&tok.decode_bytes(t, false)).into_owned())
@@ -416,7 +417,7 @@ impl Worker {
 
     /// Drops the KV cache after an engine error (its contents are unknown).
     fn reset(&mut self) {
-        self.l.engine.truncate(0);
+        self.l.session.engine.truncate(0);
         self.cached.clear();
     }
 
@@ -434,11 +435,11 @@ impl Worker {
             self.reset();
             echo.push(TokenLogprob {
                 id: tokens[0],
-                bytes: self.l.tok.piece(tokens[0]).to_vec(),
+                bytes: self.l.session.tok.piece(tokens[0]).to_vec(),
                 logprob: None,
                 top: vec![],
             });
-            let n_vocab = self.l.engine.config().n_vocab;
+            let n_vocab = self.l.session.engine.config().n_vocab;
             let mut start = 0;
             for r in batches(tokens.len(), ECHO_CHUNK) {
                 let chunk = &tokens[r];
@@ -446,14 +447,14 @@ impl Worker {
                     self.reset();
                     return Err(Stop::Cancelled);
                 }
-                let logits = match self.l.engine.eval_phase(chunk, Logits::All, Phase::Prompt) {
+                let logits = match self.l.session.engine.eval_phase(chunk, Logits::All, Phase::Prompt) {
                     Ok(l) => l,
                     Err(e) => return Err(self.engine_error(e)),
                 };
                 for (r, row) in logits.chunks(n_vocab).enumerate() {
                     let p = start + r;
                     if p + 1 < tokens.len() {
-                        echo.push(token_logprob(&self.l.tok, row, tokens[p + 1], k.unwrap_or(0)));
+                        echo.push(token_logprob(&self.l.session.tok, row, tokens[p + 1], k.unwrap_or(0)));
                     } else {
                         self.logits.clear();
                         self.logits.extend_from_slice(row);
@@ -471,7 +472,7 @@ impl Worker {
         // prefix was cached.
         let common =
             self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(2));
-        self.l.engine.truncate(common);
+        self.l.session.engine.truncate(common);
         self.cached.truncate(common);
         let rest = &tokens[common..];
         for r in batches(rest.len(), PROMPT_CHUNK) {
@@ -480,7 +481,7 @@ impl Worker {
                 self.reset();
                 return Err(Stop::Cancelled);
             }
-            match self.l.engine.eval(chunk, Logits::Last) {
+            match self.l.session.engine.eval(chunk, Logits::Last) {
                 Ok(l) => {
                     self.logits.clear();
                     self.logits.extend_from_slice(l);
@@ -497,7 +498,7 @@ impl Worker {
     fn choice(&mut self, job: &Job, index: usize, p: &PromptInput) -> Result<(), Stop> {
         let req = &job.req;
         let (tokens, prompt_text) = self.tokenize(p).map_err(Stop::Failed)?;
-        let n_ctx = self.l.engine.n_ctx();
+        let n_ctx = self.l.session.engine.n_ctx();
         let need = tokens.len() + usize::from(req.max_tokens > 0);
         if need > n_ctx {
             return Err(Stop::Failed(ApiError::context_length(format!(
@@ -514,71 +515,54 @@ impl Worker {
             return Err(Stop::Cancelled);
         }
         let max = req.max_tokens.min(n_ctx - tokens.len());
-        let mut sampler = Sampler::new(req.sampler.clone());
-        for &t in &tokens {
-            sampler.accept(t);
-        }
-        let mut dec = StreamDecoder::new();
-        let mut text = String::new();
-        let mut emitted = 0usize;
+        let opts = GenerateOptions {
+            n_predict: Some(max),
+            stop: req.stop.clone(),
+            ignore_eos: req.ignore_eos,
+            sampler: req.sampler.clone(),
+        };
+        // Sampling, stop strings and UTF-8-safe pieces: the engine's one generation step.
+        let mut g = Generator::new(&opts, &tokens);
         let mut pending: Vec<TokenLogprob> = Vec::new();
-        let mut n_gen = 0usize;
-        let mut hit_stop = false;
         let mut last = Instant::now();
         let send = |text: &str, lps: &mut Vec<TokenLogprob>| {
             job.events.send(Event::Text { index, text: text.to_string(), logprobs: std::mem::take(lps) }).is_ok()
         };
-        let finish = loop {
-            if n_gen >= max {
-                break "length";
+        let (finish, mut tail) = loop {
+            if g.limit_reached() {
+                break ("length", String::new());
             }
             if self.cancelled(job) {
                 return Err(Stop::Cancelled);
             }
-            let next = sampler.sample(&self.logits);
+            let next = g.sample(&self.logits);
             if let Some(k) = k {
-                pending.push(token_logprob(&self.l.tok, &self.logits, next, k));
+                pending.push(token_logprob(&self.l.session.tok, &self.logits, next, k));
             }
-            n_gen += 1;
             Metrics::inc(&self.metrics.generated_tokens, 1);
             let now = Instant::now();
-            if n_gen == 1 {
+            if g.n_sampled() == 0 {
                 self.metrics.observe_ttft((now - job.received).as_secs_f64());
             } else {
                 self.metrics.observe_itl((now - last).as_secs_f64());
             }
             last = now;
-            if !req.ignore_eos && self.l.tok.is_eog(next) {
+            let step = g.push(&self.l.session.tok, next);
+            if step.end.is_some() {
                 // The end-of-text token adds no text but counts as generated, and its
                 // log-probability is reported (as vLLM does): a client that asks for one token
                 // with `echo` (lm-eval's loglikelihood) drops the last entry and must find
-                // exactly the prompt's tokens before it.
-                break "stop";
+                // exactly the prompt's tokens before it. A stop string's text before the cut
+                // goes out with the final piece.
+                break ("stop", step.text);
             }
-            sampler.accept(next);
-            if let Some(piece) = dec.push(&self.l.tok, next) {
-                text.push_str(&piece);
+            if !step.text.is_empty() && !send(&step.text, &mut pending) {
+                return Err(Stop::Cancelled);
             }
-            if let Some(cut) = req.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-                text.truncate(cut);
-                if emitted < text.len() || !pending.is_empty() {
-                    send(&text[emitted..], &mut pending);
-                }
-                emitted = text.len();
-                hit_stop = true;
-                break "stop";
+            if self.l.session.engine.n_past() >= n_ctx {
+                break ("length", String::new());
             }
-            let safe = text.len() - held_back(&text, &req.stop);
-            if safe > emitted {
-                if !send(&text[emitted..safe], &mut pending) {
-                    return Err(Stop::Cancelled);
-                }
-                emitted = safe;
-            }
-            if self.l.engine.n_past() >= n_ctx {
-                break "length";
-            }
-            match self.l.engine.eval(&[next], Logits::Last) {
+            match self.l.session.engine.eval(&[next], Logits::Last) {
                 Ok(l) => {
                     self.logits.clear();
                     self.logits.extend_from_slice(l);
@@ -588,17 +572,11 @@ impl Worker {
             self.cached.push(next);
             self.poll();
         };
-        if emitted < text.len() || dec.has_pending() || !pending.is_empty() {
-            let mut rest = text[emitted..].to_string();
-            if !hit_stop {
-                if let Some(r) = dec.flush() {
-                    rest.push_str(&r);
-                }
-            }
-            if (!rest.is_empty() || !pending.is_empty()) && !send(&rest, &mut pending) {
-                return Err(Stop::Cancelled);
-            }
+        tail.push_str(&g.finish());
+        if (!tail.is_empty() || !pending.is_empty()) && !send(&tail, &mut pending) {
+            return Err(Stop::Cancelled);
         }
+        let n_gen = g.n_sampled();
         if job.events.send(Event::Done { index, finish, n_gen }).is_err() {
             return Err(Stop::Cancelled);
         }
@@ -620,19 +598,6 @@ fn batches(n: usize, size: usize) -> Vec<std::ops::Range<usize>> {
         start += len;
     }
     out
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-fn held_back(text: &str, stops: &[String]) -> usize {
-    let mut best = 0;
-    for s in stops {
-        for (i, _) in s.char_indices().skip(1) {
-            if i > best && text.ends_with(&s[..i]) {
-                best = i;
-            }
-        }
-    }
-    best
 }
 
 /// The log-probability of `id` under `logits` (log-softmax) and the `k` most likely tokens.
@@ -659,7 +624,7 @@ pub fn token_logprob(tok: &Tokenizer, logits: &[f32], id: u32, k: usize) -> Toke
 
 #[cfg(test)]
 mod tests {
-    use super::{batches, held_back};
+    use super::batches;
 
     #[test]
     fn prompt_batches_never_leave_one_token_alone() {
@@ -672,12 +637,5 @@ mod tests {
             assert!(b.iter().all(|r| r.len() >= 2 && r.len() <= 8), "{n}: {b:?}");
             assert_eq!(b.last().unwrap().end, n);
         }
-    }
-
-    #[test]
-    fn holds_back_partial_stop_strings() {
-        let stops = vec!["</s>".to_string(), "User:".to_string()];
-        assert_eq!(held_back("hello </", &stops), 2);
-        assert_eq!(held_back("hello", &stops), 0);
     }
 }

@@ -21,6 +21,8 @@
 //!   (similarity-guided);
 //! - `dense` ([`DenseSelector`]).
 
+#![forbid(unsafe_code)]
+
 pub mod calib;
 mod core_neurons;
 mod dip;

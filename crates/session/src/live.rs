@@ -187,7 +187,9 @@ extern "C" fn on_sigusr1(_: libc::c_int) {
 fn install_sigusr1() -> io::Result<()> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
     let r = INSTALLED.get_or_init(|| {
-        // SAFETY: a zeroed `sigaction` is a valid value; the handler only does an atomic add.
+        // SAFETY: a zeroed `sigaction` is a valid value; the pointers passed are to this local
+        // (a null old-action pointer is allowed); the handler only does an atomic add, which is
+        // async-signal-safe.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -795,6 +797,7 @@ mod tests {
         assert_eq!(wait_change(&c, Duration::from_secs(1)), Some(250 * MIB));
         assert!(SIGUSR1_COUNT.load(Ordering::Relaxed) > before, "handler did not run");
         // A signal with the file unchanged re-applies the same value: no change to report.
+        // SAFETY: as above: kill(2) on our own process, whose SIGUSR1 handler `start` installed.
         unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
         assert_eq!(wait_change(&c, Duration::from_millis(300)), None);
         c.stop();

@@ -31,12 +31,16 @@
 use std::collections::{HashMap, HashSet};
 
 use sift_gguf::{Gguf, MetaValue};
-use tokenizers::models::bpe::{Vocab as BpeVocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::Split;
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::SplitDelimiterBehavior;
+
+mod bpe;
+mod piece;
+mod spm;
+mod stream;
+
+pub use stream::StreamDecoder;
+
+use bpe::{build_bpe, byte_tables, pre_spec};
+use piece::{clean_spaces, piece_of};
 
 /// Errors raised while building a tokenizer from metadata or while encoding text.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +60,6 @@ pub enum TokenizerError {
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
 const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
-const KEY_MERGES: &str = "tokenizer.ggml.merges";
 const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_SCORES: &str = "tokenizer.ggml.scores";
 
@@ -113,132 +116,6 @@ const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
-
-/// The GPT-2 regex (`LLAMA_VOCAB_PRE_TYPE_GPT2`), also the fallback for unknown pre-tokenizers.
-const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const RE_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// The pre-tokenizer regexes for a `tokenizer.ggml.pre` value, applied in sequence as in
-/// llama.cpp's `llm_tokenizer_bpe` (each regex splits every piece left by the previous one; text
-/// between matches stays a piece of its own). Also whether llama.cpp sets `ignore_merges` (a word
-/// that is already a token is not merged) and `clean_spaces` (decode drops spaces before
-/// punctuation).
-struct PreSpec {
-    regexes: Vec<&'static str>,
-    ignore_merges: bool,
-    clean_spaces: bool,
-    /// llama.cpp's default for `add_bos` (overridden by `tokenizer.ggml.add_bos_token`).
-    add_bos: bool,
-}
-
-fn pre_spec(pre: &str) -> PreSpec {
-    let spec = |regexes: Vec<&'static str>, ignore_merges: bool, clean_spaces: bool| PreSpec {
-        regexes,
-        ignore_merges,
-        clean_spaces,
-        add_bos: false,
-    };
-    let with_bos = |s: PreSpec| PreSpec { add_bos: true, ..s };
-    match pre {
-        "" | "default" => spec(vec![r"[\p{P}\$\+<=>\^~\|]+", RE_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"], false, true),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-        | "jina-v5-nano" => with_bos(spec(vec![RE_LLAMA3], true, true)),
-        "dbrx" | "smaug-bpe" => spec(vec![RE_LLAMA3], false, true),
-        "chatglm-bpe" => spec(vec![RE_LLAMA3], false, true),
-        "glm4" | "glm5" => spec(vec![RE_LLAMA3], true, true),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => {
-            spec(vec![RE_QWEN2], false, false)
-        }
-        "megrez" | "stablelm2" => spec(vec![RE_QWEN2], false, true),
-        "qwen35" => spec(vec![RE_QWEN35], false, false),
-        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-            spec(vec![r"\p{N}", RE_GPT2], false, true)
-        }
-        "smollm" | "command-r" => spec(vec![r"\p{N}", RE_GPT2], false, false),
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
-        | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "exaone4" => {
-            spec(vec![RE_GPT2], false, true)
-        }
-        "trillion" | "granite-docling" => spec(vec![RE_GPT2], false, false),
-        "falcon" => spec(
-            vec![
-                r"[\p{P}\$\+<=>\^~\|`]+",
-                r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
-                r"[0-9][0-9][0-9]",
-            ],
-            false,
-            true,
-        ),
-        "deepseek-llm" => spec(
-            vec![
-                r"[\r\n]",
-                r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-                r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-                r"\s+$",
-                r"[一-龥ࠀ-一가-퟿]+",
-                r"\p{N}+",
-            ],
-            false,
-            false,
-        ),
-        "deepseek-coder" => {
-            spec(vec![r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"], false, false)
-        }
-        "deepseek-v3" | "hunyuan-dense" | "joyai-llm" | "hy_v4" => spec(
-            vec![
-                r"\p{N}{1,3}",
-                r"[一-龥぀-ゟ゠-ヿ]+",
-                r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
-            ],
-            false,
-            false,
-        ),
-        "poro-chat" => spec(vec![r" ?[^(\s|.,!?…。，、।۔،)]+"], false, false),
-        "bloom" | "gpt3-finnish" => spec(vec![r" ?[^(\s|.,!?…。，、।۔،)]+"], false, true),
-        "viking" => spec(vec![r" ?[^(\s|.,!?…。，、।۔،)]+", r"\p{N}"], false, false),
-        "tekken" => with_bos(spec(vec![RE_TEKKEN], true, false)),
-        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => spec(vec![RE_GPT4O], false, false),
-        "seed-coder" => spec(
-            vec![
-                r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
-            ],
-            false,
-            false,
-        ),
-        "bailingmoe" | "bailingmoe2" | "llada-moe" => spec(
-            vec![
-                r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
-            ],
-            false,
-            false,
-        ),
-        "grok-2" => spec(vec![RE_QWEN2], false, false),
-        // Unknown to llama.cpp (which refuses the model): use the plain GPT-2 split.
-        _ => spec(vec![RE_GPT2], false, true),
-    }
-}
-
-/// The GPT-2 byte-to-unicode table: printable bytes map to themselves, the others to U+0100.. in
-/// order. Returns (byte -> char, char -> byte).
-fn byte_tables() -> ([char; 256], HashMap<char, u8>) {
-    let mut b2c = ['\0'; 256];
-    let mut n = 0u32;
-    for b in 0..=255u8 {
-        let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
-        b2c[b as usize] = if printable {
-            char::from(b)
-        } else {
-            n += 1;
-            char::from_u32(255 + n).unwrap_or('\u{FFFD}')
-        };
-    }
-    let c2b = b2c.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
-    (b2c, c2b)
-}
 
 enum Engine {
     /// Byte-level BPE on a `tokenizers` pipeline.
@@ -458,16 +335,7 @@ impl Tokenizer {
 
         let (b2c, c2b) = byte_tables();
         let engine = if is_spm {
-            let mut byte_tokens = [None; 256];
-            for (b, slot) in byte_tokens.iter_mut().enumerate() {
-                *slot = token_to_id
-                    .get(&format!("<0x{b:02X}>"))
-                    .or_else(|| {
-                        char::from_u32(b as u32).filter(|_| b < 128).and_then(|c| token_to_id.get(&c.to_string()))
-                    })
-                    .copied();
-            }
-            Engine::Spm { byte_tokens: Box::new(byte_tokens) }
+            Engine::Spm { byte_tokens: Box::new(spm::byte_tokens(&token_to_id)) }
         } else {
             Engine::Bpe(Box::new(build_bpe(g, &tokens, &pre_spec, &b2c)?))
         };
@@ -600,96 +468,6 @@ impl Tokenizer {
                 Err(id) => Fragment::Token(id),
             })
             .collect()
-    }
-
-    /// llama.cpp's `llm_tokenizer_spm_session::tokenize` on whitespace-escaped text.
-    fn spm_tokenize(&self, text: &str, byte_tokens: &[Option<u32>; 256], out: &mut Vec<u32>) {
-        struct Sym {
-            start: usize,
-            len: usize,
-            prev: isize,
-            next: isize,
-        }
-        #[derive(PartialEq)]
-        struct Bigram {
-            score: f32,
-            left: usize,
-            right: usize,
-            size: usize,
-        }
-        impl Eq for Bigram {}
-        impl Ord for Bigram {
-            fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-                // Highest score first, then leftmost.
-                self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left))
-            }
-        }
-        impl PartialOrd for Bigram {
-            fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-                Some(self.cmp(o))
-            }
-        }
-
-        let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
-        for (i, (start, ch)) in text.char_indices().enumerate() {
-            let len = ch.len_utf8();
-            syms.push(Sym {
-                start,
-                len,
-                prev: i as isize - 1,
-                next: if start + len == text.len() { -1 } else { i as isize + 1 },
-            });
-        }
-        let mut heap = std::collections::BinaryHeap::new();
-        let try_add = |syms: &[Sym], left: isize, right: isize, heap: &mut std::collections::BinaryHeap<Bigram>| {
-            if left < 0 || right < 0 {
-                return;
-            }
-            let (l, r) = (left as usize, right as usize);
-            let s = &text[syms[l].start..syms[l].start + syms[l].len + syms[r].len];
-            if let Some(&id) = self.token_to_id.get(s) {
-                heap.push(Bigram { score: self.scores[id as usize], left: l, right: r, size: s.len() });
-            }
-        };
-        for i in 1..syms.len() {
-            try_add(&syms, i as isize - 1, i as isize, &mut heap);
-        }
-        while let Some(b) = heap.pop() {
-            let (ll, rl) = (syms[b.left].len, syms[b.right].len);
-            if ll == 0 || rl == 0 || ll + rl != b.size {
-                continue;
-            }
-            syms[b.left].len += rl;
-            syms[b.right].len = 0;
-            let rnext = syms[b.right].next;
-            syms[b.left].next = rnext;
-            if rnext >= 0 {
-                syms[rnext as usize].prev = b.left as isize;
-            }
-            let lprev = syms[b.left].prev;
-            try_add(&syms, lprev, b.left as isize, &mut heap);
-            try_add(&syms, b.left as isize, rnext, &mut heap);
-        }
-
-        // Every merge produced a token, so a final symbol is either a token or a single character
-        // without one (llama.cpp's `resegment` never reaches its reverse-merge branch): the latter
-        // becomes byte tokens, or UNK where the vocabulary lacks them.
-        let mut i = if syms.is_empty() { -1 } else { 0isize };
-        while i >= 0 {
-            let sym = &syms[i as usize];
-            if sym.len > 0 {
-                let s = &text[sym.start..sym.start + sym.len];
-                match self.token_to_id.get(s) {
-                    Some(&id) => out.push(id),
-                    None => {
-                        for &b in s.as_bytes() {
-                            out.extend(byte_tokens[b as usize].or(self.unk));
-                        }
-                    }
-                }
-            }
-            i = sym.next;
-        }
     }
 
     /// Decodes `ids` to text like llama.cpp's `llama_detokenize(..., remove_special = skip_special,
@@ -831,215 +609,5 @@ impl Tokenizer {
     /// `tokenizer.ggml.pre` ("" when absent).
     pub fn pre(&self) -> &str {
         &self.pre
-    }
-}
-
-/// Builds the byte-level BPE `tokenizers` pipeline: one isolating `Split` per pre-tokenizer regex,
-/// `ByteLevel` (mapping only), then `BPE` from the vocabulary and merges.
-fn build_bpe(
-    g: &Gguf,
-    tokens: &[String],
-    spec: &PreSpec,
-    b2c: &[char; 256],
-) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let merges_raw = string_array(g, KEY_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
-    let vocab: BpeVocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let mut seen = HashSet::with_capacity(merges_raw.len());
-    let mut merges = Vec::with_capacity(merges_raw.len());
-    for m in merges_raw {
-        // llama.cpp splits at the first space after the first byte.
-        let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
-            continue;
-        };
-        let (a, b) = (&m[..pos], &m[pos + 1..]);
-        if b.is_empty() || !vocab.contains_key(a) || !vocab.contains_key(b) || !vocab.contains_key(&format!("{a}{b}")) {
-            continue;
-        }
-        // llama.cpp keeps the first rank of a repeated pair.
-        if seen.insert((a, b)) {
-            merges.push((a.to_string(), b.to_string()));
-        }
-    }
-    // The byte tokens must exist for byte-level BPE to cover every input.
-    let missing = b2c.iter().filter(|c| !vocab.contains_key(&c.to_string())).count();
-    if missing == 256 {
-        return Err(bad(KEY_TOKENS, "byte-level BPE vocabulary has none of the 256 byte tokens"));
-    }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(spec.ignore_merges)
-        .build()
-        .map_err(|e| TokenizerError::Build(e.to_string()))?;
-    let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
-    for re in &spec.regexes {
-        let split = Split::new(
-            tokenizers::pre_tokenizers::split::SplitPattern::Regex(re.to_string()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))?;
-        steps.push(split.into());
-    }
-    steps.push(ByteLevel::new(false, false, false).into());
-    let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(Sequence::new(steps)));
-    Ok(tk)
-}
-
-/// What llama.cpp's `token_to_piece(.., special = true)` gives for a token.
-fn piece_of(text: &str, attr: u8, is_spm: bool, c2b: &HashMap<char, u8>) -> Vec<u8> {
-    if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED) != 0 {
-        return text.as_bytes().to_vec();
-    }
-    if attr & ATTR_NORMAL != 0 {
-        if is_spm {
-            return text.replace('\u{2581}', " ").into_bytes();
-        }
-        let mut out = Vec::with_capacity(text.len());
-        for c in text.chars() {
-            match c2b.get(&c) {
-                Some(&b) => out.push(b),
-                // Not in the byte alphabet: keep the character itself.
-                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
-            }
-        }
-        return out;
-    }
-    if attr & ATTR_BYTE != 0 {
-        if let Some(b) =
-            text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            return vec![b];
-        }
-        if !is_spm {
-            if let Some(&b) = text.chars().next().and_then(|c| c2b.get(&c)) {
-                return vec![b];
-            }
-        }
-        return text.as_bytes().to_vec();
-    }
-    Vec::new()
-}
-
-/// llama.cpp's `clean_spaces` detokenizer pass: " ?" " !" " ." " ," lose the space, a lone "'"
-/// between spaces loses both, and " 's" " 'm" " 're" " 've" lose the space.
-fn clean_spaces(t: &mut Vec<u8>) {
-    if t.is_empty() {
-        return;
-    }
-    let mut out = Vec::with_capacity(t.len());
-    out.push(t[0]);
-    for i in 1..t.len() {
-        let x = t[i];
-        if t[i - 1] == b' ' && matches!(x, b'?' | b'!' | b'.' | b',') {
-            out.pop();
-        }
-        out.push(x);
-    }
-    *t = out;
-
-    let mut out = Vec::with_capacity(t.len());
-    out.push(t[0]);
-    let mut i = 1;
-    while i < t.len() {
-        let x = t[i];
-        if x == b'\'' && i + 1 < t.len() && t[i - 1] == b' ' && t[i + 1] == b' ' {
-            out.pop();
-            out.push(x);
-            i += 2;
-            continue;
-        }
-        out.push(x);
-        i += 1;
-    }
-    *t = out;
-
-    let mut out = Vec::with_capacity(t.len());
-    out.push(t[0]);
-    for i in 1..t.len() {
-        let x = t[i];
-        if t[i - 1] == b' ' && x == b'\'' && i + 1 < t.len() {
-            let x1 = t[i + 1];
-            let x2 = t.get(i + 2).copied();
-            if matches!(x1, b's' | b'm')
-                || (i + 2 < t.len() && matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e'))))
-            {
-                out.pop();
-            }
-        }
-        out.push(x);
-    }
-    *t = out;
-}
-
-/// Streaming detokenizer: turns generated ids into text as soon as it is complete UTF-8, holding
-/// back the first bytes of a character whose remaining bytes come in a later token.
-///
-/// By default control tokens (`<|im_end|>`) produce no text, as in llama.cpp without `--special`;
-/// [`StreamDecoder::with_special`] prints them.
-#[derive(Debug, Default, Clone)]
-pub struct StreamDecoder {
-    pending: Vec<u8>,
-    special: bool,
-}
-
-impl StreamDecoder {
-    pub fn new() -> StreamDecoder {
-        StreamDecoder::default()
-    }
-
-    /// A decoder that also prints control tokens' text.
-    pub fn with_special(special: bool) -> StreamDecoder {
-        StreamDecoder { pending: Vec::new(), special }
-    }
-
-    /// Adds one token; returns the text that became complete, if any. Bytes that can never form
-    /// valid UTF-8 are emitted as U+FFFD rather than held.
-    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Option<String> {
-        self.pending.extend_from_slice(tok.piece_opt(id, self.special));
-        let mut out = String::new();
-        let mut rest: &[u8] = &self.pending;
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(s) => {
-                    out.push_str(s);
-                    rest = &[];
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&rest[..valid]).unwrap_or_default());
-                    match e.error_len() {
-                        None => {
-                            rest = &rest[valid..];
-                            break;
-                        }
-                        Some(n) => {
-                            out.push('\u{FFFD}');
-                            rest = &rest[valid + n..];
-                        }
-                    }
-                }
-            }
-        }
-        let keep = rest.len();
-        let drop = self.pending.len() - keep;
-        self.pending.drain(..drop);
-        (!out.is_empty()).then_some(out)
-    }
-
-    /// Returns whatever is still held (an incomplete character becomes U+FFFD) and resets.
-    pub fn flush(&mut self) -> Option<String> {
-        if self.pending.is_empty() {
-            return None;
-        }
-        let s = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        Some(s)
-    }
-
-    /// Whether bytes are being held back.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
     }
 }

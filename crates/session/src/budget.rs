@@ -1,0 +1,128 @@
+//! Budgets as users write them, and the process's own memory measured one way.
+//!
+//! Every place that plans a budget (`--memory` on any command, `sift plan`, `sift trace`, the
+//! server) counts the process's *runtime* the same way: [`runtime_bytes`], the resident set
+//! (the code, the heap with the tokenizer's tables, the allocator) less the model file's mapped
+//! pages and less the model bytes the plan counts separately as resident weights, plus
+//! [`RUNTIME_SLACK`]. The budget holds the whole resident set, so the code's pages count too;
+//! a mapped model's pages do not (a budgeted run never maps its weights).
+
+use std::path::Path;
+
+/// Headroom added to the measured runtime: allocations the run makes later (per-request
+/// buffers, the allocator's own growth).
+pub const RUNTIME_SLACK: u64 = 8 << 20;
+
+/// Parses "700M", "1.5G", "123456", "60%" (of `model_size`).
+pub fn parse_budget(s: &str, model_size: u64) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let bad = || {
+        anyhow::anyhow!("bad --memory '{s}': use bytes with an optional K/M/G suffix (700M, 1.5G) or a percentage of the model size (60%)")
+    };
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p.trim().parse().map_err(|_| bad())?;
+        anyhow::ensure!(v > 0.0 && v.is_finite(), bad());
+        return Ok((model_size as f64 * v / 100.0) as u64);
+    }
+    let lower = t.to_ascii_lowercase();
+    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1u64 << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
+        _ => (lower, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    anyhow::ensure!(v > 0.0 && v.is_finite(), bad());
+    Ok((v * mult as f64) as u64)
+}
+
+/// The process's runtime memory now (see the module docs): its resident set less the pages of
+/// `model` it maps and less `held` (model bytes read into memory that the plan counts as
+/// resident weights), plus [`RUNTIME_SLACK`].
+pub fn runtime_bytes(model: &Path, held: u64) -> u64 {
+    let rss = match std::fs::read_to_string("/proc/self/smaps") {
+        Ok(smaps) => rss_outside(&smaps, &std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf())),
+        Err(_) => status_bytes("VmRSS:").unwrap_or(0),
+    };
+    rss.saturating_sub(held) + RUNTIME_SLACK
+}
+
+/// The resident bytes of every mapping in `smaps` (the text of /proc/PID/smaps) but those of
+/// the file `skip`.
+fn rss_outside(smaps: &str, skip: &Path) -> u64 {
+    let skip = skip.to_string_lossy();
+    let mut total = 0;
+    let mut skipping = false;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: range perms offset dev inode [path].
+            let path = f.nth(4).map(|_| line.splitn(6, char::is_whitespace).last().unwrap_or("").trim());
+            skipping = path == Some(skip.as_ref());
+        } else if first == "Rss:" && !skipping {
+            total += f.next().and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        }
+    }
+    total
+}
+
+/// Peak resident memory of this process (VmHWM), in bytes, if the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// A `/proc/self/status` field given in kB, in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub(crate) fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_parse_like_a_user_writes_them() {
+        assert_eq!(parse_budget("700M", 0).unwrap(), 700 << 20);
+        assert_eq!(parse_budget("700MiB", 0).unwrap(), 700 << 20);
+        assert_eq!(parse_budget("1.5G", 0).unwrap(), 3 << 29);
+        assert_eq!(parse_budget("4096", 0).unwrap(), 4096);
+        assert_eq!(parse_budget("60%", 1000).unwrap(), 600);
+        for bad in ["", "abc", "-5M", "0", "60%%", "nan"] {
+            assert!(parse_budget(bad, 1000).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn runtime_grows_with_the_heap_and_excludes_what_is_held() {
+        let exe = std::env::current_exe().unwrap();
+        let before = runtime_bytes(&exe, 0);
+        let block = vec![1u8; 64 << 20];
+        let (all, less_held) = (runtime_bytes(&exe, 0), runtime_bytes(&exe, block.len() as u64));
+        assert!(all >= before + (60 << 20), "64 MiB touched: {before} -> {all}");
+        assert!((all - less_held).abs_diff(64 << 20) < (1 << 20), "held bytes are subtracted");
+        drop(block);
+    }
+
+    #[test]
+    fn a_mapped_files_pages_are_not_runtime() {
+        let smaps = "\
+55d0c0000000-55d0c0100000 r-xp 00000000 08:01 123 /usr/bin/sift
+Rss:                1024 kB
+7f0000000000-7f0010000000 r--s 00000000 08:01 456 /models/my model.sift
+Rss:              262144 kB
+7f0020000000-7f0020100000 rw-p 00000000 00:00 0
+Rss:                2048 kB
+";
+        assert_eq!(rss_outside(smaps, Path::new("/models/my model.sift")), 3072 * 1024);
+        assert_eq!(rss_outside(smaps, Path::new("/elsewhere")), (3072 + 262144) * 1024);
+    }
+}

@@ -1,0 +1,21 @@
+//! A sift session: a model opened with its options — sparsity, an optional memory budget and the
+//! live-budget sources — measured and planned one way, and used as-is by the CLI, the server and
+//! the tests.
+//!
+//! [`Session::open`] takes [`SessionOptions`] (the model path, [`sift_engine::EngineOptions`],
+//! [`SparsityOptions`], [`MemoryOptions`]; the last two are also the command line's flags) and
+//! gives a [`Session`]: the engine with its selector (and under `--memory` the tiered store sized
+//! by the planner), the tokenizer, and the budget file / memory-pressure watchers, polled between
+//! tokens with [`Session::poll`]. [`report`] formats what the store did; [`budget`] parses
+//! budgets and measures the process's runtime memory.
+
+pub mod budget;
+pub mod live;
+mod open;
+mod options;
+pub mod profile;
+pub mod report;
+
+pub use budget::{parse_budget, peak_rss_bytes, runtime_bytes};
+pub use open::{load, LiveBudget, Session};
+pub use options::{MemoryOptions, SessionOptions, SparsityOptions, DEFAULT_MAX_RATIO};

@@ -1,0 +1,255 @@
+//! Opening a session: the model and its tokenizer (under a budget only its resident parts, after
+//! checking they fit), the engine with its selector, and under `--memory` the planner's settings,
+//! the tiered store (with a static hot set pinned) and the live-budget sources.
+
+use crate::budget::{mib, parse_budget, runtime_bytes};
+use crate::live::{BudgetControl, ControlOptions};
+use crate::options::{MemoryOptions, SessionOptions, SparsityOptions};
+use crate::profile::resolve_profile;
+use anyhow::Context;
+use sift_engine::sparsity::{Method, Site, SiteDims};
+use sift_engine::{BudgetChange, Engine, EngineOptions};
+use sift_model::tokenizer::Tokenizer;
+use sift_model::Model;
+use sift_sim::planner::{self, PlanRequest};
+use sift_store::cache::Policy;
+use sift_store::tiered::{open_budgeted_checked, resident_bytes, PlanInputs, TieredOptions, TieredStore};
+use sift_store::OpKind;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A model ready to run with everything its options asked for.
+pub struct Session {
+    pub engine: Engine,
+    /// Shared with whoever tokenizes beside the engine (the server's handlers).
+    pub tok: Arc<Tokenizer>,
+    /// The GGUF's size inside the file: what a budget given in percent is a percentage of.
+    pub model_size: u64,
+    /// What the planner chose, when it chose (one line for the user).
+    pub planned: Option<String>,
+    /// The live budget sources, when `--budget-file` or `--follow-pressure` asked for them.
+    pub live: Option<LiveBudget>,
+}
+
+/// The watcher of `--budget-file` / `--follow-pressure` and the engine's handle.
+pub struct LiveBudget {
+    control: BudgetControl,
+    handle: sift_engine::BudgetHandle,
+}
+
+impl LiveBudget {
+    /// Passes a budget the sources ask for to the engine, which applies it before its next token.
+    pub fn poll(&self) {
+        if let Some(b) = self.control.take_change() {
+            self.handle.request(b);
+        }
+    }
+}
+
+impl Session {
+    /// Opens the model of `opts` and builds the engine as the options say.
+    pub fn open(opts: &SessionOptions) -> anyhow::Result<Session> {
+        let eo = opts.engine_options();
+        let (model, tok) = load(&opts.model, &eo, &opts.memory)?;
+        Session::build(model, Arc::new(tok), opts)
+    }
+
+    /// [`Session::open`] on a model and tokenizer already loaded (by [`load`]).
+    pub fn build(model: Model, tok: Arc<Tokenizer>, opts: &SessionOptions) -> anyhow::Result<Session> {
+        opts.sparsity.validate()?;
+        let eo = opts.engine_options();
+        let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
+        let (engine, planned) = build_engine(model, &opts.model, &eo, &opts.sparsity, &opts.memory)?;
+        let mut session = Session { engine, tok, model_size, planned, live: None };
+        session.live = session.start_live(&opts.memory)?;
+        Ok(session)
+    }
+
+    /// The same model with other options (threads, say): the engine is rebuilt around it.
+    pub fn rebuild(self, opts: &SessionOptions) -> anyhow::Result<Session> {
+        Session::build(self.engine.model, self.tok, opts)
+    }
+
+    /// Parses a budget as `--memory` does ("300M", "60%" of this model).
+    pub fn parse_budget(&self, spec: &str) -> anyhow::Result<u64> {
+        parse_budget(spec, self.model_size)
+    }
+
+    /// Between tokens: passes a budget the live sources ask for to the engine (applied before
+    /// its next token) and returns the changes applied since the last call.
+    pub fn poll(&mut self) -> Vec<BudgetChange> {
+        if let Some(l) = &self.live {
+            l.poll();
+        }
+        self.engine.take_budget_log()
+    }
+
+    /// Starts watching the budget file and memory pressure, if asked (needs a budget).
+    fn start_live(&self, m: &MemoryOptions) -> anyhow::Result<Option<LiveBudget>> {
+        if m.budget_file.is_none() && !m.follow_pressure {
+            return Ok(None);
+        }
+        let store = self.engine.store().context("--budget-file and --follow-pressure need --memory")?;
+        let model_size = self.model_size;
+        let control = BudgetControl::start(ControlOptions {
+            initial: store.plan.budget,
+            floor: store.plan.fixed(),
+            control_file: m.budget_file.clone(),
+            follow_pressure: m.follow_pressure,
+            parse: Box::new(move |t| parse_budget(t, model_size).map_err(|e| e.to_string())),
+        })
+        .context("--follow-pressure needs Linux pressure stall information (PSI)")?;
+        Ok(Some(LiveBudget { control, handle: self.engine.budget_handle() }))
+    }
+}
+
+/// Loads a model and its tokenizer: in full (memory-mapped) without a budget, else only its
+/// resident parts — after checking, before reading them, that they, the tokenizer and the KV
+/// cache for `eo` fit the budget.
+pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::Result<(Model, Tokenizer)> {
+    if !path.exists() {
+        anyhow::bail!(
+            "model file '{}' not found; fetch the default model with scripts/fetch-model.sh or pass -m PATH",
+            path.display()
+        );
+    }
+    let Some(spec) = &memory.memory else {
+        let model = sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
+        let tok = Tokenizer::from_gguf(&model.file.gguf)
+            .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
+        return Ok((model, tok));
+    };
+    let opts = memory.tiered_options()?;
+    let model_size = sift_store::read_toc(path)?.map_or(0, |t| t.gguf_len());
+    let budget = parse_budget(spec, model_size)?;
+    let tok = std::cell::RefCell::new(None);
+    let precheck = |g: &sift_gguf::Gguf, resident: u64| -> Result<(), String> {
+        // The tokenizer first: it is part of the process the budget must hold.
+        let t = Tokenizer::from_gguf(g).map_err(|e| format!("cannot build the tokenizer: {e}"))?;
+        *tok.borrow_mut() = Some(t);
+        let runtime = runtime_bytes(path, 0);
+        let kv = sift_model::Config::from_gguf(g)
+            .map(|c| Engine::kv_and_scratch_bytes_for(&c, eo))
+            .map_err(|e| e.to_string())?;
+        if runtime + resident + kv > budget {
+            return Err(format!(
+                "--memory {} is too small to run this model: the process with its tokenizer takes {}, the resident weights (output head, norms, tokenizer data) {} and the KV cache and activations {} before any cache or buffer; raise --memory, or lower -c / -b",
+                mib(budget),
+                mib(runtime),
+                mib(resident),
+                mib(kv)
+            ));
+        }
+        Ok(())
+    };
+    let model = open_budgeted_checked(path, &opts, precheck)
+        .with_context(|| format!("cannot load model '{}'", path.display()))?;
+    let tok = match tok.into_inner() {
+        Some(t) => t,
+        None => Tokenizer::from_gguf(&model.file.gguf)
+            .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?,
+    };
+    Ok((model, tok))
+}
+
+/// The engine with the selector `sparsity` asks for, and under a budget the tiered store attached.
+/// Settings not given (`--sparsity`, `--preload`) come from the planner; `static` pins the hot set
+/// of the calibration file `--calib`. Returns the planner's line when it chose.
+fn build_engine(
+    model: Model,
+    path: &Path,
+    eo: &EngineOptions,
+    sparsity: &SparsityOptions,
+    memory: &MemoryOptions,
+) -> anyhow::Result<(Engine, Option<String>)> {
+    let Some(spec) = &memory.memory else {
+        let mut engine = Engine::new(model, eo);
+        sparsity.apply(&mut engine)?;
+        return Ok((engine, None));
+    };
+    let mut opts = memory.tiered_options()?;
+    let mut sparsity = sparsity.clone();
+    let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
+    let budget = parse_budget(spec, model_size)?;
+    let runtime = runtime_bytes(path, resident_bytes(&model, opts.resident_embeddings));
+    let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
+    let mut planned = None;
+    if sparsity.method.is_none() || memory.preload.is_none() {
+        planned = Some(plan(&model, path, memory, &inputs, &mut opts, &mut sparsity)?);
+    }
+    let mut store = TieredStore::new(&model, path, &opts, &inputs)?;
+    if opts.policy == Policy::Static {
+        pin_hot_set(&model, &mut store, sparsity.calib.as_deref())?;
+    }
+    let mut engine = Engine::new(model, eo);
+    engine.attach_store(store)?;
+    sparsity.apply(&mut engine)?;
+    Ok((engine, planned))
+}
+
+/// `--cache-policy static`: pins each op's hottest channels measured by `sift calibrate`.
+fn pin_hot_set(model: &Model, store: &mut TieredStore, calib: Option<&Path>) -> anyhow::Result<()> {
+    let file = calib.context(
+        "--cache-policy static pins the hot channels measured by `sift calibrate`: pass its file with --calib",
+    )?;
+    let c = sift_engine::sparsity::Calibration::load(file)?;
+    let cfg = &model.config;
+    let dims = SiteDims { n_layer: cfg.n_layer, units: [cfg.n_embd, cfg.n_embd_q(), cfg.n_embd, cfg.n_ff] };
+    c.check_dims(dims).with_context(|| format!("--calib {}", file.display()))?;
+    for l in 0..cfg.n_layer {
+        for op in OpKind::ALL {
+            let ranking = c.hot_ranking(l, Site::ALL[op.site_index()]).with_context(|| {
+                format!(
+                    "{} has no per-channel magnitudes (made by an older sift); run `sift calibrate` again",
+                    file.display()
+                )
+            })?;
+            store.set_hot(l, op, &ranking)?;
+        }
+    }
+    Ok(())
+}
+
+/// Fills in what the user left to the planner: the sparsity (Top-K at the planned ratio) when
+/// `--sparsity` is absent, the preload group when `--preload` is. Returns a line saying so.
+fn plan(
+    model: &Model,
+    path: &Path,
+    memory: &MemoryOptions,
+    inputs: &PlanInputs,
+    opts: &mut TieredOptions,
+    sparsity: &mut SparsityOptions,
+) -> anyhow::Result<String> {
+    let profile = resolve_profile(memory.profile.as_deref())?;
+    let fixed_ratio = sparsity.method.map(|m| if m == Method::Dense { 0.0 } else { sparsity.ratio });
+    anyhow::ensure!((0.0..1.0).contains(&memory.max_ratio), "--max-ratio must be in [0, 1)");
+    let req = PlanRequest {
+        inputs: inputs.clone(),
+        policy: opts.policy,
+        max_ratio: memory.max_ratio,
+        min_ratio: 0.0,
+        fixed_ratio,
+        base: opts.clone(),
+    };
+    let p = planner::plan(model, path, &profile, &req, None)?;
+    if memory.preload.is_none() {
+        opts.preload = p.preload;
+    }
+    if sparsity.method.is_none() {
+        if p.ratio > 0.0 {
+            sparsity.method = Some(Method::TopK);
+            sparsity.ratio = p.ratio;
+        } else {
+            sparsity.method = Some(Method::Dense);
+        }
+    }
+    Ok(format!(
+        "sift: planner (profile {}): --sparsity {} --ratio {:.2} --preload {} -> predicted {:.2} tok/s ({}); give --sparsity / --preload to choose yourself",
+        profile.name,
+        sparsity.method().name(),
+        if sparsity.method() == Method::Dense { 0.0 } else { sparsity.ratio },
+        opts.preload,
+        p.predicted_tok_s,
+        p.predicted_by
+    ))
+}

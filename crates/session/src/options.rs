@@ -1,0 +1,271 @@
+//! The options a session is opened with, as flags: `--sparsity` and its refinements
+//! ([`SparsityOptions`]), `--memory` and the tiered store's settings ([`MemoryOptions`]), and the
+//! whole set with the model and engine settings ([`SessionOptions`]). The CLI flattens them into
+//! its commands; the server receives a [`SessionOptions`].
+
+use anyhow::Context;
+use clap::Args;
+use sift_engine::sparsity::{build_selector, Calibration, Method, Ratios, Selector, SparsityConfig};
+use sift_engine::{Engine, EngineOptions};
+use sift_store::cache::Policy;
+use sift_store::io::TierKind;
+use sift_store::tiered::{CacheSplit, TieredOptions, BUDGET_MAX_BATCH};
+use std::path::PathBuf;
+
+/// Everything [`Session::open`](crate::Session::open) needs.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// The model: a `.gguf`, or a `.sift` pack (needed by `--memory` and the column kernels).
+    pub model: PathBuf,
+    /// Threads, context, batch. The sparsity flags set `sparse_head`, `column_kernels` and
+    /// `all_columns`, and a memory budget caps `n_batch`, when the session opens.
+    pub engine: EngineOptions,
+    pub sparsity: SparsityOptions,
+    pub memory: MemoryOptions,
+}
+
+impl SessionOptions {
+    /// The engine options the session runs with: `engine` with the sparsity flags' kernel
+    /// choices applied and the prompt batch capped under a budget.
+    pub fn engine_options(&self) -> EngineOptions {
+        let mut eo = self.engine.clone();
+        eo.sparse_head = self.sparsity.sparse_head;
+        eo.column_kernels = !self.sparsity.dense_kernels;
+        eo.all_columns = self.sparsity.all_columns;
+        self.memory.adjust(&mut eo);
+        eo
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SparsityOptions {
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim (default: dense;
+    /// with --memory alone, the planner's choice)
+    #[arg(long = "sparsity")]
+    pub method: Option<Method>,
+    /// Fraction of units skipped at each sparsified site (0 = dense)
+    #[arg(long = "ratio", default_value_t = 0.5)]
+    pub ratio: f64,
+    /// JSON file with per-site / per-layer ratio overrides (see docs/sparsity.md)
+    #[arg(long = "sparsity-config")]
+    pub config: Option<PathBuf>,
+    /// Calibration file from `sift calibrate` (threshold, core-sim)
+    #[arg(long = "calib")]
+    pub calib: Option<PathBuf>,
+    /// DIP-CA: penalty for units not in cache (Eq. 10)
+    #[arg(long = "gamma", default_value_t = 0.2)]
+    pub gamma: f32,
+    /// DIP-CA: cache size as a fraction of each site's units (default: 1 - ratio)
+    #[arg(long = "cache-frac")]
+    pub cache_frac: Option<f32>,
+    /// core: token-wise fraction of positive activations that are core (SparseInfer's alpha)
+    #[arg(long = "alpha", default_value_t = 0.4)]
+    pub alpha: f32,
+    /// core: rank neurons by |GLU| instead of positive GLU values (SwiGLU adaptation)
+    #[arg(long = "core-magnitude")]
+    pub core_magnitude: bool,
+    /// Fraction of the output head's input channels skipped per token (magnitude Top-K)
+    #[arg(long = "sparse-head", default_value_t = 0.0)]
+    pub sparse_head: f32,
+    /// With a .sift pack: decode sparse selections on the dense kernels with masked inputs instead
+    /// of the column kernels (same results up to rounding; for comparisons)
+    #[arg(long = "dense-kernels")]
+    pub dense_kernels: bool,
+    /// With a .sift pack: run every product of the seven linears on the re-quantized columns,
+    /// prompts and dense selections too (measures what re-quantizing the columns costs)
+    #[arg(long = "all-columns", conflicts_with = "dense_kernels")]
+    pub all_columns: bool,
+}
+
+impl SparsityOptions {
+    /// The method asked for (dense when none was).
+    pub fn method(&self) -> Method {
+        self.method.unwrap_or(Method::Dense)
+    }
+
+    /// Checks the flags; errors name the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.sparse_head),
+            "--sparse-head must be in [0, 1), got {}",
+            self.sparse_head
+        );
+        if let Some(f) = self.cache_frac {
+            anyhow::ensure!((0.0..=1.0).contains(&f), "--cache-frac must be in [0, 1], got {f}");
+        }
+        Ok(())
+    }
+
+    /// The config these flags describe for a model of `n_layer` layers.
+    pub fn config(&self, n_layer: usize) -> anyhow::Result<SparsityConfig> {
+        let method = self.method();
+        let ratio = if method == Method::Dense { 0.0 } else { self.ratio };
+        let mut ratios = Ratios::uniform(method, n_layer, ratio).context("--ratio")?;
+        if let Some(p) = &self.config {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read '{}'", p.display()))?;
+            ratios.apply_overrides(method, &text).with_context(|| format!("in '{}'", p.display()))?;
+        }
+        Ok(SparsityConfig {
+            method,
+            ratios,
+            gamma: self.gamma,
+            cache_fraction: self.cache_frac,
+            alpha: self.alpha,
+            core_magnitude: self.core_magnitude,
+        })
+    }
+
+    /// Flags for `method` at `ratio` with the other settings at their defaults.
+    pub fn for_method(method: Method, ratio: f64, gamma: f32, calib: Option<PathBuf>) -> SparsityOptions {
+        SparsityOptions {
+            method: Some(method),
+            ratio,
+            config: None,
+            calib,
+            gamma,
+            cache_frac: None,
+            alpha: 0.4,
+            core_magnitude: false,
+            sparse_head: 0.0,
+            dense_kernels: false,
+            all_columns: false,
+        }
+    }
+
+    /// The selector these flags describe, for `model`.
+    pub fn selector(&self, model: &sift_model::Model) -> anyhow::Result<Box<dyn Selector>> {
+        self.validate()?;
+        let c = &model.config;
+        let dims =
+            sift_engine::sparsity::SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] };
+        let cfg = self.config(dims.n_layer)?;
+        let calib = match &self.calib {
+            Some(p) => Some(Calibration::load(p)?),
+            None => None,
+        };
+        Ok(build_selector(&cfg, dims, calib.as_ref())?)
+    }
+
+    /// Installs the selector on `engine`.
+    pub fn apply(&self, engine: &mut Engine) -> anyhow::Result<()> {
+        self.validate()?;
+        let dims = engine.site_dims();
+        let cfg = self.config(dims.n_layer)?;
+        let calib = match &self.calib {
+            Some(p) => Some(Calibration::load(p)?),
+            None => None,
+        };
+        let sel = build_selector(&cfg, dims, calib.as_ref())?;
+        engine.set_selector(sel);
+        Ok(())
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct MemoryOptions {
+    /// Hard memory budget: bytes (K/M/G suffixes, powers of 1024) or a percentage of the model
+    /// size ("60%"). Needs a sift pack; its columns are streamed from disk and cached in what is
+    /// left after the resident parts.
+    #[arg(long = "memory", value_name = "BYTES|PERCENT")]
+    pub memory: Option<String>,
+    /// Cache policy of the column cache: lfu (context-level counts), lru, tam (temporal activation
+    /// momentum), static (hot set from --calib pinned), none
+    #[arg(long = "cache-policy", default_value = "lfu", value_parser = ["lfu", "lru", "tam", "static", "none"])]
+    pub cache_policy: String,
+    /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only;
+    /// default: the planner's choice)
+    #[arg(long = "preload")]
+    pub preload: Option<usize>,
+    /// Slow tier: auto (io_uring, else pread), io_uring, pread, memory (whole pack in RAM; tests)
+    #[arg(long = "io", default_value = "auto", value_parser = ["auto", "io_uring", "pread", "memory"])]
+    pub io: String,
+    /// TAM decay λ
+    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA)]
+    pub tam_lambda: f32,
+    /// TAM admission margin ε (threshold (1 − λ) + ε)
+    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS)]
+    pub tam_eps: f32,
+    /// Keep the token-embedding table in memory (default: one row read from disk per token)
+    #[arg(long = "resident-embd")]
+    pub resident_embd: bool,
+    /// How cache slots are shared among ops: read-cost (small columns, which cost a whole 4 KiB
+    /// read each, first) or uniform (the same fraction of every op)
+    #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
+    pub cache_split: String,
+    /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
+    /// (default: $SIFT_PROFILE, else the builtin profile of sift's development machine)
+    #[arg(long = "profile")]
+    pub profile: Option<String>,
+    /// Highest sparsity the planner may choose when --sparsity is not given
+    #[arg(long = "max-ratio", default_value_t = DEFAULT_MAX_RATIO)]
+    pub max_ratio: f64,
+    /// A file holding the budget (e.g. "500M" or "40%"): rewrite it (or send SIGUSR1) to change
+    /// the budget of the running session
+    #[arg(long = "budget-file", value_name = "FILE")]
+    pub budget_file: Option<std::path::PathBuf>,
+    /// Follow Linux memory pressure (PSI): shrink the budget under pressure, grow it back after
+    #[arg(long = "follow-pressure")]
+    pub follow_pressure: bool,
+}
+
+/// The planner's default accuracy limit: Top-K above 0.6 costs more quality than the speed is
+/// worth on the models measured (docs/sparsity.md).
+pub const DEFAULT_MAX_RATIO: f64 = 0.6;
+
+impl MemoryOptions {
+    pub fn enabled(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    /// The tiered store's options these flags describe (the preload group: 4 unless given).
+    pub fn tiered_options(&self) -> anyhow::Result<TieredOptions> {
+        let policy = match Policy::parse(&self.cache_policy) {
+            Some(Policy::Tam { .. }) => Policy::Tam { lambda: self.tam_lambda, eps: self.tam_eps },
+            Some(p) => p,
+            None => anyhow::bail!("unknown --cache-policy '{}'", self.cache_policy),
+        };
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.tam_lambda) && self.tam_eps >= 0.0,
+            "--tam-lambda must be in [0, 1) and --tam-eps at least 0"
+        );
+        let tier = TierKind::parse(&self.io).with_context(|| format!("unknown --io '{}'", self.io))?;
+        Ok(TieredOptions {
+            policy,
+            preload: self.preload.unwrap_or(4),
+            tier,
+            resident_embeddings: self.resident_embd,
+            split: CacheSplit::parse(&self.cache_split)
+                .with_context(|| format!("unknown --cache-split '{}'", self.cache_split))?,
+            ..TieredOptions::default()
+        })
+    }
+
+    /// Clamps engine options a budget affects (the prompt batch).
+    pub fn adjust(&self, eo: &mut EngineOptions) {
+        if self.enabled() {
+            eo.n_batch = eo.n_batch.min(BUDGET_MAX_BATCH);
+        }
+    }
+}
+
+/// The flags' defaults, as the command line gives them when none is passed.
+#[derive(clap::Parser)]
+struct Defaults {
+    #[command(flatten)]
+    sparsity: SparsityOptions,
+    #[command(flatten)]
+    memory: MemoryOptions,
+}
+
+impl Default for SparsityOptions {
+    fn default() -> Self {
+        <Defaults as clap::Parser>::parse_from(["sift"]).sparsity
+    }
+}
+
+impl Default for MemoryOptions {
+    /// No budget; the other settings at their flags' defaults.
+    fn default() -> Self {
+        <Defaults as clap::Parser>::parse_from(["sift"]).memory
+    }
+}

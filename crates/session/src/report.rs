@@ -1,0 +1,92 @@
+//! What a session reports about its memory: the store's plan and counters (as JSON for `-o json`
+//! and the server's stats, as lines for humans) and the live budget changes applied.
+
+use sift_engine::{BudgetChange, Engine};
+use sift_store::tiered::TierStats;
+
+/// The store's plan and counters as JSON (for `-o json`).
+pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {
+    let store = engine.store()?;
+    let s = store.stats();
+    Some(serde_json::json!({
+        "memory_budget": store.plan.budget,
+        "memory_plan": store.plan,
+        "cache_policy": store.policy().name(),
+        "preload": store.preload_layers(),
+        "preload_interleaved": store.interleaved(),
+        "io": store.tier_name(),
+        "hit_rate": s.hit_rate(),
+        "bytes_preload": s.bytes_preload,
+        "bytes_ondemand": s.bytes_ondemand,
+        "bytes_prefill": s.bytes_prefill,
+        "reads": s.reads,
+        "mean_read_bytes": s.mean_read(),
+        "read_bandwidth": s.read_bandwidth(),
+        "preload_precision": s.preload_precision(),
+        "preload_recall": s.preload_recall(),
+        "io_stall_ns": s.stall_ns,
+        "io_busy_ns": s.io_ns,
+        "stats": s,
+    }))
+}
+
+/// A human summary of the store's plan and counters (three lines, each starting "sift: "), or
+/// nothing without a store.
+pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
+    let Some(store) = engine.store() else {
+        return Vec::new();
+    };
+    let (p, s): (_, &TierStats) = (&store.plan, store.stats());
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let mut out = Vec::new();
+    out.push(format!(
+        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + KV/activations {:.0} + buffers {:.0} + cache {:.0} ({:.0}% of columns)",
+        mib(p.budget),
+        mib(p.runtime),
+        mib(p.resident_weights),
+        mib(p.kv_and_scratch),
+        mib(p.buffers),
+        mib(p.cache),
+        p.cache_fraction * 100.0
+    ));
+    out.push(format!(
+        "sift: cache {} | preload {}{} | io {} | hit rate {:.1}% | read {:.1} MiB (preload {:.1}, on demand {:.1}, prompt {:.1}) in {} reads of {:.1} KiB, {:.0} MB/s while busy",
+        store.policy().name(),
+        store.preload_layers(),
+        if store.interleaved() { " (interleaved)" } else { "" },
+        store.tier_name(),
+        s.hit_rate() * 100.0,
+        mib(s.bytes_read()),
+        mib(s.bytes_preload),
+        mib(s.bytes_ondemand),
+        mib(s.bytes_prefill),
+        s.reads,
+        s.mean_read() / 1024.0,
+        s.read_bandwidth() / 1e6
+    ));
+    out.push(format!(
+        "sift: preload precision {:.1}% recall {:.1}% | stalled on I/O {:.2} s of {:.2} s",
+        s.preload_precision() * 100.0,
+        s.preload_recall() * 100.0,
+        s.stall_ns as f64 * 1e-9,
+        wall_secs
+    ));
+    out
+}
+
+/// One line (starting "sift: ") about a live budget change the engine applied or refused.
+pub fn describe_budget_change(c: &BudgetChange) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    match &c.result {
+        Ok(p) => format!(
+            "sift: budget -> {:.0} MiB at token {}: cache {:.0} MiB ({:.0}% of columns), applied in {:.1} ms, RSS after {:.0} MiB",
+            mib(c.requested),
+            c.n_past,
+            mib(p.cache),
+            p.cache_fraction * 100.0,
+            c.secs * 1e3,
+            mib(c.rss_after.unwrap_or(0))
+        ),
+        Err(e) => format!("sift: budget {:.0} MiB at token {} refused: {e}", mib(c.requested), c.n_past),
+    }
+}
