@@ -10,6 +10,7 @@
 //! busy machine (more runnable threads than cores) a descheduled helper therefore costs nothing,
 //! instead of a scheduler time slice per op.
 
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -197,29 +198,52 @@ pub fn split(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     (n * i / parts)..(n * (i + 1) / parts)
 }
 
-/// A raw pointer to a mutable slice that workers write disjoint parts of.
-#[derive(Clone, Copy)]
-pub struct SharedMut<T> {
+/// A mutable slice that workers write disjoint parts of: made from a `&'a mut [T]`, which stays
+/// mutably borrowed for as long as a `SharedMut<'a, T>` (or a copy of it) is used, so it cannot
+/// outlive the slice, nor can the slice be read or written past it while it is in use.
+pub struct SharedMut<'a, T> {
     ptr: *mut T,
     len: usize,
+    _slice: PhantomData<&'a mut [T]>,
 }
-// SAFETY: users only write disjoint index ranges from different threads (see `slice`).
-unsafe impl<T: Send> Send for SharedMut<T> {}
-unsafe impl<T: Send> Sync for SharedMut<T> {}
 
-impl<T> SharedMut<T> {
-    pub fn new(s: &mut [T]) -> Self {
-        SharedMut { ptr: s.as_mut_ptr(), len: s.len() }
+impl<T> Clone for SharedMut<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<'_, T> {}
+
+// SAFETY: a `SharedMut` is a `&mut [T]` whose parts are handed out by `slice`; moving it to
+// another thread moves access to `T`s, which is sound for `T: Send`, as for `&mut [T]`.
+unsafe impl<T: Send> Send for SharedMut<'_, T> {}
+// SAFETY: sharing it lets several threads call `slice`, whose contract (no two threads hold
+// overlapping ranges at the same time) makes every `T` reached from one thread at a time, which
+// needs only `T: Send` (as `Mutex<T>: Sync` does).
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    /// Shares `s` for disjoint writes; `s` stays mutably borrowed while this is in use.
+    pub fn new(s: &'a mut [T]) -> Self {
+        SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _slice: PhantomData }
     }
 
+    /// Elements `r` of the slice, for writing.
+    ///
     /// # Safety
-    /// No two threads may hold overlapping ranges at the same time, and the original slice must
-    /// outlive every use (guaranteed when used inside one [`ThreadPool::run`] call).
+    /// No two threads may hold overlapping ranges at the same time, and a thread may not hold two
+    /// overlapping ranges at once (each range is a `&mut`). That the slice outlives the result is
+    /// guaranteed by the borrow (`'a`).
+    ///
+    /// # Panics
+    /// If `r` is not inside the slice.
     #[inline]
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice(&self, r: std::ops::Range<usize>) -> &mut [T] {
+    pub unsafe fn slice(&self, r: Range<usize>) -> &mut [T] {
         assert!(r.start <= r.end && r.end <= self.len, "SharedMut range out of bounds");
-        // SAFETY: bounds checked above; exclusivity is the caller's contract.
+        // SAFETY: `r` is inside the `len` elements at `ptr`, which the `&'a mut [T]` this was made
+        // from keeps valid and unaliased by anyone but `SharedMut` copies for as long as `self`
+        // lives; no other live reference overlaps `r`, by the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
     }
 }
