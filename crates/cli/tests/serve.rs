@@ -503,6 +503,7 @@ fn serve_checks_the_api_key_and_stops_on_sigterm() {
     let mut first = [0u8; 64];
     assert!(s.read(&mut first).unwrap() > 0);
     let t0 = Instant::now();
+    // SAFETY: kill(2) takes no pointers; the pid is our own child's, still running.
     unsafe {
         libc::kill(srv.child.id() as i32, libc::SIGTERM);
     }

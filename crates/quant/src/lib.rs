@@ -97,42 +97,61 @@ pub enum ActType {
     Q8_K,
 }
 
-/// Instruction sets a kernel can be built for.
+/// Instruction sets a kernel can be built for, in increasing order: each level includes every
+/// feature of the levels below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     Scalar,
+    /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL plus VNNI.
+    /// AVX-512 F/BW/VL plus VNNI, on top of [`Isa::Avx2`].
     Avx512Vnni,
 }
 
 impl Isa {
-    /// The best instruction set this CPU supports (detected once, cached).
+    /// The best instruction set this CPU supports ([`Isa::hardware`]), or [`Isa::Scalar`] when the
+    /// environment variable `SIFT_FORCE_SCALAR` is set (read once, cached). Kernel selection
+    /// starts here.
     pub fn detect() -> Isa {
         use std::sync::OnceLock;
         static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| {
-            if std::env::var_os("SIFT_FORCE_SCALAR").is_some() {
-                return Isa::Scalar;
-            }
+        *ISA.get_or_init(|| if std::env::var_os("SIFT_FORCE_SCALAR").is_some() { Isa::Scalar } else { Isa::hardware() })
+    }
+
+    /// The best instruction set the CPU supports, whatever `SIFT_FORCE_SCALAR` says (detected
+    /// once, cached). This is the one place sift asks the CPU for its features: everything else
+    /// goes through [`Isa::detect`] or [`Isa::is_supported`].
+    pub fn hardware() -> Isa {
+        use std::sync::OnceLock;
+        static HW: OnceLock<Isa> = OnceLock::new();
+        *HW.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                if is_x86_feature_detected!("avx512f")
+                let avx2 = is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c");
+                if avx2
+                    && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
                 {
                     return Isa::Avx512Vnni;
                 }
-                if is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-                {
+                if avx2 {
                     return Isa::Avx2;
                 }
             }
             Isa::Scalar
         })
+    }
+
+    /// Whether this CPU has every feature of `self` (`self <= Isa::hardware()`), whatever
+    /// `SIFT_FORCE_SCALAR` says. A `#[target_feature]` function compiled for no more than `self`'s
+    /// features may be called once this returned `true`: that is the safety argument of every
+    /// such call in sift.
+    pub fn is_supported(self) -> bool {
+        self <= Isa::hardware()
     }
 
     /// Every instruction set this CPU can run, scalar first (for tests).

@@ -48,11 +48,13 @@
 //!
 //! # Safety invariant
 //!
-//! As in [`crate::x86`]: every kernel is an `unsafe fn` compiled with `#[target_feature]` and is
-//! reachable only through the safe wrappers at the bottom of this file, which
-//! `x86::avx512_dot4_rows_fn` hands out only after detecting AVX-512 F/BW/VL + VNNI (and
-//! AVX2/FMA/F16C). The wrappers check all slice lengths once; the kernels read exactly the blocks
-//! checked and write only the scratch buffer they are given.
+//! As in [`crate::x86`]: every kernel is an `unsafe fn` compiled with `#[target_feature]`, whose
+//! `SAFETY:` doc line is its contract and whose `unsafe` blocks say which part of it covers each
+//! pointer access; the kernels are reachable only through the safe wrappers at the bottom of this
+//! file, which `x86::avx512_dot4_rows_fn` hands out only after [`crate::Isa::is_supported`]
+//! confirmed AVX-512 F/BW/VL + VNNI (and AVX2/FMA/F16C). The wrappers check all slice lengths
+//! once; the kernels read exactly the blocks checked and write only the scratch buffer they are
+//! given.
 
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
 use crate::x86::{load4_u32, nibbles, prefetch_weights, sched_barrier};
@@ -108,7 +110,8 @@ const fn header_hi(wb: usize) -> usize {
 /// are junk, as in the one-row kernels). Equal to the one-row kernels' `cvtph(load4_u32)` values.
 ///
 /// SAFETY: AVX-512 F/BW present; the `4 * WB >= 64` bytes at `w4` readable.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn weight_headers<const WB: usize>(w4: *const u8) -> __m512 {
     // The loads stay inside the four blocks and reach the last header field.
     const {
@@ -116,12 +119,16 @@ unsafe fn weight_headers<const WB: usize>(w4: *const u8) -> __m512 {
         assert!(3 * WB + 4 <= 64 || (header_hi(WB) + 64 <= 4 * WB && 3 * WB + 4 <= header_hi(WB) + 64));
     };
     let i: [i16; 32] = const { header_idx(WB) };
-    let i = std::mem::transmute::<[i16; 32], __m512i>(i);
-    let lo = _mm512_loadu_si512(w4 as *const __m512i);
+    // SAFETY: a plain 64-byte value cast; `[i16; 32]` and `__m512i` have the same size.
+    let i = unsafe { std::mem::transmute::<[i16; 32], __m512i>(i) };
+    // SAFETY: bytes `0..64` of the `4 * WB >= 64` readable at `w4` (the caller's contract).
+    let lo = unsafe { _mm512_loadu_si512(w4 as *const __m512i) };
     let h = if 3 * WB + 4 <= 64 {
         _mm512_permutexvar_epi16(i, lo)
     } else {
-        let hi = _mm512_loadu_si512(w4.add(const { header_hi(WB) }) as *const __m512i);
+        // SAFETY: bytes `header_hi(WB)..header_hi(WB) + 64`, inside the `4 * WB` readable at
+        // `w4` (the const assertion above).
+        let hi = unsafe { _mm512_loadu_si512(w4.add(const { header_hi(WB) }) as *const __m512i) };
         _mm512_permutex2var_epi16(lo, i, hi)
     };
     _mm512_cvtph_ps(_mm512_castsi512_si256(h))
@@ -134,7 +141,8 @@ unsafe fn weight_headers<const WB: usize>(w4: *const u8) -> __m512 {
 ///
 /// SAFETY: AVX-512 F/BW present; the four blocks at `w4` readable; `h[p]` has `i + 4` blocks of
 /// prepared headers.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn group_scales<const WB: usize, const MIN: bool>(
     w4: *const u8,
     h: [*const f32; 2],
@@ -143,13 +151,17 @@ unsafe fn group_scales<const WB: usize, const MIN: bool>(
     dst: &mut [[f32; 16]; 2],
 ) {
     // [dw0, dw0, mw0, mw0, dw1, dw1, …]: each weight header next to both tokens' ones.
-    let hw = weight_headers::<WB>(w4);
+    // SAFETY: the four blocks at `w4` are readable (the caller's contract).
+    let hw = unsafe { weight_headers::<WB>(w4) };
     for p in 0..2 {
-        let sc = _mm512_mul_ps(hw, _mm512_loadu_ps(h[p].add(4 * i)));
+        // SAFETY: the 16 f32 of blocks `i..i + 4` (4 per block) of `h[p]`, which has `i + 4`
+        // blocks (the caller's contract).
+        let sc = _mm512_mul_ps(hw, unsafe { _mm512_loadu_ps(h[p].add(4 * i)) });
         if MIN {
             ms[p] = _mm512_add_ps(ms[p], sc);
         }
-        _mm512_storeu_ps(dst[p].as_mut_ptr(), sc);
+        // SAFETY: `dst[p]` is an `[f32; 16]`: exactly the 16 lanes stored.
+        unsafe { _mm512_storeu_ps(dst[p].as_mut_ptr(), sc) };
     }
 }
 
@@ -162,9 +174,9 @@ struct Align64<T>(T);
 /// computed by exactly the steps of [`hsum_ps`] (`lo128 + hi128`, then `+ movehl`, then lane 0 +
 /// lane 1), four at a time: returns `[ΣA, ΣB, ΣC, ΣD]`.
 ///
-/// SAFETY: AVX-512 F present.
-#[inline(always)]
-unsafe fn hsum4(z0: __m512, z1: __m512) -> __m128 {
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn hsum4(z0: __m512, z1: __m512) -> __m128 {
     // [A_lo, B_lo, C_lo, D_lo] + [A_hi, B_hi, C_hi, D_hi]
     let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(z0, z1);
     let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(z0, z1);
@@ -209,43 +221,68 @@ struct ActPrep {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn prepare(nb: usize, a: [*const u8; 4], p: ActPrep, out: *mut u8) -> Prepared {
     let il = idx(INTERLEAVE);
+    // The scratch at `out` is laid out as: quants (`2 * nb * PREP_Q` bytes), corrections
+    // (`2 * nb * PREP_C`), headers (`2 * nb * PREP_H`), each region split into the two pairs' `nb`
+    // blocks; every offset computed below stays inside that `2 * nb * (PREP_Q + PREP_C + PREP_H)`
+    // bytes the caller provides.
     let q0 = out;
-    let c0 = out.add(2 * nb * PREP_Q);
-    let h0 = out.add(2 * nb * (PREP_Q + PREP_C)) as *mut f32;
+    // SAFETY: the start of the correction region (see above).
+    let c0 = unsafe { out.add(2 * nb * PREP_Q) };
+    // SAFETY: the start of the header region (see above).
+    let h0 = unsafe { out.add(2 * nb * (PREP_Q + PREP_C)) } as *mut f32;
     let kz = p.k.map(|(lo, hi)| _mm512_inserti64x4::<1>(_mm512_set1_epi8(lo), _mm256_set1_epi8(hi)));
     for pair in 0..2 {
         let (pa, pb) = (a[2 * pair], a[2 * pair + 1]);
-        let q = q0.add(pair * nb * PREP_Q);
-        let c = c0.add(pair * nb * PREP_C);
-        let h = h0.add(pair * nb * 4);
+        // SAFETY: `pair < 2`: the starts of this pair's `nb` blocks in each region (see above).
+        let (q, c, h) = unsafe { (q0.add(pair * nb * PREP_Q), c0.add(pair * nb * PREP_C), h0.add(pair * nb * 4)) };
         for i in 0..nb {
-            let xa = _mm256_loadu_si256(pa.add(i * p.ab + p.qoff) as *const __m256i);
-            let xb = _mm256_loadu_si256(pb.add(i * p.ab + p.qoff) as *const __m256i);
+            // SAFETY: `i < nb`: block `i` (`p.ab` bytes, its 32 quants at `p.qoff`) of the two
+            // activation rows, each `nb` blocks long (the caller's contract).
+            let (xa, xb) = unsafe {
+                (
+                    _mm256_loadu_si256(pa.add(i * p.ab + p.qoff) as *const __m256i),
+                    _mm256_loadu_si256(pb.add(i * p.ab + p.qoff) as *const __m256i),
+                )
+            };
             let x = _mm512_permutex2var_epi32(_mm512_castsi256_si512(xa), il, _mm512_castsi256_si512(xb));
-            _mm512_storeu_si512(q.add(i * PREP_Q) as *mut __m512i, x);
+            // SAFETY: `i < nb`: block `i` (`PREP_Q` bytes) of this pair's quant region.
+            unsafe { _mm512_storeu_si512(q.add(i * PREP_Q) as *mut __m512i, x) };
             if let Some(kz) = kz {
                 let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz, x);
-                _mm512_storeu_si512(c.add(i * PREP_C) as *mut __m512i, _mm512_sub_epi32(_mm512_setzero_si512(), s));
+                // SAFETY: `i < nb`: block `i` (`PREP_C` bytes) of this pair's correction region.
+                unsafe {
+                    _mm512_storeu_si512(c.add(i * PREP_C) as *mut __m512i, _mm512_sub_epi32(_mm512_setzero_si512(), s))
+                };
             }
         }
         // Headers: [d_A, d_B, s_A, s_B] per block (the second f16 of a Q8_0 block is its first
         // two quants: a junk value that no kernel uses, as in the one-row kernels).
         let mut i = 0;
         while i + 4 <= nb {
-            let ha = _mm256_cvtph_ps(load4_u32(pa.add(i * p.ab), p.ab));
-            let hb = _mm256_cvtph_ps(load4_u32(pb.add(i * p.ab), p.ab));
-            let hz = _mm512_permutex2var_ps(_mm512_castps256_ps512(ha), il, _mm512_castps256_ps512(hb));
-            _mm512_storeu_ps(h.add(4 * i), hz);
+            // SAFETY: `i + 4 <= nb`: the 4-byte headers of blocks `i..i + 4` of both activation
+            // rows are readable, and the 16 f32 of those blocks in this pair's header region
+            // (4 per block) writable.
+            unsafe {
+                let ha = _mm256_cvtph_ps(load4_u32(pa.add(i * p.ab), p.ab));
+                let hb = _mm256_cvtph_ps(load4_u32(pb.add(i * p.ab), p.ab));
+                let hz = _mm512_permutex2var_ps(_mm512_castps256_ps512(ha), il, _mm512_castps256_ps512(hb));
+                _mm512_storeu_ps(h.add(4 * i), hz);
+            }
             i += 4;
         }
         while i < nb {
-            let ha = _mm_cvtph_ps(_mm_loadu_si32(pa.add(i * p.ab)));
-            let hb = _mm_cvtph_ps(_mm_loadu_si32(pb.add(i * p.ab)));
-            _mm_storeu_ps(h.add(4 * i), _mm_unpacklo_ps(ha, hb));
+            // SAFETY: `i < nb`: the 4-byte header of block `i` of both activation rows, and the
+            // 4 f32 of block `i` in this pair's header region.
+            unsafe {
+                let ha = _mm_cvtph_ps(_mm_loadu_si32(pa.add(i * p.ab)));
+                let hb = _mm_cvtph_ps(_mm_loadu_si32(pb.add(i * p.ab)));
+                _mm_storeu_ps(h.add(4 * i), _mm_unpacklo_ps(ha, hb));
+            }
             i += 1;
         }
     }
-    Prepared { q: [q0, q0.add(nb * PREP_Q)], c: [c0, c0.add(nb * PREP_C)], h: [h0, h0.add(nb * 4)] }
+    // SAFETY: the second pair's starts in each region, as in the loop above.
+    unsafe { Prepared { q: [q0, q0.add(nb * PREP_Q)], c: [c0, c0.add(nb * PREP_C)], h: [h0, h0.add(nb * 4)] } }
 }
 
 /// One weight row of `nb` blocks (`$wb` bytes each, at `$w`) against the prepared activations
@@ -253,6 +290,12 @@ unsafe fn prepare(nb: usize, a: [*const u8; 4], p: ActPrep, out: *mut u8) -> Pre
 /// `$wp` into the duplicated unsigned form (a `__m512i`); `$corr` says whether the prepared
 /// corrections seed the `vpdpbusd` accumulator. `$min` and `hi_scale` as in the one-row
 /// `block_dot!` of [`crate::x86`], whose arithmetic this reproduces lane for lane.
+///
+/// Expands inside an `unsafe fn` whose contract is: the CPU has AVX-512 F/BW/VL/VNNI + AVX2/FMA/
+/// F16C; `$w` points to `$nb` readable blocks; `$pr` was prepared by [`prepare`] from `$nb` blocks
+/// of every token (so each pair has `$nb` blocks of quants, corrections and headers). `$wp` is
+/// then a pointer to one whole weight block: `$prep` may read its `$wb` bytes (in its own `unsafe`
+/// block, which is why it can rely on that).
 macro_rules! pair_dot {
     ($nb:expr, $w:expr, $pr:expr, $wb:expr, $min:expr, $corr:expr, hi_scale = $hs:expr, |$wp:ident| $prep:expr) => {{
         let (nb, w, pr): (usize, *const u8, Prepared) = ($nb, $w, $pr);
@@ -263,27 +306,44 @@ macro_rules! pair_dot {
         let mut sbuf = Align64([[[0f32; 16]; 2]; 2]);
         let groups = nb / 4;
         if groups > 0 {
-            group_scales::<{ $wb }, { $min }>(w, pr.h, 0, &mut ms, &mut sbuf.0[0]);
+            // SAFETY: `nb >= 4`: weight blocks `0..4` and prepared headers of blocks `0..4`.
+            unsafe { group_scales::<{ $wb }, { $min }>(w, pr.h, 0, &mut ms, &mut sbuf.0[0]) };
         }
         let mut i = 0usize;
         while i + 4 <= nb {
-            let w4 = w.add(i * $wb);
+            // SAFETY: `i + 4 <= nb`: blocks `i..i + 4` of the weight row and of every prepared
+            // pair are inside their `nb` blocks ("see above" in this iteration refers to this).
+            let w4 = unsafe { w.add(i * $wb) };
             prefetch_weights(w4, 4 * $wb);
             if i + 8 <= nb {
-                group_scales::<{ $wb }, { $min }>(w4.add(4 * $wb), pr.h, i + 4, &mut ms, &mut sbuf.0[(i / 4 + 1) % 2]);
+                // SAFETY: `i + 8 <= nb`: weight blocks `i + 4..i + 8` and the prepared headers of
+                // blocks up to `i + 8`.
+                unsafe {
+                    group_scales::<{ $wb }, { $min }>(
+                        w4.add(4 * $wb),
+                        pr.h,
+                        i + 4,
+                        &mut ms,
+                        &mut sbuf.0[(i / 4 + 1) % 2],
+                    )
+                };
             }
             // Scales are broadcast from memory (pure loads), as in the one-row kernels.
             let s = &std::hint::black_box(&sbuf).0[(i / 4) % 2];
             for k in 0..4 {
-                let $wp = w4.add(k * $wb);
+                // SAFETY: `k < 4`: weight block `i + k < nb` (see above).
+                let $wp = unsafe { w4.add(k * $wb) };
                 let wq: __m512i = $prep;
                 for p in 0..2 {
-                    let d = _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
-                        s[p].as_ptr().add(4 * k) as *const f64
-                    )));
-                    let x = _mm512_loadu_si512(pr.q[p].add((i + k) * PREP_Q) as *const __m512i);
+                    // SAFETY: `k < 4`: f32 `4k..4k + 2` (8 bytes) of the `[f32; 16]` `s[p]`.
+                    let d = _mm512_castpd_ps(_mm512_set1_pd(unsafe {
+                        std::ptr::read_unaligned(s[p].as_ptr().add(4 * k) as *const f64)
+                    }));
+                    // SAFETY: block `i + k < nb` (`PREP_Q` bytes) of pair `p`'s prepared quants.
+                    let x = unsafe { _mm512_loadu_si512(pr.q[p].add((i + k) * PREP_Q) as *const __m512i) };
                     let seed = if $corr {
-                        _mm512_loadu_si512(pr.c[p].add((i + k) * PREP_C) as *const __m512i)
+                        // SAFETY: block `i + k < nb` (`PREP_C` bytes) of pair `p`'s corrections.
+                        unsafe { _mm512_loadu_si512(pr.c[p].add((i + k) * PREP_C) as *const __m512i) }
                     } else {
                         _mm512_setzero_si512()
                     };
@@ -297,21 +357,27 @@ macro_rules! pair_dot {
         }
         let mut tail_ms = [0f32; 4];
         while i < nb {
-            let $wp = w.add(i * $wb);
-            let hw = _mm_cvtph_ps(_mm_loadu_si32($wp));
+            // SAFETY: `i < nb`: block `i` of the weight row and of every prepared pair is inside
+            // their `nb` blocks ("see above" in this iteration refers to this).
+            let $wp = unsafe { w.add(i * $wb) };
+            // SAFETY: the 4 header bytes of weight block `i` (see above).
+            let hw = _mm_cvtph_ps(unsafe { _mm_loadu_si32($wp) });
             let hw = _mm_unpacklo_ps(hw, hw);
             let wq: __m512i = $prep;
             for p in 0..2 {
                 // [dw·dA, dw·dB, mw·sA, mw·sB]
-                let sc = _mm_mul_ps(hw, _mm_loadu_ps(pr.h[p].add(4 * i)));
+                // SAFETY: the 4 prepared header f32 of block `i` of pair `p` (see above).
+                let sc = _mm_mul_ps(hw, unsafe { _mm_loadu_ps(pr.h[p].add(4 * i)) });
                 if $min {
                     tail_ms[2 * p] += _mm_cvtss_f32(_mm_movehl_ps(sc, sc));
                     tail_ms[2 * p + 1] += _mm_cvtss_f32(_mm_shuffle_ps::<0b11>(_mm_movehl_ps(sc, sc), sc));
                 }
                 let d = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(sc)));
-                let x = _mm512_loadu_si512(pr.q[p].add(i * PREP_Q) as *const __m512i);
+                // SAFETY: block `i` (`PREP_Q` bytes) of pair `p`'s prepared quants (see above).
+                let x = unsafe { _mm512_loadu_si512(pr.q[p].add(i * PREP_Q) as *const __m512i) };
                 let seed = if $corr {
-                    _mm512_loadu_si512(pr.c[p].add(i * PREP_C) as *const __m512i)
+                    // SAFETY: block `i` (`PREP_C` bytes) of pair `p`'s corrections (see above).
+                    unsafe { _mm512_loadu_si512(pr.c[p].add(i * PREP_C) as *const __m512i) }
                 } else {
                     _mm512_setzero_si512()
                 };
@@ -342,12 +408,14 @@ macro_rules! pair_dot {
         let r = if $min {
             let m0 = _mm512_maskz_permutexvar_ps(0b1010_1010_1010_1010, deint, ms[0]);
             let m1 = _mm512_maskz_permutexvar_ps(0b1010_1010_1010_1010, deint, ms[1]);
-            _mm_add_ps(r, _mm_add_ps(hsum4(m0, m1), _mm_loadu_ps(tail_ms.as_ptr())))
+            // SAFETY: `tail_ms` is an `[f32; 4]`: exactly the 4 lanes loaded.
+            _mm_add_ps(r, _mm_add_ps(hsum4(m0, m1), unsafe { _mm_loadu_ps(tail_ms.as_ptr()) }))
         } else {
             r
         };
         let mut out = [0f32; 4];
-        _mm_storeu_ps(out.as_mut_ptr(), r);
+        // SAFETY: `out` is an `[f32; 4]`: exactly the 4 lanes stored.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), r) };
         out
     }};
 }
@@ -359,7 +427,8 @@ macro_rules! pair_dot {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn nibbles_x16_dup(p: *const u8) -> __m512i {
-    let q = _mm512_castsi128_si512(_mm_loadu_si128(p as *const __m128i));
+    // SAFETY: an unaligned 16-byte load of `p..p + 16`, readable by the caller's contract.
+    let q = _mm512_castsi128_si512(unsafe { _mm_loadu_si128(p as *const __m128i) });
     let q = _mm512_permutexvar_epi32(idx([0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3]), q);
     _mm512_and_si512(q, _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8)))
 }
@@ -368,14 +437,20 @@ unsafe fn nibbles_x16_dup(p: *const u8) -> __m512i {
 /// points to `nb` blocks; `pr` was prepared from `nb` blocks of each token.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_q4_1(nb: usize, w: *const u8, pr: Prepared) -> [f32; 4] {
-    pair_dot!(nb, w, pr, Q4_1_BYTES, true, false, hi_scale = 1.0 / 16.0, |wp| nibbles_x16_dup(wp.add(4)))
+    pair_dot!(nb, w, pr, Q4_1_BYTES, true, false, hi_scale = 1.0 / 16.0, |wp| {
+        // SAFETY: `wp` is a whole Q4_1 block (`pair_dot!`); its 16 quant bytes start at byte 4.
+        unsafe { nibbles_x16_dup(wp.add(4)) }
+    })
 }
 
 /// Q4_0 × Q8_0 for one weight row (quants as Q4_1's, offset `8` / `8·16` prepared). SAFETY: as
 /// [`row_q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_q4_0(nb: usize, w: *const u8, pr: Prepared) -> [f32; 4] {
-    pair_dot!(nb, w, pr, Q4_0_BYTES, false, true, hi_scale = 1.0 / 16.0, |wp| nibbles_x16_dup(wp.add(2)))
+    pair_dot!(nb, w, pr, Q4_0_BYTES, false, true, hi_scale = 1.0 / 16.0, |wp| {
+        // SAFETY: `wp` is a whole Q4_0 block (`pair_dot!`); its 16 quant bytes start at byte 2.
+        unsafe { nibbles_x16_dup(wp.add(2)) }
+    })
 }
 
 /// Q5_0 × Q8_0 for one weight row (`q` in `0..32`, offset `16` prepared). SAFETY: as
@@ -384,8 +459,10 @@ unsafe fn row_q4_0(nb: usize, w: *const u8, pr: Prepared) -> [f32; 4] {
 unsafe fn row_q5_0(nb: usize, w: *const u8, pr: Prepared) -> [f32; 4] {
     let dup = idx(DUPLICATE);
     pair_dot!(nb, w, pr, Q5_0_BYTES, false, true, hi_scale = 1.0, |wp| {
-        let qh: __mmask32 = std::ptr::read_unaligned(wp.add(2) as *const u32);
-        let nib = nibbles(wp.add(6));
+        // SAFETY: `wp` is a whole Q5_0 block (`pair_dot!`): its 4 high-bit bytes start at byte 2,
+        // its 16 nibble bytes at byte 6.
+        let (qh, nib): (__mmask32, _) =
+            unsafe { (std::ptr::read_unaligned(wp.add(2) as *const u32), nibbles(wp.add(6))) };
         let q = _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16));
         _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(q))
     })
@@ -398,7 +475,8 @@ unsafe fn row_q8_0(nb: usize, w: *const u8, pr: Prepared) -> [f32; 4] {
     let dup = idx(DUPLICATE);
     let x80 = _mm512_set1_epi8(0x80u8 as i8);
     pair_dot!(nb, w, pr, Q8_0_BYTES, false, true, hi_scale = 1.0, |wp| {
-        let q = _mm512_castsi256_si512(_mm256_loadu_si256(wp.add(2) as *const __m256i));
+        // SAFETY: `wp` is a whole Q8_0 block (`pair_dot!`); its 32 quants start at byte 2.
+        let q = _mm512_castsi256_si512(unsafe { _mm256_loadu_si256(wp.add(2) as *const __m256i) });
         _mm512_xor_si512(_mm512_permutexvar_epi32(dup, q), x80)
     })
 }

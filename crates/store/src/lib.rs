@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod io;
 pub mod pack;
+pub mod prefetch;
 pub mod simulated;
 pub mod tiered;
 

@@ -10,15 +10,12 @@
 //! kernel needs then sits in one arena, addressed by an index per active column in the order the
 //! selector listed them, so the products (and the tokens) do not depend on what was cached.
 //!
-//! Cross-layer preloading (ActiveFlow §3–4; KAIROX's adjacent-layer pipeline is N = 1): at the
-//! first layer of each group of N layers, the store predicts the active input channels of the next
-//! group's q/k/v/gate/up from the residual stream (|x_c · norm_c| of each target layer, keeping as
-//! many channels as that layer used on the previous token, plus a margin) and hands the reads to
-//! the loader thread, which runs them while the current group computes. With a pack made with
-//! groups of N (`sift pack --group N`), one read brings a channel for all N layers.
+//! Cross-layer preloading is its own component, [`crate::prefetch::CrossLayerPrefetcher`]: the
+//! store calls it at the start of each layer and asks it for preloaded columns when it fetches.
 
 use crate::cache::{Policy, UnitCache, NO_SLOT};
 use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, ReadReq, TierKind};
+use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use sift_model::layout::{OpKind, PackIndex, GROUP_OPS};
 use sift_model::{Model, QTensor};
@@ -224,25 +221,14 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// One (layer, op)'s cache: the policy's bookkeeping and where its slots sit in the arena.
-struct OpCache {
-    cache: UnitCache,
-    col_bytes: usize,
+pub(crate) struct OpCache {
+    pub(crate) cache: UnitCache,
+    pub(crate) col_bytes: usize,
     n_units: usize,
     /// Byte offset of slot 0 in the arena.
     base: usize,
     /// Byte offset of the op's column tensor in the pack.
-    file_off: u64,
-}
-
-/// A preload in flight or done: the group it covers and where each part landed in its buffer.
-struct Preload {
-    tag: u64,
-    layers: Range<usize>,
-    /// Per (layer - first, op in GROUP_OPS order): buffer offset of each channel, or u32::MAX.
-    pos: Vec<Vec<u32>>,
-    done: Option<LoadDone>,
-    /// Parts read (not cached when requested) and parts used so far.
-    parts: u64,
+    pub(crate) file_off: u64,
 }
 
 /// The columns one [`TieredStore::fetch`] made available, per op in the order asked.
@@ -273,17 +259,7 @@ pub struct TieredStore {
     index: PackIndex,
     policy: Policy,
     split: CacheSplit,
-    preload_n: usize,
-    margin: f32,
-    /// Whether preloads read the pack's interleaved groups (their size equals `preload_n`).
-    interleaved: bool,
-    /// Norm weights of each layer's attention and FFN input, for predicting channels.
-    norms: Vec<(Vec<f32>, Vec<f32>)>,
-    /// Channels each (layer, in-site) used on the last token (0 = unknown: predict nothing).
-    last_active: Vec<[usize; 2]>,
-    preloads: Vec<Preload>,
-    spare: Vec<AlignedBuf>,
-    next_tag: u64,
+    prefetch: CrossLayerPrefetcher,
     ondemand: Option<AlignedBuf>,
     /// Kernel indices of the ops of the current site (index into the arena from each op's base).
     idx: Vec<Vec<u32>>,
@@ -301,13 +277,13 @@ pub struct TieredStore {
 
 /// Where the store's reads go: the loader thread over the pack's slow tier, or a simulated
 /// device ([`TieredStore::simulated`]), which moves no bytes and keeps a virtual clock.
-enum Io {
+pub(crate) enum Io {
     Real(Loader),
     Sim(SimIo),
 }
 
 impl Io {
-    fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+    pub(crate) fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
         match self {
             Io::Real(l) => l.submit(tag, buf, reqs),
             Io::Sim(s) => s.submit(tag, buf, reqs),
@@ -315,7 +291,7 @@ impl Io {
     }
 
     /// Waits for a submitted job: the job and nanoseconds waited.
-    fn wait(&mut self, tag: u64) -> (LoadDone, u64) {
+    pub(crate) fn wait(&mut self, tag: u64) -> (LoadDone, u64) {
         match self {
             Io::Real(l) => {
                 let t0 = Instant::now();
@@ -561,7 +537,6 @@ impl TieredStore {
         let arena = if sim { Vec::new() } else { vec![0u8; transient_start + transient] };
         let embd_on_disk = !is_resident(&model.file.gguf, "token_embd.weight", opts.resident_embeddings);
         let embd = embd_on_disk.then(|| (model.tok_embd.clone(), index.gguf_offset));
-        let norms = model.layers.iter().map(|lw| (lw.attn_norm.clone(), lw.ffn_norm.clone())).collect();
         Ok(TieredStore {
             path: path.into(),
             io,
@@ -570,18 +545,7 @@ impl TieredStore {
             ops,
             policy,
             split: opts.split,
-            preload_n: opts.preload,
-            margin: opts.margin,
-            interleaved,
-            norms,
-            last_active: vec![[0; 2]; c.n_layer],
-            preloads: Vec::new(),
-            spare: if opts.preload > 0 {
-                vec![AlignedBuf::new(preload_buf), AlignedBuf::new(preload_buf)]
-            } else {
-                Vec::new()
-            },
-            next_tag: 1,
+            prefetch: CrossLayerPrefetcher::new(model, opts.preload, opts.margin, interleaved, preload_buf),
             ondemand: Some(AlignedBuf::new(ONDEMAND_BUF)),
             idx: Vec::new(),
             misses: Vec::new(),
@@ -609,7 +573,7 @@ impl TieredStore {
     }
 
     pub fn preload_layers(&self) -> usize {
-        self.preload_n
+        self.prefetch.group()
     }
 
     pub fn tier_name(&self) -> &'static str {
@@ -652,7 +616,7 @@ impl TieredStore {
 
     /// Whether preloads read the pack's interleaved cross-layer records.
     pub fn interleaved(&self) -> bool {
-        self.interleaved
+        self.prefetch.interleaved()
     }
 
     /// Slots and occupied slots of (layer, op).
@@ -681,8 +645,7 @@ impl TieredStore {
                 oc.cache.reset_context();
             }
         }
-        self.last_active.iter_mut().for_each(|a| *a = [0; 2]);
-        self.drop_preloads();
+        self.prefetch.reset(&mut self.io);
     }
 
     /// Changes the memory budget of a running store (a live budget change): the cache gets what
@@ -812,7 +775,7 @@ impl TieredStore {
         let buf = self.embd_buf.take().unwrap_or_else(|| AlignedBuf::new(len));
         let (done, stall) =
             self.io.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + t.row_bytes }]);
-        self.account(&done, stall, Kind::OnDemand, 1);
+        account(&mut self.stats, &done, stall, Kind::OnDemand, 1);
         let LoadDone { buf, result, .. } = done;
         let r = result.map(|()| t.ty.dequantize_row(&buf[skip..skip + t.row_bytes], out));
         self.embd_buf = Some(buf);
@@ -833,7 +796,7 @@ impl TieredStore {
         let buf = self.prefill.take().unwrap_or_else(|| AlignedBuf::new(len));
         let (done, stall) =
             self.io.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + span.len() }]);
-        self.account(&done, stall, Kind::Prefill, 1);
+        account(&mut self.stats, &done, stall, Kind::Prefill, 1);
         let LoadDone { buf, result, .. } = done;
         if let Err(source) = result {
             self.prefill = Some(buf);
@@ -862,6 +825,12 @@ impl TieredStore {
         Ok(())
     }
 
+    /// Called at the start of layer `l` of a decoded token with the residual entering it: the
+    /// cross-layer prefetcher may start reading the next group's columns.
+    pub fn begin_layer(&mut self, l: usize, x: &[f32]) {
+        self.prefetch.begin_layer(l, x, &mut self.io, &self.ops, &self.index);
+    }
+
     /// The bytes and rebased weights of layer `l` read by the last [`TieredStore::prefill_layer`]
     /// (`None` when that was another layer, or the read failed).
     pub fn prefill_view(&self, l: usize) -> Option<(&[u8], &sift_model::LayerWeights)> {
@@ -869,203 +838,6 @@ impl TieredStore {
             (Some(buf), Some((pl, lw))) if *pl == l => Some((&buf[..], lw)),
             _ => None,
         }
-    }
-
-    /// Called at the start of layer `l` of a decoded token with the residual entering it: at the
-    /// first layer of a preload group, predicts and starts reading the next group's columns.
-    pub fn begin_layer(&mut self, l: usize, x: &[f32]) {
-        // Preloads of layers already passed (or of the previous token) are finished with.
-        let old: Vec<Preload>;
-        (old, self.preloads) =
-            std::mem::take(&mut self.preloads).into_iter().partition(|p| l == 0 || p.layers.end <= l);
-        for mut p in old {
-            let done = match p.done.take() {
-                Some(d) => d,
-                None => self.io.wait(p.tag).0,
-            };
-            self.spare.push(done.buf);
-        }
-        let n = self.preload_n;
-        if n == 0 || !l.is_multiple_of(n) {
-            return;
-        }
-        let target = l + n..(l + 2 * n).min(self.ops.len());
-        if target.is_empty() || self.preloads.iter().any(|p| p.layers == target) {
-            return;
-        }
-        self.start_preload(target, x);
-    }
-
-    /// Channels to preload for (layer, in-site), by |x_c · norm_c|.
-    fn predict(&self, layer: usize, site: usize, x: &[f32], out: &mut Vec<u32>) {
-        out.clear();
-        let last = self.last_active[layer][site];
-        if last == 0 {
-            return;
-        }
-        let norm = if site == 0 { &self.norms[layer].0 } else { &self.norms[layer].1 };
-        let k = ((last as f32 * (1.0 + self.margin)).ceil() as usize).min(x.len());
-        let mut scored: Vec<(f32, u32)> =
-            x.iter().zip(norm).enumerate().map(|(c, (v, w))| ((v * w).abs(), c as u32)).collect();
-        if k < scored.len() {
-            scored.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0));
-            scored.truncate(k);
-        }
-        out.extend(scored.iter().map(|s| s.1));
-        out.sort_unstable();
-    }
-
-    fn start_preload(&mut self, layers: Range<usize>, x: &[f32]) {
-        let Some(buf) = self.spare.pop() else {
-            return;
-        };
-        let nl = layers.len();
-        let first = layers.start;
-        let mut pos = vec![vec![u32::MAX; 0]; nl * GROUP_OPS.len()];
-        let mut pred = Vec::new();
-        // Wanted parts per (layer, op), not cached.
-        let mut want: Vec<Vec<u32>> = vec![Vec::new(); nl * GROUP_OPS.len()];
-        for (li, l) in layers.clone().enumerate() {
-            for site in 0..2 {
-                self.predict(l, site, x, &mut pred);
-                let site_ops: &[usize] = if site == 0 { &[0, 1, 2] } else { &[3, 4] };
-                for &oi in site_ops {
-                    let oc = &self.ops[l][GROUP_OPS[oi] as usize];
-                    want[li * GROUP_OPS.len() + oi] = pred.iter().copied().filter(|&u| !oc.cache.contains(u)).collect();
-                }
-            }
-        }
-        let mut ranges: Vec<(u64, usize)> = Vec::new();
-        let mut owners: Vec<(usize, u32, usize)> = Vec::new(); // (part, unit, offset within range)
-        let mut parts = 0u64;
-        let group = if self.interleaved { self.index.group_of(first).filter(|g| g.layers() == layers) } else { None };
-        if let Some(g) = group {
-            // A channel's record is read when the parts it would bring in (predicted and not
-            // cached) make up at least half of its bytes; the rest are left to on-demand reads.
-            let n_in = self.index.layers[0].ops[0].n_in;
-            let mut wanted_bytes = vec![0usize; n_in];
-            let mut wanted_by: Vec<Vec<u8>> = vec![Vec::new(); n_in];
-            for (pi, units) in want.iter().enumerate() {
-                for &u in units {
-                    wanted_bytes[u as usize] += g.parts[pi].col_bytes;
-                    wanted_by[u as usize].push(pi as u8);
-                }
-            }
-            let mut bytes = 0usize;
-            for ch in 0..n_in {
-                if 2 * wanted_bytes[ch] < g.unit_bytes {
-                    continue;
-                }
-                if bytes + g.unit_bytes > buf.len() {
-                    break;
-                }
-                bytes += g.unit_bytes;
-                let r = ranges.len();
-                ranges.push((g.offset + ch as u64 * g.unit_bytes as u64, g.unit_bytes));
-                for &pi in &wanted_by[ch] {
-                    owners.push((pi as usize, ch as u32, r));
-                }
-            }
-            // Offsets of each part within its record.
-            let part_off: Vec<usize> = g.parts.iter().map(|p| p.offset).collect();
-            let (reqs, starts) = match plan_within(&mut ranges, buf.len()) {
-                Some(p) => p,
-                None => {
-                    self.spare.push(buf);
-                    return;
-                }
-            };
-            owners.retain(|o| o.2 < ranges.len());
-            for p in pos.iter_mut() {
-                *p = vec![u32::MAX; self.index.layers[0].ops[0].n_in];
-            }
-            for &(pi, ch, r) in &owners {
-                pos[pi][ch as usize] = (starts[r] + part_off[pi]) as u32;
-                parts += 1;
-            }
-            self.submit_preload(layers, pos, buf, reqs, parts);
-        } else {
-            let mut layout: Vec<(usize, u32)> = Vec::new(); // (part, unit) per range
-            let mut bytes = 0usize;
-            'outer: for (pi, units) in want.iter().enumerate() {
-                let (l, op) = (first + pi / GROUP_OPS.len(), GROUP_OPS[pi % GROUP_OPS.len()]);
-                let oc = &self.ops[l][op as usize];
-                for &u in units {
-                    if bytes + oc.col_bytes > buf.len() {
-                        break 'outer;
-                    }
-                    bytes += oc.col_bytes;
-                    ranges.push((oc.file_off + u as u64 * oc.col_bytes as u64, oc.col_bytes));
-                    layout.push((pi, u));
-                }
-            }
-            // plan_reads wants ranges sorted by offset.
-            let mut order: Vec<usize> = (0..ranges.len()).collect();
-            order.sort_by_key(|&i| ranges[i].0);
-            let mut sorted: Vec<(u64, usize)> = order.iter().map(|&i| ranges[i]).collect();
-            let (reqs, starts) = match plan_within(&mut sorted, buf.len()) {
-                Some(p) => p,
-                None => {
-                    self.spare.push(buf);
-                    return;
-                }
-            };
-            order.truncate(sorted.len());
-            for p in pos.iter_mut() {
-                *p = vec![u32::MAX; self.index.layers[0].ops[0].n_in];
-            }
-            for (k, &i) in order.iter().enumerate() {
-                let (pi, u) = layout[i];
-                pos[pi][u as usize] = starts[k] as u32;
-                parts += 1;
-            }
-            self.submit_preload(layers, pos, buf, reqs, parts);
-        }
-    }
-
-    fn submit_preload(
-        &mut self,
-        layers: Range<usize>,
-        pos: Vec<Vec<u32>>,
-        buf: AlignedBuf,
-        reqs: Vec<ReadReq>,
-        parts: u64,
-    ) {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.io.submit(tag, buf, reqs);
-        self.preloads.push(Preload { tag, layers, pos, done: None, parts });
-    }
-
-    /// Drops every preload (waiting for reads in flight) and keeps their buffers.
-    fn drop_preloads(&mut self) {
-        for mut p in std::mem::take(&mut self.preloads) {
-            let done = match p.done.take() {
-                Some(d) => d,
-                None => self.io.wait(p.tag).0,
-            };
-            self.spare.push(done.buf);
-        }
-    }
-
-    /// The preload covering `layer`, waited for.
-    fn ready_preload(&mut self, layer: usize) -> Result<Option<usize>, TierError> {
-        let Some(i) = self.preloads.iter().position(|p| p.layers.contains(&layer)) else {
-            return Ok(None);
-        };
-        if self.preloads[i].done.is_none() {
-            let (done, stall) = self.io.wait(self.preloads[i].tag);
-            self.account(&done, stall, Kind::Preload, 0);
-            self.stats.preload_parts += self.preloads[i].parts;
-            if let Err(e) = &done.result {
-                let source = std::io::Error::new(e.kind(), e.to_string());
-                self.spare.push(done.buf);
-                self.preloads.remove(i);
-                return Err(TierError::Io { path: self.path.clone(), source });
-            }
-            self.preloads[i].done = Some(done);
-        }
-        Ok(Some(i))
     }
 
     /// Makes the columns `active` (ascending) of each op in `ops` of `layer` available to the
@@ -1078,9 +850,15 @@ impl TieredStore {
             _ => None,
         };
         if let Some(s) = site {
-            self.last_active[layer][s] = active.len();
+            self.prefetch.note_active(layer, s, active.len());
         }
-        let pre = if site.is_some() { self.ready_preload(layer)? } else { None };
+        let pre = match site {
+            Some(_) => self
+                .prefetch
+                .ready(layer, &mut self.io, &mut self.stats)
+                .map_err(|source| TierError::Io { path: self.path.clone(), source })?,
+            None => None,
+        };
         self.idx.resize_with(ops.len(), Vec::new);
         let mut cursor = self.transient.start;
         // Reads this site needs: (file offset, len) and where each lands in the arena.
@@ -1136,22 +914,16 @@ impl TieredStore {
                 }
             }
             // Fill the misses: from the preload buffer when it has them, else from disk.
-            let part = pre.and_then(|pi| {
-                let p = &self.preloads[pi];
-                let oi = GROUP_OPS.iter().position(|&g| g == op)?;
-                Some((pi, (layer - p.layers.start) * GROUP_OPS.len() + oi))
-            });
-            if part.is_some() {
+            let pre = pre.filter(|_| CrossLayerPrefetcher::covers(op));
+            if pre.is_some() {
                 self.stats.preload_misses += slot_of_miss.len() as u64;
             }
             for &(u, i) in &slot_of_miss {
                 let dst = oc.base + i as usize * cb;
-                if let Some((pi, part)) = part {
-                    let p = &mut self.preloads[pi];
-                    let at = p.pos[part].get(u as usize).copied().unwrap_or(u32::MAX);
-                    if at != u32::MAX {
+                if let Some(ready) = pre {
+                    if let Some(at) = self.prefetch.offset(ready, layer, op, u) {
                         if let Io::Real(_) = self.io {
-                            let src = &p.done.as_ref().expect("waited").buf[at as usize..at as usize + cb];
+                            let src = &self.prefetch.buffer(ready)[at..at + cb];
                             self.arena[dst..dst + cb].copy_from_slice(src);
                         } else {
                             preload_copied += cb;
@@ -1198,7 +970,7 @@ impl TieredStore {
             };
             let n_reqs = reqs.len() as u64;
             let (done, stall) = self.io.read_now(buf, reqs);
-            self.account(&done, stall, if ondemand { Kind::OnDemand } else { Kind::Prefill }, n_reqs);
+            account(&mut self.stats, &done, stall, if ondemand { Kind::OnDemand } else { Kind::Prefill }, n_reqs);
             let LoadDone { buf, result, .. } = done;
             if let Err(source) = result {
                 self.ondemand = Some(buf);
@@ -1216,28 +988,17 @@ impl TieredStore {
         }
         Ok(())
     }
-
-    fn account(&mut self, done: &LoadDone, stall_ns: u64, kind: Kind, n_reqs: u64) {
-        self.stats.stall_ns += stall_ns;
-        self.stats.io_ns += done.busy_ns;
-        self.stats.reads += n_reqs.max(1);
-        match kind {
-            Kind::Preload => self.stats.bytes_preload += done.bytes,
-            Kind::OnDemand => self.stats.bytes_ondemand += done.bytes,
-            Kind::Prefill => self.stats.bytes_prefill += done.bytes,
-        }
-    }
 }
 
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Preload,
     OnDemand,
     Prefill,
 }
 
 /// Plans reads of `ranges` (sorted) that fit in `cap` bytes, dropping the last ranges if needed.
-fn plan_within(ranges: &mut Vec<(u64, usize)>, cap: usize) -> Option<(Vec<ReadReq>, Vec<usize>)> {
+pub(crate) fn plan_within(ranges: &mut Vec<(u64, usize)>, cap: usize) -> Option<(Vec<ReadReq>, Vec<usize>)> {
     loop {
         if ranges.is_empty() {
             return None;
@@ -1261,4 +1022,17 @@ fn layer_span(lw: &sift_model::LayerWeights) -> Range<usize> {
 
 fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+/// Counts a finished read job in `stats`: the stall, the loader's busy time, the requests and
+/// the bytes by kind.
+pub(crate) fn account(stats: &mut TierStats, done: &LoadDone, stall_ns: u64, kind: Kind, n_reqs: u64) {
+    stats.stall_ns += stall_ns;
+    stats.io_ns += done.busy_ns;
+    stats.reads += n_reqs.max(1);
+    match kind {
+        Kind::Preload => stats.bytes_preload += done.bytes,
+        Kind::OnDemand => stats.bytes_ondemand += done.bytes,
+        Kind::Prefill => stats.bytes_prefill += done.bytes,
+    }
 }
