@@ -1,54 +1,11 @@
-//! Command-line arguments, named as llama.cpp names them (`-m`, `-p`, `-n`, `-c`, `-t`, `-s`, ...).
+//! Command-line arguments shared by the subcommands, named as llama.cpp names them (`-m`, `-p`, `-n`, `-c`, `-t`, `-s`, ...).
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use sift_engine::{EngineOptions, GenerateOptions, SamplerOptions};
 use std::path::PathBuf;
 
 /// The default model, fetched by `scripts/fetch-model.sh`.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-#[derive(Parser)]
-#[command(
-    name = "sift",
-    version,
-    about = "Run GGUF language models under a memory budget, computing only the weights each token needs"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand)]
-pub enum Command {
-    /// Generate text from a prompt (streams to stdout, speed summary to stderr)
-    Generate(GenerateArgs),
-    /// Interactive chat using the model's chat template
-    Chat(ChatArgs),
-    /// OpenAI-compatible HTTP server (completions, chat, streaming, logprobs, metrics, live budget)
-    Serve(crate::serve::ServeArgs),
-    /// Perplexity over a text file, llama-perplexity's method
-    Perplexity(PerplexityArgs),
-    /// Prompt-processing and generation speed, like llama-bench
-    Bench(BenchArgs),
-    /// Print a GGUF file's metadata and tensor table, like gguf-dump
-    Inspect(InspectArgs),
-    /// Multiple-choice accuracy by log-likelihood (HellaSwag, ARC, WinoGrande, OpenBookQA, MMLU), like lm-eval
-    Eval(EvalArgs),
-    /// Perplexity and decode speed over selection methods x ratios: CSV and Pareto plots
-    Sweep(SweepArgs),
-    /// Activation histograms, greedy per-site allocation and core-neuron clusters for a model
-    Calibrate(CalibrateArgs),
-    /// Write a .sift pack: the GGUF plus column / neuron-bundle layouts for sparse kernels
-    Pack(PackArgs),
-    /// Record what the selector saw and chose per decoded token, layer and site (for simulate)
-    Trace(crate::trace::TraceArgs),
-    /// Replay a trace through the cache and prefetcher on a device profile: tok/s, hit rate, bytes
-    Simulate(crate::simulate::SimulateArgs),
-    /// The planner's sparsity, preload group and cache size for a memory budget, with predicted tok/s
-    Plan(crate::plan::PlanArgs),
-    /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile
-    Probe(crate::probe::ProbeArgs),
-}
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {

@@ -22,25 +22,68 @@ mod simulate;
 mod sweep;
 mod trace;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sift",
+    version,
+    about = "Run GGUF language models under a memory budget, computing only the weights each token needs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Generate text from a prompt (streams to stdout, speed summary to stderr)
+    Generate(args::GenerateArgs),
+    /// Interactive chat using the model's chat template
+    Chat(args::ChatArgs),
+    /// OpenAI-compatible HTTP server (completions, chat, streaming, logprobs, metrics, live budget)
+    Serve(serve::ServeArgs),
+    /// Perplexity over a text file, llama-perplexity's method
+    Perplexity(args::PerplexityArgs),
+    /// Prompt-processing and generation speed, like llama-bench
+    Bench(args::BenchArgs),
+    /// Print a GGUF file's metadata and tensor table, like gguf-dump
+    Inspect(args::InspectArgs),
+    /// Multiple-choice accuracy by log-likelihood (HellaSwag, ARC, WinoGrande, OpenBookQA, MMLU), like lm-eval
+    Eval(args::EvalArgs),
+    /// Perplexity and decode speed over selection methods x ratios: CSV and Pareto plots
+    Sweep(args::SweepArgs),
+    /// Activation histograms, greedy per-site allocation and core-neuron clusters for a model
+    Calibrate(args::CalibrateArgs),
+    /// Write a .sift pack: the GGUF plus column / neuron-bundle layouts for sparse kernels
+    Pack(args::PackArgs),
+    /// Record what the selector saw and chose per decoded token, layer and site (for simulate)
+    Trace(trace::TraceArgs),
+    /// Replay a trace through the cache and prefetcher on a device profile: tok/s, hit rate, bytes
+    Simulate(simulate::SimulateArgs),
+    /// The planner's sparsity, preload group and cache size for a memory budget, with predicted tok/s
+    Plan(plan::PlanArgs),
+    /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile
+    Probe(probe::ProbeArgs),
+}
 
 fn main() {
-    let cli = args::Cli::parse();
+    let cli = Cli::parse();
     let result = match cli.command {
-        args::Command::Generate(a) => generate::run(a),
-        args::Command::Chat(a) => chat::run(a),
-        args::Command::Perplexity(a) => perplexity::run(a),
-        args::Command::Bench(a) => bench::run(a),
-        args::Command::Inspect(a) => inspect::run(a),
-        args::Command::Eval(a) => eval::run(a),
-        args::Command::Sweep(a) => sweep::run(a),
-        args::Command::Calibrate(a) => calibrate::run(a),
-        args::Command::Pack(a) => pack::run(a),
-        args::Command::Trace(a) => trace::run(a),
-        args::Command::Simulate(a) => simulate::run(a),
-        args::Command::Plan(a) => plan::run(a),
-        args::Command::Probe(a) => probe::run(a),
-        args::Command::Serve(a) => serve::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Sweep(a) => sweep::run(a),
+        Command::Calibrate(a) => calibrate::run(a),
+        Command::Pack(a) => pack::run(a),
+        Command::Trace(a) => trace::run(a),
+        Command::Simulate(a) => simulate::run(a),
+        Command::Plan(a) => plan::run(a),
+        Command::Probe(a) => probe::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

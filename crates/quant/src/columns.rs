@@ -14,7 +14,7 @@
 //! - [`AxpyColsFn`] (one token, decode): `y[k] += coef[i] · Wᵀ[active[i]][32·blocks.start + k]`
 //!   for every `i` and every `k < 32 · blocks.len()`, i.e. the contribution of the selected columns
 //!   to output blocks `blocks` (a thread's slice of the outputs). [`axpy_cols_fn`] picks the
-//!   kernel: a scalar reference, AVX2 and AVX-512 (F/BW/VL) versions in [`crate::x86_cols`].
+//!   kernel: a scalar reference, AVX2 and AVX-512 (F/BW/VL) versions in [`crate::x86::columns`].
 //! - [`axpy_cols_batch`] (many tokens, prefill / perplexity): dequantizes each used column's block
 //!   range once per tile of tokens into an f32 scratch and adds it, scaled, to every token whose
 //!   input is non-zero (tiles whose tokens share columns too little run the one-token kernel).
@@ -218,12 +218,12 @@ pub fn axpy_cols_fn(ty: ColType, isa: Isa) -> AxpyColsFn {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512Vnni {
-            if let Some(f) = crate::x86_cols::avx512_axpy_fn(ty) {
+            if let Some(f) = crate::x86::columns::avx512_axpy_fn(ty) {
                 return f;
             }
         }
         if isa >= Isa::Avx2 {
-            if let Some(f) = crate::x86_cols::avx2_axpy_fn(ty) {
+            if let Some(f) = crate::x86::columns::avx2_axpy_fn(ty) {
                 return f;
             }
         }
@@ -575,7 +575,7 @@ pub(crate) type DeqFn = fn(src: &[u8], dst: &mut [f32]);
 
 fn dequant_fn(ty: ColType, isa: Isa) -> DeqFn {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = crate::x86_cols::dequant_fn(ty, isa.min(Isa::detect())) {
+    if let Some(f) = crate::x86::columns::dequant_fn(ty, isa.min(Isa::detect())) {
         return f;
     }
     let _ = isa;
@@ -592,7 +592,7 @@ pub(crate) type MaddFn = fn(y: &mut [f32], s: &[f32], w: usize, terms: &[(f32, u
 
 fn madd_fn(isa: Isa) -> MaddFn {
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = crate::x86_cols::madd_fn(isa.min(Isa::detect())) {
+    if let Some(f) = crate::x86::columns::madd_fn(isa.min(Isa::detect())) {
         return f;
     }
     let _ = isa;

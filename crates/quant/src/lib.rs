@@ -18,20 +18,23 @@
 //! Module map:
 //! - [`blocks`]: `#[repr(C)]` block structs with `const` size asserts.
 //! - [`scalar`]: reference dequantize / quantize / dot for every format.
-//! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`) for the non-K formats,
-//!   single- and multi-token; [`x86_k`]: the same for the K-quants; [`x86_pair`]: the AVX-512
-//!   multi-row four-token kernels of the non-K formats (512-bit, token pairs interleaved).
+//! - [`x86`]: AVX2 and AVX-512 kernels (`unsafe`, `#[target_feature]`) and their dispatch tables,
+//!   one file per format family and instruction set: [`x86::float`] (F32 / F16 / BF16),
+//!   [`x86::legacy_avx2`] and [`x86::legacy_avx512`] (the non-K formats, single- and multi-token),
+//!   [`x86::pair`] (the AVX-512 multi-row four-token kernels of the non-K formats: 512-bit, token
+//!   pairs interleaved), [`x86::k_quants`] (the K-quants), [`x86::quantize`] (the activation
+//!   quantizers) and [`x86::columns`] (the column kernels below).
 //! - [`columns`]: input-channel (column) sparse kernels over transposed, quantized matrices
 //!   (`y += Σ coef·column` over the active inputs only, for activation sparsity), with the column
-//!   formats' quantizers; [`x86_cols`]: their AVX2 and AVX-512 versions.
+//!   formats' quantizers; [`x86::columns`]: their AVX2 and AVX-512 versions.
 //! - this file: the public, safe, dispatching API.
 
 /// Defines `fn $name` (a [`Dot4Fn`]) as four calls of the [`DotFn`] `$dot`, one per activation
 /// row: the multi-token kernel of a format that has no faster one (bit-identical to `$dot` by
 /// construction).
 macro_rules! dot4_by_dot {
-    ($name:ident = $dot:path) => {
-        fn $name(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+    ($vis:vis $name:ident = $dot:path) => {
+        $vis fn $name(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
             [$dot(n, w, a[0]), $dot(n, w, a[1]), $dot(n, w, a[2]), $dot(n, w, a[3])]
         }
     };
@@ -56,12 +59,6 @@ pub mod scalar;
 pub mod scalar_k;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
-#[cfg(target_arch = "x86_64")]
-pub mod x86_cols;
-#[cfg(target_arch = "x86_64")]
-pub mod x86_k;
-#[cfg(target_arch = "x86_64")]
-pub mod x86_pair;
 
 pub use columns::{
     axpy_cols_batch, axpy_cols_fn, check_axpy_cols, check_axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, ColsError,

@@ -1,7 +1,7 @@
 //! Scalar reference kernels for the K-quant weight formats (Q4_K, Q5_K, Q6_K).
 //!
 //! Everything here mirrors GGML's generic C code and is the ground truth the SIMD kernels in
-//! `x86_k` are tested against:
+//! `x86::k_quants` are tested against:
 //!
 //! - `dot_q*_k`: dot product of one weight row with one activation row quantized to Q8_K
 //!   (GGML's `ggml_vec_dot_q*_K_q8_K_generic`). Per 256-value super-block the integer part is

@@ -1,12 +1,12 @@
 //! Cross-layer preloading (ActiveFlow §3–4; KAIROX's adjacent-layer pipeline is N = 1): at the
-//! first layer of each group of N layers, the [`CrossLayerPrefetcher`] predicts the active input
+//! first layer of each group of N layers, the `CrossLayerPrefetcher` predicts the active input
 //! channels of the next group's q/k/v/gate/up from the residual stream (|x_c · norm_c| of each
 //! target layer, keeping as many channels as that layer used on the previous token, plus a
 //! margin) and hands the reads of those not cached to the loader thread, which runs them while
 //! the current group computes. With a pack made with groups of N (`sift pack --group N`), one
 //! read brings a channel for all N layers (the interleaved record). The tiered store asks it for
-//! a ready preload when a site's columns are fetched ([`CrossLayerPrefetcher::ready`],
-//! [`CrossLayerPrefetcher::part`]).
+//! a ready preload when a site's columns are fetched (`CrossLayerPrefetcher::ready`, then
+//! `offset` and `buffer` per missing column).
 
 use crate::io::{AlignedBuf, LoadDone, ReadReq};
 use crate::tiered::{account, plan_within, Io, Kind, OpCache, TierStats};

@@ -10,7 +10,7 @@
 //! kernel needs then sits in one arena, addressed by an index per active column in the order the
 //! selector listed them, so the products (and the tokens) do not depend on what was cached.
 //!
-//! Cross-layer preloading is its own component, [`crate::prefetch::CrossLayerPrefetcher`]: the
+//! Cross-layer preloading is its own component, `CrossLayerPrefetcher` ([`crate::prefetch`]): the
 //! store calls it at the start of each layer and asks it for preloaded columns when it fetches.
 
 use crate::cache::{Policy, UnitCache, NO_SLOT};

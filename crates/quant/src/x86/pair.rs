@@ -3,9 +3,9 @@
 //!
 //! # Why a separate design
 //!
-//! The one-row kernels in [`crate::x86`] stay in 256-bit registers: for one token every 512-bit
-//! register of two blocks would have to be assembled with shuffles, and 512-bit µops leave two
-//! vector ports instead of three. With four tokens the picture changes: the core of the work
+//! The one-row kernels in [`super::legacy_avx512`] stay in 256-bit registers: for one token every
+//! 512-bit register of two blocks would have to be assembled with shuffles, and 512-bit µops leave
+//! two vector ports instead of three. With four tokens the picture changes: the core of the work
 //! (`vpdpbusd`, `vcvtdq2ps`, `vfmadd231ps` per block and token) then dominates, and in 512-bit
 //! registers those run two per cycle on 16 lanes instead of two per cycle on 8.
 //!
@@ -26,8 +26,9 @@
 //!   32-bit group duplicated (`vpermd`), so one `vpdpbusd` against the interleaved activations
 //!   gives both tokens' lane sums. Formats whose quants are offset or signed use the unsigned
 //!   form `q + k` and subtract `k · Σ a` per lane, which depends on the activations only and is
-//!   prepared once: Q4_0 `q` with the `×16` high nibbles of [`crate::x86`] and `k = 8 / 128`,
-//!   Q5_0 `q` in `0..32` and `k = 16`, Q8_0 `q ^ 0x80 = q + 128` and `k = 128`; Q4_1 needs none.
+//!   prepared once: Q4_0 `q` with the `×16` high nibbles of [`super::legacy_avx512`] and
+//!   `k = 8 / 128`, Q5_0 `q` in `0..32` and `k = 16`, Q8_0 `q ^ 0x80 = q + 128` and `k = 128`;
+//!   Q4_1 needs none.
 //!   The integer sums are exact, so they equal the one-row kernel's whatever method computes them.
 //! - Scales: `d_w · d_a` for four blocks and both tokens are one 512-bit multiply of the weights'
 //!   headers (gathered and duplicated by one `vpermw` / `vpermt2w`, converted by one `vcvtph2ps`)
@@ -56,8 +57,8 @@
 //! once; the kernels read exactly the blocks checked and write only the scratch buffer they are
 //! given.
 
+use super::helpers::{load4_u32, nibbles, prefetch_weights, sched_barrier};
 use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1};
-use crate::x86::{load4_u32, nibbles, prefetch_weights, sched_barrier};
 use crate::WeightType;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -171,8 +172,8 @@ unsafe fn group_scales<const WB: usize, const MIN: bool>(
 struct Align64<T>(T);
 
 /// The horizontal sums of four 8-lane vectors, `[A | B]` in `z0` and `[C | D]` in `z1`, each
-/// computed by exactly the steps of [`hsum_ps`] (`lo128 + hi128`, then `+ movehl`, then lane 0 +
-/// lane 1), four at a time: returns `[ΣA, ΣB, ΣC, ΣD]`.
+/// computed by exactly the steps of [`hsum_ps`](super::helpers::hsum_ps) (`lo128 + hi128`, then
+/// `+ movehl`, then lane 0 + lane 1), four at a time: returns `[ΣA, ΣB, ΣC, ΣD]`.
 ///
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -289,7 +290,7 @@ unsafe fn prepare(nb: usize, a: [*const u8; 4], p: ActPrep, out: *mut u8) -> Pre
 /// `$pr` (two token pairs): returns the four tokens' results. `$prep` unpacks the weight block at
 /// `$wp` into the duplicated unsigned form (a `__m512i`); `$corr` says whether the prepared
 /// corrections seed the `vpdpbusd` accumulator. `$min` and `hi_scale` as in the one-row
-/// `block_dot!` of [`crate::x86`], whose arithmetic this reproduces lane for lane.
+/// `block_dot!` of [`super::block_dot`], whose arithmetic this reproduces lane for lane.
 ///
 /// Expands inside an `unsafe fn` whose contract is: the CPU has AVX-512 F/BW/VL/VNNI + AVX2/FMA/
 /// F16C; `$w` points to `$nb` readable blocks; `$pr` was prepared by [`prepare`] from `$nb` blocks
@@ -491,7 +492,7 @@ thread_local! {
 macro_rules! rows_wrapper {
     ($name:ident, $kernel:ident, $t:expr, $act:expr) => {
         pub(crate) fn $name(n: usize, w: &[u8], row_bytes: usize, a: [&[u8]; 4], out: &mut [[f32; 4]]) {
-            let nb = crate::x86::check_row_block($t, n, w, row_bytes, out.len(), a);
+            let nb = super::wrappers::check_row_block($t, n, w, row_bytes, out.len(), a);
             if out.is_empty() {
                 return;
             }

@@ -47,8 +47,9 @@
 //! `blocks.start..blocks.end` of those columns only, and `y` in full. Prefetches are hints that
 //! never fault (their addresses are computed with `wrapping_add`).
 
+use super::has_avx2;
+use super::helpers::{bytes_from_bits, nibbles};
 use crate::columns::{assert_axpy_cols, check_madd, AxpyColsFn, ColType, DeqFn, MaddFn};
-use crate::x86::{bytes_from_bits, has_avx2, nibbles};
 use crate::Isa;
 use std::arch::x86_64::*;
 use std::ops::Range;

@@ -1,0 +1,62 @@
+//! Slow tier: reading byte ranges of the pack file from disk into memory, bypassing the page cache.
+//!
+//! The memory budget sift enforces is a hard one (it is checked under a cgroup memory limit), so
+//! weight bytes must never linger in the page cache: every tier opens the file with `O_DIRECT`
+//! and reads into [`AlignedBuf`]s (4 KiB aligned). Where `O_DIRECT` is refused (tmpfs on older
+//! kernels, some FUSE file systems) the file is opened normally and every batch is followed by
+//! `posix_fadvise(POSIX_FADV_DONTNEED)` over the ranges it read.
+//!
+//! Tiers ([`SlowTier`]):
+//! - [`UringTier`]: io_uring with up to `queue_depth` reads in flight (64 by default; the
+//!   submission queue is refilled after every reap), requests split into 1 MiB pieces, short
+//!   reads retried for the remainder, the file registered with the ring. Buffers are *not*
+//!   registered: they change with every batch, and registering them per batch pins and unpins the
+//!   same pages `O_DIRECT` pins per read anyway, so there is nothing to gain for this workload.
+//! - [`PreadTier`]: the fallback when io_uring is unavailable (seccomp, old kernels): `pread` from
+//!   a few scoped threads that pull 1 MiB pieces from a shared list.
+//! - [`MemTier`]: the whole file in memory, for tests.
+//!
+//! [`open_slow_tier`] picks the best available. [`Loader`] runs a tier on its own thread so reads
+//! overlap compute: buffers move into a job and come back with its result. [`plan_reads`] turns a
+//! list of wanted byte ranges into a few large aligned reads laid out back to back in one buffer.
+//!
+//! Semantics shared by every tier: a [`ReadReq`] reads file bytes `[offset, offset + len)` into
+//! `buf[buf_offset..buf_offset + len]`; `offset`, `len` and `buf_offset` are multiples of
+//! [`DIRECT_ALIGN`]; the read may run past the end of the file as long as its first `need` bytes
+//! exist; bytes past the end of the file are set to zero; fewer than `need` bytes is an
+//! [`std::io::ErrorKind::UnexpectedEof`] error naming the file and offset. Requests in one batch must
+//! not overlap in the buffer.
+//!
+//! Modules: [`AlignedBuf`] (`buf`); [`ReadReq`] and [`plan_reads`] (`plan`); the tiers, with
+//! [`TierKind`] and [`open_slow_tier`] (`tier`); the [`Loader`] thread (`loader`).
+
+mod buf;
+mod loader;
+mod plan;
+#[cfg(test)]
+mod test_util;
+mod tier;
+
+pub use buf::AlignedBuf;
+pub use loader::{LoadDone, LoadJob, Loader};
+pub use plan::{plan_reads, ReadReq};
+pub use tier::{
+    open_slow_tier, MemTier, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS, DEFAULT_QUEUE_DEPTH,
+    MAX_PIECE,
+};
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Alignment (and granularity) of file offsets, lengths and buffer offsets of every read.
+pub const DIRECT_ALIGN: usize = 4096;
+
+const ALIGN_U64: u64 = DIRECT_ALIGN as u64;
+
+fn is_aligned(x: u64) -> bool {
+    x.is_multiple_of(ALIGN_U64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; recover the guard if something did.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
