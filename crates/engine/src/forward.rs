@@ -94,6 +94,8 @@ pub(crate) struct Scratch {
     /// A single token's active units at the current site (ascending), and the mask built from them.
     active: Vec<u32>,
     keep: Vec<bool>,
+    /// The store's cache state at the current site, for cache-aware selectors (DIP-CA).
+    cached: Vec<bool>,
     /// Column products: the active inputs' values and the per-piece accumulators.
     coef: Vec<f32>,
     col_acc: Vec<f32>,
@@ -149,6 +151,7 @@ impl Engine {
             logits: Vec::new(),
             active: Vec::new(),
             keep: Vec::new(),
+            cached: Vec::new(),
             coef: Vec::new(),
             col_acc: Vec::new(),
             head_scores: Vec::new(),
@@ -424,11 +427,10 @@ impl Engine {
     /// is a subset, left in `s.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
         let Engine { model, selector, phase, s, stats, tracer, source, .. } = self;
-        if n == 1 && selector.wants_cache_state() && source.cached_mask(l, site, &mut s.keep) {
-            selector.observe_cache(l, site, &s.keep);
-        }
+        // Under a budget a cache-aware selector sees the store's own cache, for every row.
+        let live_cache = selector.wants_cache_state() && source.cached_mask(l, site, &mut s.cached);
         let c = &model.config;
-        let Scratch { h, att, g, active, keep, .. } = s;
+        let Scratch { h, att, g, active, keep, cached, .. } = s;
         let (x, len) = match site {
             Site::AttnIn | Site::FfnIn => (h, c.n_embd),
             Site::AttnOut => (att, c.n_embd_q()),
@@ -438,6 +440,9 @@ impl Engine {
         let mut subset = false;
         for row in x[..n * len].chunks_exact_mut(len) {
             stats.visits[i] += 1;
+            if live_cache {
+                selector.observe_cache(l, site, cached);
+            }
             let selection = selector.select(l, site, *phase, row, active);
             if let (Some(t), 1) = (tracer.as_mut(), n) {
                 t.site(l, site, row, (selection == Selection::Subset).then_some(&active[..]));

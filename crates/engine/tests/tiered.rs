@@ -295,6 +295,7 @@ fn dip_ca_reweights_by_the_live_cache() {
         (0..n_layer).map(|l| [store.cached_units(l, OpKind::Gate), store.cached_units(l, OpKind::Down)]).collect();
     seen.lock().unwrap().clear();
     e.eval(&[42], Logits::Last).unwrap();
+    let views = seen.clone();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 4 * n_layer, "one cache view per site and layer");
     for (l, site, units) in seen.iter() {
@@ -305,6 +306,12 @@ fn dip_ca_reweights_by_the_live_cache() {
         }
     }
     assert!(seen.iter().any(|(_, _, u)| !u.is_empty()), "the cache is not empty after 5 tokens");
+    drop(seen);
+    // A prompt batch too: every row sees the store's cache, so DIP-CA under a budget never
+    // consults its stand-in cache.
+    views.lock().unwrap().clear();
+    e.eval(&[42, 43, 44], Logits::Last).unwrap();
+    assert_eq!(views.lock().unwrap().len(), 3 * 4 * n_layer, "one cache view per row, site and layer");
 }
 
 #[test]

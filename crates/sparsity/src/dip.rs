@@ -9,75 +9,44 @@
 //! DIP-CA (Eq. 10) ranks by `|x| (c + γ (1 − c)) / ‖x‖∞` instead, where `c` is 1 for units in the
 //! cache: uncached units must be 1/γ times stronger to win a slot. Under a memory budget the
 //! cache is the tiered store's live state ([`Selector::observe_cache`]); without one it is
-//! [`LfuCacheState`]: a least-frequently-used set of a fixed number of units per layer and site,
-//! updated with every selection, standing in for the cache a budget would have.
+//! [`LfuCacheState`]: the store's own LFU ([`sift_cache::UnitCache`]) over a fixed number of units
+//! per layer and site, updated with every selection, standing in for the cache a budget would
+//! have.
 
 use crate::topk::{kept, top_k_indices};
 use crate::{Phase, Ratios, Selection, Selector, Site, SiteDims};
-use std::collections::BTreeSet;
+use sift_cache::{Policy, UnitCache};
 
-/// A simple LFU cache of units per (layer, site): context-level use counts, a fixed capacity, and
-/// on a miss the least-used cached unit (not needed by the current token) is evicted.
+/// The cache DIP-CA re-weights against when there is no budget: per (layer, site) a
+/// [`UnitCache`] under ActiveFlow's LFU, the very policy and admission rule the tiered store runs
+/// under `--memory --cache-policy lfu`, fed with every selection. With the store's slot count it
+/// holds what the store would hold.
 pub struct LfuCacheState {
-    caches: Vec<Vec<Option<Lfu>>>,
+    caches: Vec<Vec<Option<StandIn>>>,
 }
 
-struct Lfu {
-    capacity: usize,
-    counts: Vec<u32>,
-    cached: Vec<bool>,
-    /// Cached units ordered by (count, unit): the first is the eviction victim.
-    order: BTreeSet<(u32, u32)>,
+struct StandIn {
+    cache: UnitCache,
     hits: u64,
     accesses: u64,
 }
 
-impl Lfu {
-    fn new(units: usize, capacity: usize) -> Lfu {
-        Lfu {
-            capacity: capacity.min(units),
-            counts: vec![0; units],
-            cached: vec![false; units],
-            order: BTreeSet::new(),
-            hits: 0,
-            accesses: 0,
-        }
+impl StandIn {
+    fn new(units: usize, capacity: usize) -> StandIn {
+        StandIn { cache: UnitCache::new(units, capacity, Policy::Lfu), hits: 0, accesses: 0 }
     }
 
-    /// One token's use of `active` (ascending): counts go up; missing units are admitted, evicting
-    /// the least-used cached units (lowest index among equals) that this token does not use.
-    /// The victims are found in one pass over the cache order, so a token costs
-    /// O(cache + misses · log cache) however many units miss.
+    /// One token's use of `active` (ascending, unique, in range): the store's protocol (record,
+    /// split hits from misses, admit the misses protecting the hits).
     fn access(&mut self, active: &[u32]) {
-        let mut misses = Vec::new();
-        for &u in active {
-            let u = u as usize;
-            self.accesses += 1;
-            let c = self.counts[u];
-            self.counts[u] = c + 1;
-            if self.cached[u] {
-                self.hits += 1;
-                self.order.remove(&(c, u as u32));
-                self.order.insert((c + 1, u as u32));
-            } else {
-                misses.push(u);
-            }
+        if self.cache.record(active).is_err() {
+            return; // units out of range cannot come from a selection over this site's input
         }
-        if self.capacity == 0 || misses.is_empty() {
-            return;
-        }
-        let free = self.capacity - self.order.len();
-        let need = misses.len().saturating_sub(free);
-        let victims: Vec<(u32, u32)> =
-            self.order.iter().filter(|(_, v)| active.binary_search(v).is_err()).take(need).copied().collect();
-        for v in &victims {
-            self.order.remove(v);
-            self.cached[v.1 as usize] = false;
-        }
-        let room = self.capacity - self.order.len();
-        for &u in misses.iter().take(room) {
-            self.cached[u] = true;
-            self.order.insert((self.counts[u], u as u32));
+        let (hits, misses): (Vec<u32>, Vec<u32>) = active.iter().partition(|&&u| self.cache.contains(u));
+        self.accesses += active.len() as u64;
+        self.hits += hits.len() as u64;
+        if !misses.is_empty() && self.cache.slots() > 0 {
+            let _ = self.cache.admit(&misses, &hits);
         }
     }
 }
@@ -93,7 +62,7 @@ impl LfuCacheState {
                         sites.contains(&s).then(|| {
                             let n = dims.units[s.index()];
                             let cap = (fraction(l, s).clamp(0.0, 1.0) as f64 * n as f64).round() as usize;
-                            Lfu::new(n, cap)
+                            StandIn::new(n, cap)
                         })
                     })
                     .collect()
@@ -104,12 +73,12 @@ impl LfuCacheState {
 
     /// Whether `unit` of `site` in `layer` is cached now.
     pub fn is_cached(&self, layer: usize, site: Site, unit: usize) -> bool {
-        self.caches[layer][site.index()].as_ref().is_some_and(|c| c.cached[unit])
+        self.caches[layer][site.index()].as_ref().is_some_and(|c| c.cache.contains(unit as u32))
     }
 
     /// Units cached at (layer, site).
     pub fn len(&self, layer: usize, site: Site) -> usize {
-        self.caches[layer][site.index()].as_ref().map_or(0, |c| c.order.len())
+        self.caches[layer][site.index()].as_ref().map_or(0, |c| c.cache.len())
     }
 
     pub fn is_empty(&self, layer: usize, site: Site) -> bool {
@@ -118,7 +87,7 @@ impl LfuCacheState {
 
     /// Capacity in units at (layer, site).
     pub fn capacity(&self, layer: usize, site: Site) -> usize {
-        self.caches[layer][site.index()].as_ref().map_or(0, |c| c.capacity)
+        self.caches[layer][site.index()].as_ref().map_or(0, |c| c.cache.slots())
     }
 
     /// Records that a token used `active` (ascending) at (layer, site).
@@ -141,11 +110,7 @@ impl LfuCacheState {
 
     fn clear(&mut self) {
         for c in self.caches.iter_mut().flatten().flatten() {
-            c.counts.fill(0);
-            c.cached.fill(false);
-            c.order.clear();
-            c.hits = 0;
-            c.accesses = 0;
+            *c = StandIn::new(c.cache.n_units(), c.cache.slots());
         }
     }
 }
@@ -261,5 +226,24 @@ mod tests {
         // The state was for one selection: the next one uses the stand-in LFU (empty: plain DIP).
         sel.select(0, Site::FfnIn, Phase::Generate, &x, &mut active);
         assert_eq!(active, vec![1, 3]);
+    }
+
+    /// The stand-in admits as the tiered store's LFU does: a newcomer must have been used more
+    /// often than the least-used resident to evict it (ActiveFlow's strict rule), free slots first.
+    #[test]
+    fn stand_in_cache_admits_like_the_stores_lfu() {
+        let dims = SiteDims { n_layer: 1, units: [4, 4, 4, 4] };
+        let mut lfu = LfuCacheState::new(dims, &[Site::FfnIn], |_, _| 0.25);
+        assert_eq!(lfu.capacity(0, Site::FfnIn), 1);
+        lfu.access(0, Site::FfnIn, &[0]);
+        lfu.access(0, Site::FfnIn, &[0]);
+        assert!(lfu.is_cached(0, Site::FfnIn, 0), "a free slot takes the first miss");
+        lfu.access(0, Site::FfnIn, &[1]);
+        assert!(lfu.is_cached(0, Site::FfnIn, 0) && !lfu.is_cached(0, Site::FfnIn, 1), "count 1 does not beat count 2");
+        lfu.access(0, Site::FfnIn, &[1]);
+        lfu.access(0, Site::FfnIn, &[1]);
+        assert!(lfu.is_cached(0, Site::FfnIn, 1) && !lfu.is_cached(0, Site::FfnIn, 0), "count 3 beats count 2");
+        assert_eq!(lfu.len(0, Site::FfnIn), 1);
+        assert!((lfu.hit_rate() - 1.0 / 5.0).abs() < 1e-12, "one hit (the second use of unit 0) in five");
     }
 }

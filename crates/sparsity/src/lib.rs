@@ -119,8 +119,8 @@ pub trait Selector: Send {
         None
     }
     /// Whether the selector re-weights by what the weight cache holds (DIP-CA); the engine then
-    /// calls [`Selector::observe_cache`] before each `select` of a decoded token under a memory
-    /// budget.
+    /// calls [`Selector::observe_cache`] before each `select` under a memory budget (every token
+    /// row, prompt and decode alike).
     fn wants_cache_state(&self) -> bool {
         false
     }
