@@ -8,8 +8,8 @@
 //! a ready preload when a site's columns are fetched (`CrossLayerPrefetcher::ready`, then
 //! `offset` and `buffer` per missing column).
 
-use crate::io::{AlignedBuf, LoadDone, ReadReq};
-use crate::tiered::{account, plan_within, Io, Kind, OpCache, TierStats};
+use crate::io::{AlignedBuf, LoadDone, ReadReq, TierIo};
+use crate::tiered::{account, plan_within, Kind, OpCache, TierStats};
 use sift_model::layout::{OpKind, PackIndex, GROUP_OPS};
 use sift_model::Model;
 use std::ops::Range;
@@ -76,7 +76,7 @@ impl CrossLayerPrefetcher {
     }
 
     /// A new conversation: forget the last token's counts and drop the preloads.
-    pub(crate) fn reset(&mut self, io: &mut Io) {
+    pub(crate) fn reset(&mut self, io: &mut dyn TierIo) {
         self.last_active.iter_mut().for_each(|a| *a = [0; 2]);
         self.drop_all(io);
     }
@@ -84,7 +84,14 @@ impl CrossLayerPrefetcher {
     /// Called at the start of layer `l` of a decoded token with the residual entering it: at the
     /// first layer of a preload group, predicts and starts reading the next group's columns
     /// (those not in `ops`' caches).
-    pub(crate) fn begin_layer(&mut self, l: usize, x: &[f32], io: &mut Io, ops: &[Vec<OpCache>], index: &PackIndex) {
+    pub(crate) fn begin_layer(
+        &mut self,
+        l: usize,
+        x: &[f32],
+        io: &mut dyn TierIo,
+        ops: &[Vec<OpCache>],
+        index: &PackIndex,
+    ) {
         // Preloads of layers already passed (or of the previous token) are finished with.
         let old: Vec<Preload>;
         (old, self.preloads) =
@@ -126,7 +133,7 @@ impl CrossLayerPrefetcher {
         out.sort_unstable();
     }
 
-    fn start(&mut self, layers: Range<usize>, x: &[f32], io: &mut Io, ops: &[Vec<OpCache>], index: &PackIndex) {
+    fn start(&mut self, layers: Range<usize>, x: &[f32], io: &mut dyn TierIo, ops: &[Vec<OpCache>], index: &PackIndex) {
         let Some(buf) = self.spare.pop() else {
             return;
         };
@@ -236,7 +243,7 @@ impl CrossLayerPrefetcher {
 
     fn submit(
         &mut self,
-        io: &mut Io,
+        io: &mut dyn TierIo,
         layers: Range<usize>,
         pos: Vec<Vec<u32>>,
         buf: AlignedBuf,
@@ -250,7 +257,7 @@ impl CrossLayerPrefetcher {
     }
 
     /// Drops every preload (waiting for reads in flight) and keeps their buffers.
-    pub(crate) fn drop_all(&mut self, io: &mut Io) {
+    pub(crate) fn drop_all(&mut self, io: &mut dyn TierIo) {
         for mut p in std::mem::take(&mut self.preloads) {
             let done = match p.done.take() {
                 Some(d) => d,
@@ -264,7 +271,7 @@ impl CrossLayerPrefetcher {
     pub(crate) fn ready(
         &mut self,
         layer: usize,
-        io: &mut Io,
+        io: &mut dyn TierIo,
         stats: &mut TierStats,
     ) -> Result<Option<ReadyPreload>, std::io::Error> {
         let Some(i) = self.preloads.iter().position(|p| p.layers.contains(&layer)) else {

@@ -5,18 +5,28 @@
 //!
 //! The device runs one job at a time, as the real [`Loader`](crate::io::Loader) thread does:
 //! queued preload jobs start in submission order when the device is free; an on-demand read
-//! ([`SimIo::read_now`]) starts after the job running (if any) and before the queued ones, and
-//! the compute thread waits for it.
+//! ([`TierIo::read_now`]) starts after the job running (if any) and before the queued ones, and
+//! the compute thread waits for it. [`SimIo`] is the store's [`TierIo`]: it moves no bytes, and
+//! the copies the store would make are charged to the clock at [`IoCost::copy_ns`].
 
-use crate::io::{AlignedBuf, LoadDone, ReadReq};
-use crate::tiered::IoCost;
+use crate::io::{AlignedBuf, LoadDone, ReadReq, TierIo};
 use std::collections::VecDeque;
+
+/// The timing of a simulated slow tier and of memory copies, for a store replaying a trace
+/// (`sift simulate`); `sift_sim::profile::DeviceProfile` implements it from a device profile.
+pub trait IoCost: Send {
+    /// Nanoseconds from submitting `reqs` together (as one batch, all in flight at once up to
+    /// the device's queue depth) to the last one completing.
+    fn batch_ns(&self, reqs: &[ReadReq]) -> f64;
+    /// Nanoseconds to copy `bytes` from one memory buffer to another.
+    fn copy_ns(&self, bytes: u64) -> f64;
+}
 
 /// A simulated slow tier with its clock (nanoseconds since the store was built).
 pub struct SimIo {
     cost: Box<dyn IoCost>,
     /// The compute thread's time.
-    pub now: f64,
+    now: f64,
     /// When the device finishes the last job it started.
     free_at: f64,
     /// Submitted and not yet started: (tag, submitted at, duration, job).
@@ -26,10 +36,12 @@ pub struct SimIo {
 }
 
 impl SimIo {
+    /// A device whose reads and copies take the times `cost` gives; the clock starts at 0.
     pub fn new(cost: Box<dyn IoCost>) -> SimIo {
         SimIo { cost, now: 0.0, free_at: 0.0, queue: VecDeque::new(), started: Vec::new() }
     }
 
+    /// The device's timing.
     pub fn cost(&self) -> &dyn IoCost {
         self.cost.as_ref()
     }
@@ -52,9 +64,15 @@ impl SimIo {
         let bytes = reqs.iter().map(|r| r.len as u64).sum();
         (dur, LoadDone { tag, buf, result: Ok(()), bytes, busy_ns: dur as u64 })
     }
+}
+
+impl TierIo for SimIo {
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
 
     /// Queues a job at the current time.
-    pub fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+    fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
         let (dur, done) = self.job(tag, buf, &reqs);
         self.settle(self.now);
         self.queue.push_back((tag, self.now, dur, done));
@@ -62,7 +80,7 @@ impl SimIo {
     }
 
     /// Waits for job `tag`; returns it and the time waited.
-    pub fn wait(&mut self, tag: u64) -> (LoadDone, f64) {
+    fn wait(&mut self, tag: u64) -> (LoadDone, u64) {
         // Nothing else can be submitted while the compute thread waits: every queued job starts.
         self.settle(f64::INFINITY);
         match self.started.iter().position(|j| j.0 == tag) {
@@ -70,7 +88,7 @@ impl SimIo {
                 let (_, end, done) = self.started.swap_remove(i);
                 let stall = (end - self.now).max(0.0);
                 self.now = self.now.max(end);
-                (done, stall)
+                (done, stall as u64)
             }
             None => {
                 let done = LoadDone {
@@ -80,24 +98,39 @@ impl SimIo {
                     bytes: 0,
                     busy_ns: 0,
                 };
-                (done, 0.0)
+                (done, 0)
             }
         }
     }
 
     /// An on-demand read: runs after the job in progress, before queued ones; the caller waits.
-    pub fn read_now(&mut self, buf: AlignedBuf, reqs: Vec<ReadReq>) -> (LoadDone, f64) {
+    fn read_now(&mut self, buf: AlignedBuf, reqs: Vec<ReadReq>) -> (LoadDone, u64) {
         self.settle(self.now);
         let (dur, done) = self.job(0, buf, &reqs);
         let start = self.now.max(self.free_at);
         self.free_at = start + dur;
         let stall = self.free_at - self.now;
         self.now = self.free_at;
-        (done, stall)
+        (done, stall as u64)
+    }
+
+    /// No bytes move: the store keeps no arena and copies nothing.
+    fn moves_bytes(&self) -> bool {
+        false
+    }
+
+    /// The copy the store would make takes [`IoCost::copy_ns`] on the clock.
+    fn charge_copy(&mut self, bytes: usize) {
+        let ns = self.cost.copy_ns(bytes as u64);
+        self.advance(ns);
+    }
+
+    fn clock_ns(&self) -> Option<f64> {
+        Some(self.now)
     }
 
     /// Compute time passes.
-    pub fn advance(&mut self, ns: f64) {
+    fn advance(&mut self, ns: f64) {
         self.now += ns.max(0.0);
     }
 }

@@ -1,6 +1,6 @@
 //! The [`Loader`] thread: owns a [`SlowTier`] and runs batches of reads ([`LoadJob`]) submitted
 //! from the compute thread, so I/O overlaps compute; buffers move into a job and come back with
-//! its result ([`LoadDone`]).
+//! its result ([`LoadDone`]). The loader is the real [`TierIo`] of the tiered store.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{lock, AlignedBuf, ReadReq, SlowTier};
+use super::{lock, AlignedBuf, ReadReq, SlowTier, TierIo};
 
 /// A batch of reads for the [`Loader`]: `tag` identifies it (e.g. a layer group).
 #[derive(Debug)]
@@ -214,6 +214,29 @@ impl Drop for Loader {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The loader as the tiered store's slow tier: waits are timed on the wall clock.
+impl TierIo for Loader {
+    fn name(&self) -> &'static str {
+        self.tier_name()
+    }
+
+    fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+        Loader::submit(self, tag, buf, reqs);
+    }
+
+    fn wait(&mut self, tag: u64) -> (LoadDone, u64) {
+        let t0 = Instant::now();
+        let done = Loader::wait(self, tag);
+        (done, t0.elapsed().as_nanos() as u64)
+    }
+
+    fn read_now(&mut self, buf: AlignedBuf, reqs: Vec<ReadReq>) -> (LoadDone, u64) {
+        let t0 = Instant::now();
+        let done = Loader::read_now(self, buf, reqs);
+        (done, t0.elapsed().as_nanos() as u64)
     }
 }
 

@@ -19,6 +19,8 @@
 //! [`open_slow_tier`] picks the best available. [`Loader`] runs a tier on its own thread so reads
 //! overlap compute: buffers move into a job and come back with its result. [`plan_reads`] turns a
 //! list of wanted byte ranges into a few large aligned reads laid out back to back in one buffer.
+//! [`TierIo`] is the slow tier as the tiered store sees it: the [`Loader`] implements it, and so
+//! does the simulated device of [`crate::simulated`].
 //!
 //! Semantics shared by every tier: a [`ReadReq`] reads file bytes `[offset, offset + len)` into
 //! `buf[buf_offset..buf_offset + len]`; `offset`, `len` and `buf_offset` are multiples of
@@ -28,7 +30,8 @@
 //! not overlap in the buffer.
 //!
 //! Modules: [`AlignedBuf`] (`buf`); [`ReadReq`] and [`plan_reads`] (`plan`); the tiers, with
-//! [`TierKind`] and [`open_slow_tier`] (`tier`); the [`Loader`] thread (`loader`).
+//! [`TierKind`] and [`open_slow_tier`] (`tier`); the [`Loader`] thread (`loader`); [`TierIo`]
+//! (`tier_io`).
 
 mod buf;
 mod loader;
@@ -36,6 +39,7 @@ mod plan;
 #[cfg(test)]
 mod test_util;
 mod tier;
+mod tier_io;
 
 pub use buf::AlignedBuf;
 pub use loader::{LoadDone, LoadJob, Loader};
@@ -44,6 +48,7 @@ pub use tier::{
     open_slow_tier, MemTier, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS, DEFAULT_QUEUE_DEPTH,
     MAX_PIECE,
 };
+pub use tier_io::TierIo;
 
 use std::sync::{Mutex, MutexGuard};
 

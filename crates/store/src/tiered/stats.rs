@@ -1,0 +1,84 @@
+//! The tiered store's counters ([`TierStats`]): hits and misses of the cache, what preloading
+//! brought in and how much of it was used, the bytes read by kind and the time spent reading and
+//! waiting; [`account`] counts each finished read job.
+
+use crate::io::LoadDone;
+
+/// Counters of one run (reset with [`TieredStore::reset_stats`](super::TieredStore::reset_stats)).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TierStats {
+    /// Active columns found in the cache / not.
+    pub hits: u64,
+    pub misses: u64,
+    /// Misses served from the preload buffer, and misses of ops whose layer had a preload.
+    pub preload_hits: u64,
+    pub preload_misses: u64,
+    pub bytes_preload: u64,
+    pub bytes_ondemand: u64,
+    pub bytes_prefill: u64,
+    pub reads: u64,
+    /// Time the slow tier spent reading (loader thread).
+    pub io_ns: u64,
+    /// Time the compute thread waited for reads.
+    pub stall_ns: u64,
+    /// Predicted (layer, op, channel) parts brought in by preloading and not cached, and how
+    /// many of them the token then used.
+    pub preload_parts: u64,
+    pub preload_used: u64,
+}
+
+impl TierStats {
+    pub fn hit_rate(&self) -> f64 {
+        ratio(self.hits, self.hits + self.misses)
+    }
+    pub fn preload_precision(&self) -> f64 {
+        ratio(self.preload_used, self.preload_parts)
+    }
+    /// Of the misses of preloaded layers' ops, the fraction the preload buffer held.
+    pub fn preload_recall(&self) -> f64 {
+        ratio(self.preload_hits, self.preload_misses)
+    }
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_preload + self.bytes_ondemand + self.bytes_prefill
+    }
+    pub fn mean_read(&self) -> f64 {
+        ratio(self.bytes_read(), self.reads)
+    }
+    /// Achieved read bandwidth while the slow tier was busy, bytes/s.
+    pub fn read_bandwidth(&self) -> f64 {
+        if self.io_ns == 0 {
+            0.0
+        } else {
+            self.bytes_read() as f64 / (self.io_ns as f64 * 1e-9)
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// What a read job brought in, for [`account`].
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    Preload,
+    OnDemand,
+    Prefill,
+}
+
+/// Counts a finished read job in `stats`: the stall, the loader's busy time, the requests and
+/// the bytes by kind.
+pub(crate) fn account(stats: &mut TierStats, done: &LoadDone, stall_ns: u64, kind: Kind, n_reqs: u64) {
+    stats.stall_ns += stall_ns;
+    stats.io_ns += done.busy_ns;
+    stats.reads += n_reqs.max(1);
+    match kind {
+        Kind::Preload => stats.bytes_preload += done.bytes,
+        Kind::OnDemand => stats.bytes_ondemand += done.bytes,
+        Kind::Prefill => stats.bytes_prefill += done.bytes,
+    }
+}
