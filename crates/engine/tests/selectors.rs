@@ -179,32 +179,43 @@ fn dip_prunes_mlp_input_and_glu_of_the_pruned_input() {
     assert!(glu_zeros < calls.len(), "unexpected zeros in GLU~: {glu_zeros}");
 }
 
-/// A plain LFU reference: counts, a capacity, on a miss evict the least-used cached unit (lowest
-/// index among equals) that the current token does not use.
+/// ActiveFlow's LFU, one unit at a time, as the tiered store runs it: every active unit's count
+/// goes up; then each miss, strongest first (higher count, then lower id), takes a free slot, or
+/// evicts the least-used cached unit this token does not use (ties: least recently used, then
+/// lowest id) when its own count is strictly higher.
 struct RefLfu {
     cap: usize,
     counts: Vec<u32>,
+    last: Vec<u32>,
     cached: Vec<bool>,
+    clock: u32,
 }
 
 impl RefLfu {
+    fn new(n: usize, cap: usize) -> RefLfu {
+        RefLfu { cap, counts: vec![0; n], last: vec![0; n], cached: vec![false; n], clock: 0 }
+    }
+
     fn access(&mut self, active: &[u32]) {
+        self.clock += 1;
         for &u in active {
-            let u = u as usize;
-            self.counts[u] += 1;
-            if self.cached[u] || self.cap == 0 {
+            self.counts[u as usize] += 1;
+            self.last[u as usize] = self.clock;
+        }
+        let mut misses: Vec<usize> = active.iter().map(|&u| u as usize).filter(|&u| !self.cached[u]).collect();
+        misses.sort_by_key(|&u| (std::cmp::Reverse(self.counts[u]), u));
+        for u in misses {
+            if self.cached.iter().filter(|&&c| c).count() < self.cap {
+                self.cached[u] = true;
                 continue;
             }
-            if self.cached.iter().filter(|&&c| c).count() >= self.cap {
-                let victim = (0..self.counts.len())
-                    .filter(|&v| self.cached[v] && !active.contains(&(v as u32)))
-                    .min_by_key(|&v| (self.counts[v], v));
-                match victim {
-                    Some(v) => self.cached[v] = false,
-                    None => continue,
-                }
+            let victim = (0..self.counts.len())
+                .filter(|&v| self.cached[v] && !active.contains(&(v as u32)))
+                .min_by_key(|&v| (self.counts[v], self.last[v], v));
+            if let Some(v) = victim.filter(|&v| self.counts[u] > self.counts[v]) {
+                self.cached[v] = false;
+                self.cached[u] = true;
             }
-            self.cached[u] = true;
         }
     }
 }
@@ -220,7 +231,7 @@ fn dip_ca_reweights_against_the_cache_state() {
     let mut lfu: Vec<RefLfu> = (0..dims.n_layer * 4)
         .map(|i| {
             let n = dims.units[i % 4];
-            RefLfu { cap: (0.6 * n as f64).round() as usize, counts: vec![0; n], cached: vec![false; n] }
+            RefLfu::new(n, (0.6 * n as f64).round() as usize)
         })
         .collect();
     let mut differs_from_plain_topk = 0;
