@@ -1,7 +1,7 @@
 //! Command-line arguments shared by the subcommands, named as llama.cpp names them (`-m`, `-p`, `-n`, `-c`, `-t`, `-s`, ...).
 
 use clap::Args;
-use sift_engine::{EngineOptions, GenerateOptions, SamplerOptions};
+use sift_engine::{EngineOptions, GenerateOptions, KvType, SamplerOptions};
 use std::path::PathBuf;
 
 /// The default model, fetched by `scripts/fetch-model.sh`.
@@ -21,18 +21,59 @@ pub struct ModelArgs {
     /// Tokens per forward batch while reading a prompt
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
+    #[command(flatten)]
+    pub kv: KvCacheArgs,
+}
+
+/// Storage types of the KV cache, as llama.cpp names them (`-ctk` / `-ctv` are accepted too).
+#[derive(Args, Clone, Copy, Debug)]
+pub struct KvCacheArgs {
+    /// KV cache type for K: f16, q8_0 or f32 (-ctk)
+    #[arg(long = "cache-type-k", default_value = "f16", value_parser = KvType::parse)]
+    pub k: KvType,
+    /// KV cache type for V: f16, q8_0 or f32 (-ctv)
+    #[arg(long = "cache-type-v", default_value = "f16", value_parser = KvType::parse)]
+    pub v: KvType,
+}
+
+impl KvCacheArgs {
+    /// `eo` with these cache types.
+    pub fn apply(&self, eo: EngineOptions) -> EngineOptions {
+        EngineOptions { cache_type_k: self.k, cache_type_v: self.v, ..eo }
+    }
+}
+
+/// llama.cpp's multi-letter short flags, spelled as sift's long ones: `-ctk X` is
+/// `--cache-type-k X`, `-ctv X` is `--cache-type-v X` (also with `=X`).
+pub fn llama_spellings(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const SPELLINGS: [(&str, &str); 2] = [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
+    args.into_iter()
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in SPELLINGS {
+                if s == short {
+                    return long.into();
+                }
+                if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}").into();
+                }
+            }
+            a
+        })
+        .collect()
 }
 
 impl ModelArgs {
     pub fn engine_options(&self) -> EngineOptions {
-        EngineOptions {
+        self.kv.apply(EngineOptions {
             n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1),
             n_ctx: self.ctx_size,
             n_batch: self.batch_size.max(1),
             sparse_head: 0.0,
             column_kernels: true,
             all_columns: false,
-        }
+            ..Default::default()
+        })
     }
 }
 
@@ -151,6 +192,8 @@ pub struct PerplexityArgs {
     pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
     pub memory: sift_session::MemoryOptions,
+    #[command(flatten)]
+    pub kv: KvCacheArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
@@ -177,6 +220,8 @@ pub struct BenchArgs {
     pub sparsity: sift_session::SparsityOptions,
     #[command(flatten)]
     pub memory: sift_session::MemoryOptions,
+    #[command(flatten)]
+    pub kv: KvCacheArgs,
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,

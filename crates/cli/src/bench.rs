@@ -9,10 +9,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
     let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
     let opts = |t: usize| {
-        let eo = EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() };
+        let eo =
+            a.kv.apply(EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() });
         crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
     };
-    let mut session = crate::session::open(&a.model, opts(threads[0]).engine, &a.sparsity, &a.memory)?;
+    let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
     let model = &session.engine.model;
     let size = model.weight_bytes();
     let params = model.n_params();
@@ -26,7 +27,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     for &t in &threads {
         if t != session.engine.n_threads() {
-            session = session.rebuild(&opts(t))?;
+            session = session.rebuild(&opts(t)?)?;
         }
         let engine = &mut session.engine;
         let mut tests: Vec<BenchResult> = Vec::new();
@@ -70,6 +71,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "model_n_params": params,
                     "n_threads": t,
                     "n_batch": a.batch_size,
+                    "type_k": a.kv.k.name(),
+                    "type_v": a.kv.v.name(),
                     "test": r.test_name(),
                     "n_prompt": r.n_prompt,
                     "n_gen": r.n_gen,

@@ -36,6 +36,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
             sparse_head: 0.0,
             column_kernels: true,
             all_columns: false,
+            ..Default::default()
         },
     );
     let opts = CalibrateOptions {

@@ -68,7 +68,7 @@ pub enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args::llama_spellings(std::env::args_os()));
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),

@@ -37,6 +37,8 @@ pub struct PlanArgs {
     /// Context size the run will use (KV cache)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
+    #[command(flatten)]
+    pub kv: crate::args::KvCacheArgs,
     /// Output format: md or json
     #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
     pub output: String,
@@ -69,7 +71,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|t| t.header.runtime_bytes)
         .unwrap_or_else(|| sift_session::runtime_bytes(&a.model, model.file.gguf.data_offset));
-    let eo = EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() };
+    let eo = a.kv.apply(EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() });
     let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {
         inputs: PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, &eo) },
@@ -95,13 +97,22 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     for (k, v) in [
         ("runtime (code, tokenizer)", m.runtime),
         ("resident weights", m.resident_weights),
-        ("KV cache + activations", m.kv_and_scratch),
+        ("KV cache (first page) + activations", m.kv_and_scratch),
         ("I/O and compute buffers", m.buffers),
         ("column cache", m.cache),
     ] {
         println!("| {k} | {:.0} |", mib(v));
     }
     println!("| **total** | **{:.0}** of {:.0} |\n", mib(m.fixed() + m.cache), mib(m.budget));
+    let kv_full = sift_engine::kv::cache_bytes(&model.config, a.ctx_size.max(1), a.kv.k, a.kv.v);
+    println!(
+        "The KV cache grows a page of {} tokens at a time, taking its room from the column cache: {:.0} MiB at {} tokens (-ctk {} -ctv {}).\n",
+        sift_engine::kv::KV_PAGE,
+        mib(kv_full),
+        a.ctx_size,
+        a.kv.k,
+        a.kv.v
+    );
     println!("| preload | ratio | cache MiB | predicted tok/s |\n|---:|---:|---:|---:|");
     for c in &p.candidates {
         match &c.refused {

@@ -63,7 +63,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_tokens_limit: a.max_tokens_limit,
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         grace: Duration::from_secs_f64(a.grace),
-        session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory),
+        session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
     };
     sift_server::run(cfg)
 }

@@ -12,7 +12,7 @@ pub fn open(
     sparsity: &SparsityOptions,
     memory: &MemoryOptions,
 ) -> anyhow::Result<Session> {
-    let session = Session::open(&options(model, engine, sparsity, memory))?;
+    let session = Session::open(&options(model, engine, sparsity, memory)?)?;
     if let Some(line) = &session.planned {
         eprintln!("{line}");
     }
@@ -33,13 +33,34 @@ pub fn build(
 }
 
 /// The session options of a command's flags.
+///
+/// With `--memory` on a `.gguf`, the model becomes the pack built from it (once; see
+/// [`sift_session::autopack`]).
 pub fn options(
     model: &Path,
     engine: EngineOptions,
     sparsity: &SparsityOptions,
     memory: &MemoryOptions,
-) -> SessionOptions {
-    SessionOptions { model: model.to_path_buf(), engine, sparsity: sparsity.clone(), memory: memory.clone() }
+) -> anyhow::Result<SessionOptions> {
+    let model = if memory.memory.is_some() && model.exists() {
+        let mut packing = false;
+        let pack = sift_session::pack_for(
+            model,
+            memory.pack_dir.as_deref(),
+            |notice| eprintln!("sift: {notice}"),
+            |step| {
+                packing = true;
+                eprint!("\rsift: packing {step}   ");
+            },
+        )?;
+        if packing {
+            eprintln!();
+        }
+        pack
+    } else {
+        model.to_path_buf()
+    };
+    Ok(SessionOptions { model, engine, sparsity: sparsity.clone(), memory: memory.clone() })
 }
 
 /// Prints the live budget changes the engine applied since the last call, on stderr.

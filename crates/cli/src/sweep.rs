@@ -40,6 +40,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         sparse_head: 0.0,
         column_kernels: !a.dense_kernels,
         all_columns: false,
+        ..Default::default()
     };
     let eval_set = match &a.eval {
         Some(f) => {

@@ -46,7 +46,7 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         a.sampling.n_predict = 32;
     }
     let opts = a.sampling.generate_options()?;
-    let so = crate::session::options(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory);
+    let so = crate::session::options(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
     let eo = so.engine_options();
     let (model, tok) = sift_session::load(&so.model, &eo, &so.memory)?;
     // What a budgeted run counts as runtime, measured as every budgeted run measures it.

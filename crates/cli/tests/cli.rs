@@ -320,8 +320,11 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
     assert!(!o.status.success() && text(&o.stderr).contains("too small to run"), "{}", text(&o.stderr));
     let o = greedy(&["--memory", "lots"]);
     assert!(!o.status.success() && text(&o.stderr).contains("bad --memory 'lots'"), "{}", text(&o.stderr));
-    let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--memory", "1G"]);
-    assert!(!o.status.success() && text(&o.stderr).contains("sift pack"), "{}", text(&o.stderr));
+    // --memory on the GGUF itself: its pack is built (here in --pack-dir) and the run goes on.
+    let packs = dir.path().join("packs");
+    let o =
+        sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--memory", "1G", "--pack-dir", packs.to_str().unwrap()]);
+    assert!(o.status.success() && packs.join("SmolLM2-135M-Instruct.Q4_1.sift").exists(), "{}", text(&o.stderr));
     // static: the hot set comes from a calibration file's per-channel magnitudes.
     let o = greedy(&["--memory", "150%", "--cache-policy", "static"]);
     assert!(!o.status.success() && text(&o.stderr).contains("--calib"), "{}", text(&o.stderr));
@@ -456,4 +459,112 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     let rss: f64 = line.split("RSS after ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(rss <= 115.0, "RSS {rss} MiB after the change to 115 MiB: {line}");
     assert!(err.contains("memory budget 115 MiB"), "{err}");
+}
+
+/// The number after `key` in `s` (up to a space, '%' or ';').
+fn number_after(s: &str, key: &str) -> f64 {
+    let at = s.find(key).unwrap_or_else(|| panic!("no '{key}' in {s}")) + key.len();
+    let tail = s[at..].trim_start();
+    tail.split(|c: char| c.is_whitespace() || c == '%' || c == ';' || c == ')').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn kv_cache_grows_inside_the_budget_and_a_sequence_that_outgrows_it_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.sift");
+    let o = sift(&["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let p = pack.to_str().unwrap();
+    let run = |budget: &str, n: &str| {
+        sift(&[
+            "generate",
+            "-m",
+            p,
+            "-p",
+            "Once upon a time",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-c",
+            "2048",
+            "-n",
+            n,
+            "-t",
+            "2",
+            "--sparsity",
+            "topk",
+            "--ratio",
+            "0.5",
+            "--memory",
+            budget,
+        ])
+    };
+    // 600 tokens: the KV cache takes three pages of 256 positions, the first planned at the start
+    // and two taken from the column cache on the way; the process stays inside the budget.
+    let o = run("150%", "600");
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let budget = number_after(&err, "memory budget");
+    let grown = number_after(&err, "KV grown by");
+    // Two pages of SmolLM2's f16 K and V: 2 × 256 positions × 30 layers × 2 × 192 values × 2 bytes.
+    assert!((grown - 11.25).abs() <= 0.1, "KV growth {grown} MiB: {err}");
+    let peak = number_after(&err, "peak memory (VmHWM) =");
+    assert!(peak <= budget, "peak RSS {peak} MiB over the budget {budget} MiB: {err}");
+    // The same run with the budget's fixed part + 3 MiB: the first page fits, the second cannot
+    // come out of a 3 MiB cache, so generation stops at 256 tokens with the reason.
+    let fixed = budget - number_after(&err, "+ cache") - grown;
+    let tight = format!("{}M", (fixed + 3.0).ceil() as u64);
+    let o = run(&tight, "600");
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "a 600-token sequence cannot fit {tight}: {err}");
+    assert!(err.contains("the KV cache for 257 tokens") && err.contains("does not fit the memory budget"), "{err}");
+    assert!(err.contains("that are not weight cache take"), "the error gives the figures: {err}");
+    assert!(err.contains("-ctk q8_0"), "the error says what to do: {err}");
+}
+
+#[test]
+fn memory_on_a_gguf_builds_its_pack_once_and_never_trusts_a_stale_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("smol.gguf");
+    std::fs::copy(model(), &g).unwrap();
+    let gs = g.to_str().unwrap().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "-m", &gs, "-p", "The capital of France is", "-n", "6", "--temp", "0"];
+        args.extend_from_slice(&["-c", "256", "-t", "2", "--sparsity", "topk", "--ratio", "0.5", "--memory", "150%"]);
+        args.extend_from_slice(extra);
+        sift(&args)
+    };
+    let (pack, record) = (dir.path().join("smol.sift"), dir.path().join("smol.sift.source"));
+    // First run: the pack is built next to the GGUF, with the record of its source.
+    let o = run(&[]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("building the pack") && pack.exists() && record.exists(), "{err}");
+    let want = text(&o.stdout);
+    assert!(want.len() > "The capital of France is".len(), "{want}");
+    // Second run: reused, same text.
+    let o = run(&[]);
+    assert!(o.status.success() && !text(&o.stderr).contains("building"), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), want);
+    // A pack made by hand from this GGUF (no record) is adopted, not rebuilt.
+    std::fs::remove_file(&record).unwrap();
+    let o = run(&[]);
+    assert!(o.status.success() && !text(&o.stderr).contains("building") && record.exists(), "{}", text(&o.stderr));
+    // The GGUF changed (here only its modification time): the pack is built again, and says why.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    std::fs::File::options().write(true).open(&g).unwrap().set_modified(later).unwrap();
+    let o = run(&[]);
+    let err = text(&o.stderr);
+    assert!(o.status.success() && err.contains("changed since its pack was built"), "{err}");
+    assert_eq!(text(&o.stdout), want);
+    // --pack-dir: the pack lives there; a file in its place without a record (an interrupted
+    // build) is never trusted.
+    let pd = dir.path().join("packs");
+    std::fs::create_dir(&pd).unwrap();
+    std::fs::write(pd.join("smol.sift"), b"SIFTPACK half a pack").unwrap();
+    let o = run(&["--pack-dir", pd.to_str().unwrap()]);
+    let err = text(&o.stderr);
+    assert!(o.status.success() && err.contains("no record of its source"), "{err}");
+    assert!(pd.join("smol.sift.source").exists());
+    assert_eq!(text(&o.stdout), want);
 }

@@ -276,6 +276,7 @@ fn serve_answers_like_generate_and_refuses_bad_requests() {
         sparse_head: 0.0,
         column_kernels: true,
         all_columns: false,
+        ..Default::default()
     };
     let mut engine = sift_engine::Engine::new(model_, &eo);
     let nv = engine.config().n_vocab;

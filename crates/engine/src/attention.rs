@@ -1,25 +1,10 @@
-//! Attention: the KV cache, RoPE, and causal grouped-query attention over the cache, with
-//! llama.cpp's f16 rounding of q, k, v and the softmax weights.
+//! Attention: RoPE and causal grouped-query attention over the KV cache ([`crate::kv`]), with
+//! llama.cpp's f16 rounding of q and the softmax weights for f16 caches.
 
+use crate::kv::{key_scores, weighted_values, KvCache, KvType, QueryQ8};
 use crate::pool::{split, SharedMut, ThreadPool};
 use crate::vecops;
 use sift_model::{Config, RopeStyle};
-
-/// Keys and values of every layer for positions `0..n_past`, f32, `[pos][kv_head * head_dim]`.
-pub(crate) struct KvCache {
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
-}
-
-impl KvCache {
-    pub fn new(c: &Config, n_ctx: usize) -> KvCache {
-        let len = n_ctx * c.n_embd_kv();
-        KvCache {
-            k: (0..c.n_layer).map(|_| vec![0.0; len]).collect(),
-            v: (0..c.n_layer).map(|_| vec![0.0; len]).collect(),
-        }
-    }
-}
 
 /// Rounds every value to the nearest f16 (kept as f32).
 pub(crate) fn round_to_f16(x: &mut [f32]) {
@@ -52,14 +37,17 @@ pub(crate) fn rope(c: &Config, theta_scale: f32, pos: usize, x: &mut [f32]) {
     }
 }
 
-/// Causal multi-head attention with grouped KV heads for `n` new tokens after `n_past` cached.
+/// Causal multi-head attention with grouped KV heads for `n` new tokens after `n_past` cached,
+/// over layer `l` of `kv` (which already holds the new tokens' keys and values). `q` is rounded
+/// to f16 by the caller when the keys are f16; the softmax weights are rounded to f16 here when the
+/// values are (llama.cpp's f16 products).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     pool: &ThreadPool,
     c: &Config,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    kv: &KvCache,
+    l: usize,
     n_past: usize,
     n: usize,
     scores: &mut [Vec<f32>],
@@ -70,29 +58,29 @@ pub(crate) fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let qd = nh * hd;
     let work = n * nh;
+    let (keys, values) = (&kv.k[l], &kv.v[l]);
+    let round_weights = kv.v_type == KvType::F16;
     let out_sm = SharedMut::new(out);
     let scores_sm = SharedMut::new(scores);
     pool.run(&|tid, nth| {
         // SAFETY: each thread uses only its own score row.
         let sc = unsafe { &mut scores_sm.slice(tid..tid + 1)[0] };
+        let mut q8 = QueryQ8::new(kv.k_type);
+        let mut tmp = Vec::new();
         for w in split(work, nth, tid) {
             let (t, h) = (w / nh, w % nh);
-            let kvh = h / group;
-            let len = n_past + t + 1;
+            let head = (h / group) * hd..(h / group + 1) * hd;
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let s = &mut sc[..len];
-            for (p, sp) in s.iter_mut().enumerate() {
-                let kp = &k[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
-                *sp = vecops::dot(qh, kp) * scale;
-            }
+            let s = &mut sc[..n_past + t + 1];
+            q8.set(qh);
+            key_scores(keys, kvd, head.clone(), qh, &q8, scale, s);
             vecops::softmax(s);
-            round_to_f16(s);
+            if round_weights {
+                round_to_f16(s);
+            }
             // SAFETY: the (token, head) output slice belongs to this work item only.
             let o = unsafe { out_sm.slice(t * qd + h * hd..t * qd + (h + 1) * hd) };
-            o.fill(0.0);
-            for (p, &sp) in s.iter().enumerate() {
-                vecops::axpy(sp, &v[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd], o);
-            }
+            weighted_values(values, kvd, head, s, o, &mut tmp);
         }
     });
 }

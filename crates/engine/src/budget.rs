@@ -1,7 +1,8 @@
 //! Live memory-budget changes: another thread asks through a [`BudgetHandle`], the engine applies
 //! the request between tokens (on the tiered store) and logs what happened as a [`BudgetChange`].
 
-use crate::{Engine, EngineOptions};
+use crate::kv::{KvCache, KV_PAGE};
+use crate::{Engine, EngineOptions, EvalError};
 use sift_model::{Config, Model};
 use sift_store::tiered::MemoryPlan;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +63,8 @@ pub fn current_rss() -> Option<u64> {
 }
 
 impl Engine {
-    /// Bytes of the KV cache and per-batch scratch buffers this engine allocated.
+    /// Bytes of the KV cache at the start of a sequence (its first page; it grows from there) and
+    /// of the per-batch scratch buffers this engine allocates.
     pub fn kv_and_scratch_bytes(model: &Model, opts: &EngineOptions) -> u64 {
         Self::kv_and_scratch_bytes_for(&model.config, opts)
     }
@@ -72,12 +74,51 @@ impl Engine {
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx } as u64;
         let b = opts.n_batch.max(1) as u64;
         let (e, q, kv, ff) = (c.n_embd as u64, c.n_embd_q() as u64, c.n_embd_kv() as u64, c.n_ff as u64);
-        let kv_cache = 2 * c.n_layer as u64 * n_ctx * kv * 4;
+        // The KV cache's first page: it grows a page at a time from there (under a budget, out of the
+        // weight cache; see `Engine::reserve_kv`).
+        let kv_cache = KvCache::bytes(c, KV_PAGE.min(n_ctx as usize), opts.cache_type_k, opts.cache_type_v);
         let scratch = b * (e + e.max(q) + q + 2 * kv + q + e + 2 * ff) * 4;
         // Quantized activations (≤ one byte and a bit per value), scores, logits.
         let acts = b * ff.max(e) * 2;
         let scores = opts.n_threads.max(1) as u64 * n_ctx * 4;
         let logits = c.n_vocab as u64 * 4 * 2;
         kv_cache + scratch + acts + scores + logits
+    }
+
+    /// Positions of the KV cache's first page, allocated from the start (at most the context).
+    pub(crate) fn kv_first_page(&self) -> usize {
+        KV_PAGE.min(self.n_ctx)
+    }
+
+    /// Makes room in the KV cache for `positions` tokens, a page at a time (never past the
+    /// context). Under a budget the new pages' bytes are first taken from the weight cache
+    /// ([`TieredStore::set_kv_growth`]); when the cache cannot give them up the batch is refused
+    /// with [`EvalError::KvBudget`] and nothing changes.
+    pub(crate) fn reserve_kv(&mut self, positions: usize) -> Result<(), EvalError> {
+        if positions <= self.kv.capacity() {
+            return Ok(());
+        }
+        let target = positions.div_ceil(KV_PAGE).max(1) * KV_PAGE;
+        let c = &self.model.config;
+        let (k_type, v_type) = (self.kv.k_type, self.kv.v_type);
+        let bytes = |p: usize| KvCache::bytes(c, p, k_type, v_type);
+        let growth = bytes(target) - bytes(self.kv_first_page());
+        if let Some(store) = self.source.store_mut() {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let refuse =
+                |reason: String| EvalError::KvBudget { positions, kv_mib: mib(bytes(target)), k_type, v_type, reason };
+            let plan = &store.plan;
+            let fixed = plan.fixed() - plan.kv_growth + growth;
+            if fixed > plan.budget {
+                return Err(refuse(format!(
+                    "with it the parts that are not weight cache take {:.1} MiB of the {:.1} MiB budget",
+                    mib(fixed),
+                    mib(plan.budget)
+                )));
+            }
+            store.set_kv_growth(growth).map_err(|e| refuse(e.to_string()))?;
+        }
+        self.kv.set_capacity(target);
+        Ok(())
     }
 }

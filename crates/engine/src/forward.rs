@@ -7,9 +7,11 @@
 //! the site's weights are ([`SiteWeights`]), and [`Engine::project`] runs the matching kernels:
 //! the dense products of [`crate::matmul`] or the column products of [`crate::sparse`].
 
-use crate::attention::{attention, rope, round_to_f16, KvCache};
+use crate::attention::{attention, rope, round_to_f16};
 use crate::budget::{current_rss, BudgetChange, BudgetHandle, LiveBudget};
+use crate::kv::{KvCache, KvType, KV_PAGE};
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
+pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
 use crate::source::{site_ops, MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
 use crate::sparse::{column_matmul, column_matmul_batch, tensor_job, ColJob};
@@ -28,41 +30,6 @@ pub enum Logits {
     All,
 }
 
-/// Engine settings.
-#[derive(Clone, Debug)]
-pub struct EngineOptions {
-    pub n_threads: usize,
-    /// Context size in tokens (KV cache capacity). 0 = the model's training context.
-    pub n_ctx: usize,
-    /// Tokens per forward batch (llama.cpp's `-ub`).
-    pub n_batch: usize,
-    /// Fraction of the output head's input channels skipped per token (magnitude Top-K; 0 = dense).
-    pub sparse_head: f32,
-    /// Decode sparse selections on a pack's column kernels (false: dense kernels on masked inputs).
-    pub column_kernels: bool,
-    /// Run every product of the seven linears on a pack's columns, batches and dense selections
-    /// too (measures what the re-quantized columns cost).
-    pub all_columns: bool,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            n_threads: default_threads(),
-            n_ctx: 4096,
-            n_batch: 512,
-            sparse_head: 0.0,
-            column_kernels: true,
-            all_columns: false,
-        }
-    }
-}
-
-/// The number of threads llama.cpp would pick: the available cores, at most 8 without asking.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8)
-}
-
 /// Errors from evaluating tokens.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -72,6 +39,10 @@ pub enum EvalError {
     BadToken { id: u32, n_vocab: usize },
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
+    #[error(
+        "the KV cache for {positions} tokens ({kv_mib:.1} MiB with -ctk {k_type} -ctv {v_type}) does not fit the memory budget: {reason}; raise --memory, use -ctk q8_0 -ctv q8_0, or keep conversations shorter"
+    )]
+    KvBudget { positions: usize, kv_mib: f64, k_type: KvType, v_type: KvType, reason: String },
     #[error(transparent)]
     Store(#[from] TierError),
 }
@@ -109,11 +80,11 @@ pub struct Engine {
     pub model: Model,
     pool: ThreadPool,
     /// Where each site's weights come from (GGUF rows, pack columns, the tiered store).
-    source: Box<dyn WeightSource>,
+    pub(crate) source: Box<dyn WeightSource>,
     /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
     selector: Box<dyn Selector>,
     pub(crate) phase: Phase,
-    kv: KvCache,
+    pub(crate) kv: KvCache,
     pub(crate) s: Scratch,
     pub(crate) n_ctx: usize,
     pub(crate) n_batch: usize,
@@ -136,6 +107,10 @@ impl Engine {
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
         let b = opts.n_batch.max(1);
         let pool = ThreadPool::new(opts.n_threads);
+        // A type this model's heads cannot use (q8_0 needs whole blocks of 32) falls back to f16;
+        // the session refuses it with a message first.
+        let usable = |t: KvType| if t.check_head_dim(c.head_dim).is_ok() { t } else { KvType::F16 };
+        let kv_types = (usable(opts.cache_type_k), usable(opts.cache_type_v));
         let s = Scratch {
             x: vec![0.0; b * c.n_embd],
             h: vec![0.0; b * c.n_embd.max(c.n_embd_q())],
@@ -165,8 +140,10 @@ impl Engine {
             units: [c.n_embd as u64, c.n_embd_q() as u64, c.n_embd as u64, c.n_ff as u64],
             ..Default::default()
         };
+        let mut kv = KvCache::new(&c, kv_types.0, kv_types.1);
+        kv.set_capacity(KV_PAGE.min(n_ctx));
         Engine {
-            kv: KvCache::new(&c, n_ctx),
+            kv,
             model,
             pool,
             source,
@@ -286,6 +263,12 @@ impl Engine {
     pub fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
         if n == 0 {
+            // Every KV page but the first goes back (under a budget, to the weight cache).
+            self.kv.set_capacity(self.kv_first_page());
+            if let Some(store) = self.source.store_mut() {
+                // Growing the cache back never fails: the fixed part only shrinks.
+                let _ = store.set_kv_growth(0);
+            }
             self.selector.reset();
             if let Some(t) = &mut self.tracer {
                 t.reset();
@@ -317,6 +300,7 @@ impl Engine {
             });
         }
         self.apply_budget_request();
+        self.reserve_kv(self.n_past + tokens.len())?;
         let n_vocab = self.model.config.n_vocab;
         let mut all = Vec::new();
         if want == Logits::All {
@@ -537,15 +521,13 @@ impl Engine {
             rope(c, *theta_scale, *n_past + t, q);
             rope(c, *theta_scale, *n_past + t, k);
         }
-        // llama.cpp keeps K and V in f16 and rounds q to f16 for the K·q products; rounding to
-        // f16 here (storage stays f32) reproduces its numerics without conversions in the hot loop.
-        round_to_f16(&mut s.q[..n * qd]);
-        round_to_f16(&mut s.k[..n * kvd]);
-        round_to_f16(&mut s.v[..n * kvd]);
-        let p0 = *n_past * kvd;
-        kv.k[l][p0..p0 + n * kvd].copy_from_slice(&s.k[..n * kvd]);
-        kv.v[l][p0..p0 + n * kvd].copy_from_slice(&s.v[..n * kvd]);
-        attention(pool, c, &s.q[..n * qd], &kv.k[l], &kv.v[l], *n_past, n, &mut s.scores, &mut s.att[..n * qd]);
+        // llama.cpp computes K·q in the keys' type: q is rounded to f16 for f16 keys (q8_0 keys
+        // quantize it per head inside `attention`). Storing converts k and v to the cache's type.
+        if kv.k_type == KvType::F16 {
+            round_to_f16(&mut s.q[..n * qd]);
+        }
+        kv.store(l, *n_past, &s.k[..n * kvd], &s.v[..n * kvd]);
+        attention(pool, c, &s.q[..n * qd], kv, l, *n_past, n, &mut s.scores, &mut s.att[..n * qd]);
     }
 
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.

@@ -3,6 +3,7 @@
 //! chosen at run time (the default x86-64 target only has SSE2).
 
 use crate::pool::{split, SharedMut, ThreadPool};
+use half::f16;
 use sift_quant::Isa;
 
 macro_rules! multiversion {
@@ -127,6 +128,119 @@ pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mu
     });
 }
 
+/// Σ a[i]·b[i] with `b` in f16 (lengths must match): bit for bit [`dot`] of `a` and `b`
+/// converted to f32 (the same 16 partial sums, each a product then an add, summed in order).
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() >= Isa::Avx2 {
+        // SAFETY: `x86::dot_f16` needs AVX2, FMA and F16C, all part of `Isa::Avx2`, which
+        // `Isa::detect` reports only where the CPU has them.
+        return unsafe { x86::dot_f16(a, b) };
+    }
+    dot_f16_scalar(a, b)
+}
+
+/// The scalar reference of [`dot_f16`].
+pub fn dot_f16_scalar(a: &[f32], b: &[f16]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i].to_f32();
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y.to_f32();
+    }
+    s
+}
+
+/// y += a·x with `x` in f16: bit for bit [`axpy`] of `x` converted to f32.
+#[inline]
+pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() >= Isa::Avx2 {
+        // SAFETY: as in `dot_f16`: the features `x86::axpy_f16` needs are part of `Isa::Avx2`.
+        return unsafe { x86::axpy_f16(a, &x[..n], &mut y[..n]) };
+    }
+    axpy_f16_scalar(a, &x[..n], &mut y[..n])
+}
+
+/// The scalar reference of [`axpy_f16`].
+pub fn axpy_f16_scalar(a: f32, x: &[f16], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x.to_f32();
+    }
+}
+
+/// F16C versions of the f16 kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_f16_scalar`] on 2 × 8 lanes. Needs `a.len() == b.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+        let n = a.len().min(b.len()) / 16 * 16;
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 16 <= n <= a.len(), b.len(): both 16-value loads are inside the slices
+            // (unaligned loads; f16 is a 2-byte `repr(transparent)` u16).
+            let (x0, x1, h0, h1) = unsafe {
+                (
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm_loadu_si128(b.as_ptr().add(i).cast()),
+                    _mm_loadu_si128(b.as_ptr().add(i + 8).cast()),
+                )
+            };
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(x0, _mm256_cvtph_ps(h0)));
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(x1, _mm256_cvtph_ps(h1)));
+            i += 16;
+        }
+        let mut acc = [0f32; 16];
+        // SAFETY: `acc` holds 16 f32: the two 8-lane stores at 0 and 8 fill it exactly.
+        unsafe {
+            _mm256_storeu_ps(acc.as_mut_ptr(), acc0);
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8), acc1);
+        }
+        let mut s: f32 = acc.iter().sum();
+        for j in n..a.len().min(b.len()) {
+            s += a[j] * b[j].to_f32();
+        }
+        s
+    }
+
+    /// [`super::axpy_f16_scalar`] on 8 lanes. Needs `x.len() == y.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+        let len = x.len().min(y.len());
+        let n = len / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 8 <= n <= x.len(), y.len(): the 8-value load of x and the load and
+            // store of y are inside the slices.
+            unsafe {
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast()));
+                let yp = y.as_mut_ptr().add(i);
+                _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(va, xv)));
+            }
+            i += 8;
+        }
+        for j in n..len {
+            y[j] += a * x[j].to_f32();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +255,32 @@ mod tests {
         axpy(0.5, &a, &mut y);
         for i in 0..100 {
             assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+        }
+    }
+
+    /// The f16 kernels (SIMD where the CPU has it, and the scalar reference) equal the f32 ones on
+    /// the converted values bit for bit, at every length (remainders included), subnormals too.
+    #[test]
+    fn f16_kernels_equal_the_f32_kernels_on_converted_values() {
+        for n in [0usize, 1, 7, 8, 15, 16, 17, 64, 100, 129] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let mut b16: Vec<f16> = (0..n).map(|i| f16::from_f32((i as f32 * 0.11).cos() * 2.0)).collect();
+            if n > 3 {
+                b16[3] = f16::from_bits(0x0001); // the smallest subnormal
+            }
+            let b: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+            let want = dot(&a, &b);
+            assert_eq!(dot_f16(&a, &b16).to_bits(), want.to_bits(), "dot, n = {n}");
+            assert_eq!(dot_f16_scalar(&a, &b16).to_bits(), want.to_bits(), "scalar dot, n = {n}");
+            let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert!((want - plain).abs() <= 1e-4 * (1.0 + plain.abs()), "dot against a plain sum, n = {n}");
+            let (mut y, mut y16, mut ys) = (a.clone(), a.clone(), a.clone());
+            axpy(0.7, &b, &mut y);
+            axpy_f16(0.7, &b16, &mut y16);
+            axpy_f16_scalar(0.7, &b16, &mut ys);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y16), bits(&y), "axpy, n = {n}");
+            assert_eq!(bits(&ys), bits(&y), "scalar axpy, n = {n}");
         }
     }
 

@@ -17,7 +17,15 @@ fn gguf() -> PathBuf {
 }
 
 fn opts() -> EngineOptions {
-    EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 256, sparse_head: 0.0, column_kernels: true, all_columns: false }
+    EngineOptions {
+        n_threads: 2,
+        n_ctx: 256,
+        n_batch: 256,
+        sparse_head: 0.0,
+        column_kernels: true,
+        all_columns: false,
+        ..EngineOptions::default()
+    }
 }
 
 /// A prompt, then `steps` tokens fed one at a time (teacher-forced, the same tokens for every

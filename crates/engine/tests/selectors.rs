@@ -30,6 +30,7 @@ fn engine() -> (Engine, Tokenizer) {
             sparse_head: 0.0,
             column_kernels: true,
             all_columns: false,
+            ..Default::default()
         },
     );
     (e, tok)

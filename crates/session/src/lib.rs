@@ -9,6 +9,7 @@
 //! tokens with [`Session::poll`]. [`report`] formats what the store did; [`budget`] parses
 //! budgets and measures the process's runtime memory.
 
+pub mod autopack;
 pub mod budget;
 pub mod live;
 mod open;
@@ -16,6 +17,7 @@ mod options;
 pub mod profile;
 pub mod report;
 
+pub use autopack::pack_for;
 pub use budget::{parse_budget, peak_rss_bytes, runtime_bytes};
 pub use open::{load, LiveBudget, Session};
 pub use options::{MemoryOptions, SessionOptions, SparsityOptions, DEFAULT_MAX_RATIO};

@@ -162,6 +162,9 @@ fn build_engine(
     sparsity: &SparsityOptions,
     memory: &MemoryOptions,
 ) -> anyhow::Result<(Engine, Option<String>)> {
+    for (flag, t) in [("--cache-type-k", eo.cache_type_k), ("--cache-type-v", eo.cache_type_v)] {
+        t.check_head_dim(model.config.head_dim).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    }
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
         sparsity.apply(&mut engine)?;

@@ -164,10 +164,14 @@ impl SparsityOptions {
 #[derive(Args, Clone, Debug)]
 pub struct MemoryOptions {
     /// Hard memory budget: bytes (K/M/G suffixes, powers of 1024) or a percentage of the model
-    /// size ("60%"). Needs a sift pack; its columns are streamed from disk and cached in what is
-    /// left after the resident parts.
+    /// size ("60%"). The columns are streamed from a sift pack (built once from a .gguf, see
+    /// --pack-dir) and cached in what is left after the resident parts.
     #[arg(long = "memory", value_name = "BYTES|PERCENT")]
     pub memory: Option<String>,
+    /// Where --memory on a .gguf builds (once) and finds its pack (default: next to the GGUF, or
+    /// the user's cache folder when that is not writable)
+    #[arg(long = "pack-dir", value_name = "DIR")]
+    pub pack_dir: Option<PathBuf>,
     /// Cache policy of the column cache: lfu (context-level counts), lru, tam (temporal activation
     /// momentum), static (hot set from --calib pinned), none
     #[arg(long = "cache-policy", default_value = "lfu", value_parser = ["lfu", "lru", "tam", "static", "none"])]

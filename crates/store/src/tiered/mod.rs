@@ -372,6 +372,24 @@ impl TieredStore {
         Ok(&self.plan)
     }
 
+    /// The KV cache has grown by `bytes` since the start of its sequence (0: a new sequence):
+    /// the cache gives that room up (or takes it back) as a budget change would, the budget
+    /// staying the same. When the cache cannot give it up (the fixed part would pass the budget)
+    /// nothing changes and the error says so.
+    pub fn set_kv_growth(&mut self, bytes: u64) -> Result<&MemoryPlan, TierError> {
+        let old = self.plan.kv_growth;
+        if old == bytes {
+            return Ok(&self.plan);
+        }
+        self.plan.kv_growth = bytes;
+        let budget = self.plan.budget;
+        if let Err(e) = self.set_budget(budget) {
+            self.plan.kv_growth = old;
+            return Err(e);
+        }
+        Ok(&self.plan)
+    }
+
     /// Pins a hot set per (layer, op) (`static` policy; a warm start for the others).
     pub fn set_hot(&mut self, layer: usize, op: OpKind, ranking: &[u32]) -> Result<(), TierError> {
         let oc = &mut self.ops[layer][op as usize];

@@ -104,8 +104,11 @@ pub struct MemoryPlan {
     pub runtime: u64,
     /// GGUF header and the tensors kept in memory (norms, output head, embeddings if resident).
     pub resident_weights: u64,
-    /// KV cache, activations and logits.
+    /// KV cache at the start of a sequence (its first page), activations and logits.
     pub kv_and_scratch: u64,
+    /// KV cache pages added since the start of the sequence: taken from the cache, given back
+    /// when a new sequence starts ([`TieredStore::set_kv_growth`](super::TieredStore::set_kv_growth)).
+    pub kv_growth: u64,
     /// Transient area, prefill layer buffer, on-demand and preload buffers.
     pub buffers: u64,
     /// Cache slots.
@@ -117,7 +120,7 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// Everything but the cache.
     pub fn fixed(&self) -> u64 {
-        self.runtime + self.resident_weights + self.kv_and_scratch + self.buffers
+        self.runtime + self.resident_weights + self.kv_and_scratch + self.kv_growth + self.buffers
     }
 }
 

@@ -1,0 +1,305 @@
+//! The KV cache: keys and values of every layer, stored as llama.cpp stores them.
+//!
+//! `-ctk` / `-ctv` (`--cache-type-k` / `--cache-type-v`) choose the storage type of K and V,
+//! with llama.cpp's names: `f16` (the default, as in llama.cpp), `f32` and `q8_0` (blocks of 32
+//! values with one f16 scale; a row's head must be a whole number of blocks). The attention
+//! products then run as llama.cpp runs them for that type:
+//! - K `f16`: q is rounded to f16 and K·q runs on the f16 values (in f32 arithmetic, exact
+//!   conversion); V `f16`: the softmax weights are rounded to f16 before V·softmax.
+//! - K `q8_0`: q is quantized to Q8_0 per head and K·q is the integer Q8_0 dot product of the
+//!   weights' kernels; V `q8_0`: each value row is dequantized into f32 and accumulated.
+//! - `f32`: no rounding at all (a reference, at twice the memory of f16).
+//!
+//! The cache is paged: [`KV_PAGE`] positions at a time are allocated as the sequence grows (up to
+//! the context size), each costing [`KvType::row_bytes`] per position, K and V each, per layer
+//! ([`KvCache::bytes`]); a new conversation returns every page but the first. Under a memory
+//! budget the engine accounts each new page with the tiered store, whose weight cache gives the
+//! room up (and takes it back when the pages are returned).
+
+use crate::vecops;
+use half::f16;
+use sift_model::Config;
+use sift_quant::{ActType, DotFn, WeightType};
+use std::ops::Range;
+
+/// Storage type of the K or V cache (llama.cpp's `--cache-type-k` / `--cache-type-v` values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+    Q8_0,
+}
+
+/// Values per Q8_0 block and bytes per block (f16 scale + 32 × i8).
+const Q8_0_BLOCK: usize = 32;
+const Q8_0_BYTES: usize = 34;
+
+impl KvType {
+    /// Parses llama.cpp's names (`f32`, `f16`, `q8_0`; case-insensitive). The other types
+    /// llama.cpp offers are named in the error.
+    pub fn parse(s: &str) -> Result<KvType, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            other @ ("bf16" | "q4_0" | "q4_1" | "iq4_nl" | "q5_0" | "q5_1") => {
+                Err(format!("KV cache type '{other}' is not supported by sift yet; use f16 (default), q8_0 or f32"))
+            }
+            other => Err(format!("unknown KV cache type '{other}': use f16 (default), q8_0 or f32")),
+        }
+    }
+
+    /// The name [`KvType::parse`] accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes of `n` values (for `q8_0`, `n` is a multiple of 32).
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F32 => 4 * n,
+            KvType::F16 => 2 * n,
+            KvType::Q8_0 => n / Q8_0_BLOCK * Q8_0_BYTES,
+        }
+    }
+
+    /// Whether this type can store heads of `head_dim` values (`q8_0`: whole blocks of 32).
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), String> {
+        if self == KvType::Q8_0 && !head_dim.is_multiple_of(Q8_0_BLOCK) {
+            return Err(format!(
+                "KV cache type q8_0 needs a head size that is a multiple of 32; this model's is {head_dim}: use f16"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Bytes of a KV cache holding `positions` positions (K and V, every layer) of a model `c`,
+/// rounded up to whole pages of [`KV_PAGE`] positions.
+pub fn cache_bytes(c: &Config, positions: usize, k_type: KvType, v_type: KvType) -> u64 {
+    let kv = c.n_embd_kv();
+    let pages = positions.div_ceil(KV_PAGE) as u64;
+    c.n_layer as u64 * pages * KV_PAGE as u64 * (k_type.row_bytes(kv) + v_type.row_bytes(kv)) as u64
+}
+
+/// Positions per page of the KV cache: it is allocated (and, under a budget, accounted) a page at
+/// a time as the sequence grows, and pages past a new conversation's first are returned.
+pub const KV_PAGE: usize = 256;
+
+/// One layer's K or V rows, `[pos][kv_head * head_dim]`, in the cache's storage type, as pages
+/// of [`KV_PAGE`] positions.
+pub(crate) enum KvRows {
+    F32(Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>),
+    /// Q8_0 blocks, `row_bytes(kv_dim)` bytes per position.
+    Q8_0(Vec<Vec<u8>>),
+}
+
+/// Position `p`'s row of `width` elements in `pages`.
+#[inline]
+fn row<T>(pages: &[Vec<T>], p: usize, width: usize) -> &[T] {
+    let at = (p % KV_PAGE) * width;
+    &pages[p / KV_PAGE][at..at + width]
+}
+
+#[inline]
+fn row_mut<T>(pages: &mut [Vec<T>], p: usize, width: usize) -> &mut [T] {
+    let at = (p % KV_PAGE) * width;
+    &mut pages[p / KV_PAGE][at..at + width]
+}
+
+impl KvRows {
+    fn new(t: KvType) -> KvRows {
+        match t {
+            KvType::F32 => KvRows::F32(Vec::new()),
+            KvType::F16 => KvRows::F16(Vec::new()),
+            KvType::Q8_0 => KvRows::Q8_0(Vec::new()),
+        }
+    }
+
+    /// Keeps exactly `pages` pages (new ones zeroed; dropped ones returned to the allocator).
+    fn set_pages(&mut self, pages: usize, kv_dim: usize) {
+        fn resize<T: Clone>(v: &mut Vec<Vec<T>>, pages: usize, len: usize, zero: T) {
+            v.truncate(pages);
+            v.shrink_to(pages);
+            while v.len() < pages {
+                v.push(vec![zero.clone(); len]);
+            }
+        }
+        match self {
+            KvRows::F32(v) => resize(v, pages, KV_PAGE * kv_dim, 0.0),
+            KvRows::F16(v) => resize(v, pages, KV_PAGE * kv_dim, f16::ZERO),
+            KvRows::Q8_0(v) => resize(v, pages, KV_PAGE * KvType::Q8_0.row_bytes(kv_dim), 0),
+        }
+    }
+
+    /// Stores `rows` (whole positions of `kv_dim` values) from position `pos0` on.
+    fn store(&mut self, pos0: usize, kv_dim: usize, rows: &[f32]) {
+        for (i, r) in rows.chunks_exact(kv_dim).enumerate() {
+            let p = pos0 + i;
+            match self {
+                KvRows::F32(b) => row_mut(b, p, kv_dim).copy_from_slice(r),
+                KvRows::F16(b) => {
+                    use half::slice::HalfFloatSliceExt;
+                    row_mut(b, p, kv_dim).convert_from_f32_slice(r);
+                }
+                KvRows::Q8_0(b) => ActType::Q8_0.quantize(r, row_mut(b, p, KvType::Q8_0.row_bytes(kv_dim))),
+            }
+        }
+    }
+}
+
+/// Keys and values of every layer, allocated a page of [`KV_PAGE`] positions at a time up to the
+/// context size.
+pub(crate) struct KvCache {
+    pub k: Vec<KvRows>,
+    pub v: Vec<KvRows>,
+    pub k_type: KvType,
+    pub v_type: KvType,
+    kv_dim: usize,
+    /// Pages allocated per layer.
+    pages: usize,
+}
+
+impl KvCache {
+    /// An empty cache (no page allocated yet).
+    pub fn new(c: &Config, k_type: KvType, v_type: KvType) -> KvCache {
+        KvCache {
+            k: (0..c.n_layer).map(|_| KvRows::new(k_type)).collect(),
+            v: (0..c.n_layer).map(|_| KvRows::new(v_type)).collect(),
+            k_type,
+            v_type,
+            kv_dim: c.n_embd_kv(),
+            pages: 0,
+        }
+    }
+
+    /// Bytes of `positions` positions (K and V, every layer) for `c`, rounded up to whole pages.
+    pub fn bytes(c: &Config, positions: usize, k_type: KvType, v_type: KvType) -> u64 {
+        cache_bytes(c, positions, k_type, v_type)
+    }
+
+    /// Positions the allocated pages hold.
+    pub fn capacity(&self) -> usize {
+        self.pages * KV_PAGE
+    }
+
+    /// Allocates or returns pages so that exactly `positions` positions (rounded up to pages) fit.
+    pub fn set_capacity(&mut self, positions: usize) {
+        let pages = positions.div_ceil(KV_PAGE);
+        if pages != self.pages {
+            for r in self.k.iter_mut().chain(self.v.iter_mut()) {
+                r.set_pages(pages, self.kv_dim);
+            }
+            self.pages = pages;
+        }
+    }
+
+    /// Appends layer `l`'s keys and values of positions `pos0..` (whole rows; they must fit the
+    /// capacity).
+    pub fn store(&mut self, l: usize, pos0: usize, k: &[f32], v: &[f32]) {
+        self.k[l].store(pos0, self.kv_dim, k);
+        self.v[l].store(pos0, self.kv_dim, v);
+    }
+}
+
+/// One head's query quantized to Q8_0 for K·q against q8_0 keys (empty for other key types).
+pub(crate) struct QueryQ8 {
+    blocks: Vec<u8>,
+    dot: Option<DotFn>,
+}
+
+impl QueryQ8 {
+    pub fn new(k_type: KvType) -> QueryQ8 {
+        QueryQ8 { blocks: Vec::new(), dot: (k_type == KvType::Q8_0).then(|| WeightType::Q8_0.dot_fn()) }
+    }
+
+    /// Quantizes one head's query `q` (only for q8_0 keys).
+    pub fn set(&mut self, q: &[f32]) {
+        if self.dot.is_some() {
+            self.blocks.resize(KvType::Q8_0.row_bytes(q.len()), 0);
+            ActType::Q8_0.quantize(q, &mut self.blocks);
+        }
+    }
+}
+
+/// Byte range of the values `head` inside a q8_0 row.
+fn q8_0_span(head: &Range<usize>) -> Range<usize> {
+    head.start / Q8_0_BLOCK * Q8_0_BYTES..head.end / Q8_0_BLOCK * Q8_0_BYTES
+}
+
+/// `out[p] = scale · K[p][head]·q` for positions `0..out.len()` (`q`: the head's query, rounded
+/// to f16 by the caller for f16 keys; `q8`: the same quantized, for q8_0 keys).
+pub(crate) fn key_scores(
+    k: &KvRows,
+    kv_dim: usize,
+    head: Range<usize>,
+    q: &[f32],
+    q8: &QueryQ8,
+    scale: f32,
+    out: &mut [f32],
+) {
+    match k {
+        KvRows::F32(b) => {
+            for (p, o) in out.iter_mut().enumerate() {
+                *o = vecops::dot(q, &row(b, p, kv_dim)[head.clone()]) * scale;
+            }
+        }
+        KvRows::F16(b) => {
+            for (p, o) in out.iter_mut().enumerate() {
+                *o = vecops::dot_f16(q, &row(b, p, kv_dim)[head.clone()]) * scale;
+            }
+        }
+        KvRows::Q8_0(b) => {
+            let (rb, span) = (KvType::Q8_0.row_bytes(kv_dim), q8_0_span(&head));
+            let dot = q8.dot.expect("a q8_0 query for q8_0 keys");
+            for (p, o) in out.iter_mut().enumerate() {
+                *o = dot(head.len(), &row(b, p, rb)[span.clone()], &q8.blocks) * scale;
+            }
+        }
+    }
+}
+
+/// `o = Σ_p w[p] · V[p][head]` over positions `0..w.len()` (`tmp`: scratch for dequantized
+/// q8_0 values).
+pub(crate) fn weighted_values(
+    v: &KvRows,
+    kv_dim: usize,
+    head: Range<usize>,
+    w: &[f32],
+    o: &mut [f32],
+    tmp: &mut Vec<f32>,
+) {
+    o.fill(0.0);
+    match v {
+        KvRows::F32(b) => {
+            for (p, &wp) in w.iter().enumerate() {
+                vecops::axpy(wp, &row(b, p, kv_dim)[head.clone()], o);
+            }
+        }
+        KvRows::F16(b) => {
+            for (p, &wp) in w.iter().enumerate() {
+                vecops::axpy_f16(wp, &row(b, p, kv_dim)[head.clone()], o);
+            }
+        }
+        KvRows::Q8_0(b) => {
+            let (rb, span) = (KvType::Q8_0.row_bytes(kv_dim), q8_0_span(&head));
+            tmp.resize(head.len(), 0.0);
+            for (p, &wp) in w.iter().enumerate() {
+                WeightType::Q8_0.dequantize_row(&row(b, p, rb)[span.clone()], tmp);
+                vecops::axpy(wp, tmp, o);
+            }
+        }
+    }
+}

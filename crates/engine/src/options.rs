@@ -1,0 +1,44 @@
+//! [`EngineOptions`]: the settings an [`Engine`](crate::Engine) is built with (threads, context,
+//! batch, KV cache types, kernel choices), with llama.cpp's defaults.
+
+use crate::kv::KvType;
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub n_threads: usize,
+    /// Context size in tokens (KV cache capacity). 0 = the model's training context.
+    pub n_ctx: usize,
+    /// Tokens per forward batch (llama.cpp's `-ub`).
+    pub n_batch: usize,
+    /// Fraction of the output head's input channels skipped per token (magnitude Top-K; 0 = dense).
+    pub sparse_head: f32,
+    /// Decode sparse selections on a pack's column kernels (false: dense kernels on masked inputs).
+    pub column_kernels: bool,
+    /// Run every product of the seven linears on a pack's columns, batches and dense selections
+    /// too (measures what the re-quantized columns cost).
+    pub all_columns: bool,
+    /// Storage type of the K and V caches (llama.cpp's `-ctk` / `-ctv`).
+    pub cache_type_k: KvType,
+    pub cache_type_v: KvType,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_threads: default_threads(),
+            n_ctx: 4096,
+            n_batch: 512,
+            sparse_head: 0.0,
+            column_kernels: true,
+            all_columns: false,
+            cache_type_k: KvType::F16,
+            cache_type_v: KvType::F16,
+        }
+    }
+}
+
+/// The number of threads llama.cpp would pick: the available cores, at most 8 without asking.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8)
+}
