@@ -385,13 +385,12 @@ pub struct PackArgs {
     /// Output pack (default: MODEL with extension .sift)
     #[arg(short = 'o', long = "output")]
     pub out: Option<PathBuf>,
-    /// Column format: auto (by source precision), Q4_1, Q5_0 or Q8_0
+    /// Column format: auto (the GGUF's own values, exact; float sources re-quantized to Q8_0),
+    /// or re-quantize every op to Q4_1, Q5_0 or Q8_0 (lossy, for comparison)
     #[arg(long = "col-type", default_value = "auto")]
     pub col_type: String,
-    /// Do not write FFN neuron bundles
-    #[arg(long = "no-bundles")]
-    pub no_bundles: bool,
-    /// Layers per cross-layer interleaved group, for preloading under --memory (0: none)
-    #[arg(long, default_value_t = 4)]
+    /// Also write cross-layer interleaved records of N layers for preloading under --memory
+    /// (a second copy of the q/k/v/gate/up columns; 0: none)
+    #[arg(long, default_value_t = 0)]
     pub group: usize,
 }

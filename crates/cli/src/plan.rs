@@ -97,6 +97,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     for (k, v) in [
         ("runtime (code, tokenizer)", m.runtime),
         ("resident weights", m.resident_weights),
+        ("column scales (exact columns)", m.column_scales),
         ("KV cache (first page) + activations", m.kv_and_scratch),
         ("I/O and compute buffers", m.buffers),
         ("column cache", m.cache),

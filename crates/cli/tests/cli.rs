@@ -403,7 +403,7 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let mem = &plan["memory"];
-    let used: u64 = ["runtime", "resident_weights", "kv_and_scratch", "buffers", "cache"]
+    let used: u64 = ["runtime", "resident_weights", "column_scales", "kv_and_scratch", "buffers", "cache"]
         .iter()
         .map(|k| mem[k].as_u64().unwrap())
         .sum();
@@ -523,7 +523,7 @@ fn kv_cache_grows_inside_the_budget_and_a_sequence_that_outgrows_it_is_refused()
 }
 
 #[test]
-fn memory_on_a_gguf_builds_its_pack_once_and_never_trusts_a_stale_one() {
+fn memory_on_a_gguf_builds_its_column_file_once_and_never_trusts_a_stale_one() {
     let dir = tempfile::tempdir().unwrap();
     let g = dir.path().join("smol.gguf");
     std::fs::copy(model(), &g).unwrap();
@@ -534,37 +534,62 @@ fn memory_on_a_gguf_builds_its_pack_once_and_never_trusts_a_stale_one() {
         args.extend_from_slice(extra);
         sift(&args)
     };
-    let (pack, record) = (dir.path().join("smol.sift"), dir.path().join("smol.sift.source"));
-    // First run: the pack is built next to the GGUF, with the record of its source.
+    let pack = dir.path().join("smol.sift");
+    // First run: the column file is built next to the GGUF; it holds no copy of the GGUF.
     let o = run(&[]);
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("building the pack") && pack.exists() && record.exists(), "{err}");
+    assert!(err.contains("building the column file") && pack.exists(), "{err}");
+    let (gguf_len, pack_len) = (std::fs::metadata(&g).unwrap().len(), std::fs::metadata(&pack).unwrap().len());
+    assert!(pack_len as f64 <= 1.15 * gguf_len as f64, "column file {pack_len} bytes for a GGUF of {gguf_len}");
     let want = text(&o.stdout);
     assert!(want.len() > "The capital of France is".len(), "{want}");
     // Second run: reused, same text.
     let o = run(&[]);
     assert!(o.status.success() && !text(&o.stderr).contains("building"), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), want);
-    // A pack made by hand from this GGUF (no record) is adopted, not rebuilt.
-    std::fs::remove_file(&record).unwrap();
-    let o = run(&[]);
-    assert!(o.status.success() && !text(&o.stderr).contains("building") && record.exists(), "{}", text(&o.stderr));
-    // The GGUF changed (here only its modification time): the pack is built again, and says why.
+    // Only the GGUF's modification time changed (a copy, a touch): the whole file is hashed once,
+    // matches, and the column file is reused.
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
     std::fs::File::options().write(true).open(&g).unwrap().set_modified(later).unwrap();
     let o = run(&[]);
-    let err = text(&o.stderr);
-    assert!(o.status.success() && err.contains("changed since its pack was built"), "{err}");
+    assert!(o.status.success() && !text(&o.stderr).contains("building"), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), want);
-    // --pack-dir: the pack lives there; a file in its place without a record (an interrupted
-    // build) is never trusted.
+    // The GGUF's contents changed (one byte in its middle, same size): built again,
+    // and it says why.
+    let mut bytes = std::fs::read(&g).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&g, &bytes).unwrap();
+    let o = run(&[]);
+    let err = text(&o.stderr);
+    assert!(o.status.success() && err.contains("contents differ") && err.contains("building it again"), "{err}");
+    bytes[mid] ^= 1;
+    std::fs::write(&g, &bytes).unwrap();
+    // --pack-dir: the column file lives there. A build killed mid-write leaves nothing a later
+    // run trusts; a foreign file in its place is replaced.
     let pd = dir.path().join("packs");
     std::fs::create_dir(&pd).unwrap();
-    std::fs::write(pd.join("smol.sift"), b"SIFTPACK half a pack").unwrap();
+    let out = pd.join("smol.sift");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sift"))
+        .args(["pack", &gs, "-o", out.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut progress = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    use std::io::Read;
+    while !String::from_utf8_lossy(&seen).contains("packing layer") {
+        assert_eq!(progress.read(&mut byte).unwrap(), 1, "sift pack ended before its first layer");
+        seen.push(byte[0]);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists(), "a killed build left {}", out.display());
+    std::fs::write(&out, b"SIFTPACK half a pack").unwrap();
     let o = run(&["--pack-dir", pd.to_str().unwrap()]);
     let err = text(&o.stderr);
-    assert!(o.status.success() && err.contains("no record of its source"), "{err}");
-    assert!(pd.join("smol.sift.source").exists());
+    assert!(o.status.success() && err.contains("cannot be used") && err.contains("building it again"), "{err}");
     assert_eq!(text(&o.stdout), want);
 }

@@ -490,10 +490,10 @@ impl Engine {
                 let mut jobs: Vec<ColJob<'_>> = parts
                     .into_iter()
                     .zip(outs)
-                    .map(|(p, out)| ColJob { op: p.op, data: p.data, idx: p.idx, out })
+                    .map(|(p, out)| ColJob { op: p.op, data: p.data, idx: p.idx, scales: p.scales, out })
                     .collect();
                 stats.column_bytes += jobs.iter().map(|j| j.op.bytes(units.len()) as u64).sum::<u64>();
-                column_matmul(pool, coef, &mut jobs, col_acc);
+                column_matmul(pool, units, coef, &mut jobs, col_acc);
             }
             SiteWeights::ColumnTensors { file, ops } => {
                 let mut jobs: Vec<ColJob<'_>> =

@@ -5,25 +5,72 @@
 //! blocks handed to the pool's threads; a thread sums the active columns' slices of its range with
 //! the `sift_quant` column kernel (AVX-512 / AVX2 / scalar, chosen at run time). Columns are
 //! stored contiguously, so a thread reads `blocks × block_bytes` contiguous bytes per column.
+//! Exact columns (`sift_quant::exact`) also read the op's scale plane, which stays in memory.
 
 use crate::pool::{split, SharedMut, ThreadPool};
 use sift_model::layout::ColumnTensor;
-use sift_quant::{axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, Isa};
+use sift_quant::{axpy_cols_batch, axpy_exact_batch, AxpyColsFn, ColFormat, ColMatrix, ExactAxpyFn, ExactMatrix, Isa};
+
+/// The kernel of one op's columns.
+#[derive(Clone, Copy, Debug)]
+pub enum ColKernel {
+    Requant(AxpyColsFn),
+    Exact(ExactAxpyFn),
+}
 
 /// One op's column tensor, ready for the kernel.
 #[derive(Clone, Debug)]
 pub struct ColOp {
-    pub ty: ColType,
+    pub ty: ColFormat,
     pub n_in: usize,
     pub n_out: usize,
     pub col_bytes: usize,
+    /// The columns' and the scale plane's byte ranges in the pack file.
     pub range: std::ops::Range<usize>,
-    pub axpy: AxpyColsFn,
+    pub scales_range: std::ops::Range<usize>,
+    pub kernel: ColKernel,
 }
 
 impl ColOp {
     pub fn new(t: &ColumnTensor) -> ColOp {
-        ColOp { ty: t.ty, n_in: t.n_in, n_out: t.n_out, col_bytes: t.col_bytes, range: t.range(), axpy: t.ty.axpy_fn() }
+        let kernel = match t.ty {
+            ColFormat::Requant(c) => ColKernel::Requant(c.axpy_fn()),
+            ColFormat::Exact(f) => ColKernel::Exact(sift_quant::axpy_exact_fn(f, Isa::detect())),
+        };
+        ColOp {
+            ty: t.ty,
+            n_in: t.n_in,
+            n_out: t.n_out,
+            col_bytes: t.col_bytes,
+            range: t.range(),
+            scales_range: t.scales_range(),
+            kernel,
+        }
+    }
+
+    /// A re-quantized column tensor of format `ty` at `range` (no scale plane).
+    pub fn requant(ty: sift_quant::ColType, n_in: usize, n_out: usize, range: std::ops::Range<usize>) -> ColOp {
+        ColOp {
+            ty: ColFormat::Requant(ty),
+            n_in,
+            n_out,
+            col_bytes: ty.col_bytes(n_out),
+            range,
+            scales_range: 0..0,
+            kernel: ColKernel::Requant(ty.axpy_fn()),
+        }
+    }
+
+    /// `y += Σ_i coef[i] · column units[i]` (found at `data[idx[i]·col_bytes..]`), all outputs.
+    fn axpy(&self, data: &[u8], scales: &[u8], idx: &[u32], units: &[u32], coef: &[f32], y: &mut [f32]) {
+        match (self.kernel, self.ty) {
+            (ColKernel::Requant(f), _) => f(data, self.col_bytes, idx, coef, 0..self.n_out / 32, y),
+            (ColKernel::Exact(f), ColFormat::Exact(fmt)) => {
+                let m = ExactMatrix { fmt, n_out: self.n_out, n_in: self.n_in, cols: data, scales };
+                f(&m, idx, units, coef, 0..self.n_out / 32, y)
+            }
+            (ColKernel::Exact(_), ColFormat::Requant(_)) => unreachable!("an exact kernel for re-quantized columns"),
+        }
     }
 
     /// Bytes of `k` columns.
@@ -40,6 +87,8 @@ pub struct ColJob<'a> {
     /// Which column of `data` holds active input `i` (the active channel itself when `data` is
     /// the whole column tensor).
     pub idx: &'a [u32],
+    /// The op's scale plane (exact columns; empty otherwise).
+    pub scales: &'a [u8],
     pub out: &'a mut [f32],
 }
 
@@ -57,7 +106,8 @@ fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
 /// (near-sequential memory access), and the result does not depend on which thread ran which
 /// piece, nor on where the columns sit (a tensor or a cache): the same inputs give the same bits.
 /// `scratch` holds the accumulators between calls.
-pub fn column_matmul(pool: &ThreadPool, coef: &[f32], jobs: &mut [ColJob<'_>], scratch: &mut Vec<f32>) {
+/// `units` are the active inputs (ascending), `coef` their values.
+pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut [ColJob<'_>], scratch: &mut Vec<f32>) {
     let nt = pool.n_threads();
     let n_active = coef.len();
     let mut offsets = Vec::with_capacity(jobs.len());
@@ -73,17 +123,19 @@ pub fn column_matmul(pool: &ThreadPool, coef: &[f32], jobs: &mut [ColJob<'_>], s
     scratch.clear();
     scratch.resize(pieces * total, 0.0);
     let acc = SharedMut::new(&mut scratch[..]);
-    let ops: Vec<(&ColOp, &[u8], &[u32])> = jobs.iter().map(|j| (j.op, j.data, j.idx)).collect();
+    // Per job: op, columns, column indices, scale plane.
+    type Part<'a> = (&'a ColOp, &'a [u8], &'a [u32], &'a [u8]);
+    let ops: Vec<Part<'_>> = jobs.iter().map(|j| (j.op, j.data, j.idx, j.scales)).collect();
     pool.for_each(ops.len() * pieces, 1, &|range, _worker| {
         for item in range {
             let (ji, pi) = (item / pieces, item % pieces);
-            let (op, data, idx) = ops[ji];
+            let (op, data, idx, scales) = ops[ji];
             let r = split(n_active, pieces, pi);
             let start = pi * total + offsets[ji];
             // SAFETY: piece `pi` of job `ji` owns accumulator range `start..start + n_out`;
             // every (job, piece) item runs exactly once.
             let y = unsafe { acc.slice(start..start + op.n_out) };
-            (op.axpy)(data, op.col_bytes, &idx[r.clone()], &coef[r], 0..op.n_out / 32, y);
+            op.axpy(data, scales, &idx[r.clone()], &units[r.clone()], &coef[r], y);
         }
     });
     for (j, &off) in jobs.iter_mut().zip(&offsets) {
@@ -101,7 +153,7 @@ pub fn column_matmul(pool: &ThreadPool, coef: &[f32], jobs: &mut [ColJob<'_>], s
 
 /// A column product of a whole column tensor (no cache): `data` from the pack file.
 pub fn tensor_job<'a>(op: &'a ColOp, file: &'a [u8], active: &'a [u32], out: &'a mut [f32]) -> ColJob<'a> {
-    ColJob { op, data: &file[op.range.clone()], idx: active, out }
+    ColJob { op, data: &file[op.range.clone()], idx: active, scales: &file[op.scales_range.clone()], out }
 }
 
 /// Runs several column products for a batch of `n` tokens (`x`: `n` rows of each op's `n_in`
@@ -113,16 +165,26 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
     for j in jobs.iter_mut() {
         let op = j.op;
         let (n_blocks, width) = (op.n_out / 32, op.n_out);
-        let m = ColMatrix::new(op.ty, j.data, op.n_out, op.n_in).expect("column tensor shape checked at load");
         let bpc = blocks_per_chunk(n_blocks, pool.n_threads()).max(4);
         let n_chunks = n_blocks.div_ceil(bpc);
+        let (data, scales) = (j.data, j.scales);
         let out = SharedMut::new(&mut j.out[..n * width]);
         pool.for_each(n_chunks, 1, &|range, _| {
             for c in range {
                 let (b0, b1) = (c * bpc, ((c + 1) * bpc).min(n_blocks));
                 let w = (b1 - b0) * 32;
                 let mut y = vec![0f32; n * w];
-                axpy_cols_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w, isa);
+                match op.ty {
+                    ColFormat::Requant(ty) => {
+                        let m =
+                            ColMatrix::new(ty, data, op.n_out, op.n_in).expect("column tensor shape checked at load");
+                        axpy_cols_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w, isa);
+                    }
+                    ColFormat::Exact(fmt) => {
+                        let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: data, scales };
+                        axpy_exact_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w);
+                    }
+                }
                 for t in 0..n {
                     // SAFETY: token t's outputs b0*32..b1*32 belong to this chunk only.
                     let dst = unsafe { out.slice(t * width + b0 * 32..t * width + b1 * 32) };

@@ -45,8 +45,7 @@ fn pack() -> &'static Path {
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("smol.sift");
-            pack_model(&gguf(), &out, &PackOptions { cols: ColPolicy::Auto, bundles: false, group: 4 }, |_| {})
-                .unwrap();
+            pack_model(&gguf(), &out, &PackOptions { cols: ColPolicy::Auto, group: 4 }, |_| {}).unwrap();
             (dir, out)
         })
         .1

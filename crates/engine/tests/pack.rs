@@ -5,7 +5,7 @@ use sift_engine::pool::ThreadPool;
 use sift_engine::sparse::{column_matmul, tensor_job, ColOp};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
-use sift_quant::ColType;
+use sift_quant::{ColFormat, ColType};
 use sift_store::OpKind;
 use sift_store::{open_model, pack_model, ColPolicy, PackError, PackOptions};
 use std::path::{Path, PathBuf};
@@ -57,12 +57,64 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 fn make_pack(dir: &Path, policy: ColPolicy) -> PathBuf {
     let out = dir.join("m.sift");
-    pack_model(&gguf(), &out, &PackOptions { cols: policy, bundles: true, group: 4 }, |_| {}).unwrap();
+    pack_model(&gguf(), &out, &PackOptions { cols: policy, group: 4 }, |_| {}).unwrap();
     out
 }
 
 #[test]
-fn pack_runs_dense_like_the_gguf_and_columns_within_requant_tolerance() {
+fn exact_columns_run_like_the_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts());
+    let want = decode_logits(&mut g, 6);
+    let pack = make_pack(dir.path(), ColPolicy::Auto);
+    let mut p = Engine::new(open_model(&pack).unwrap(), &opts());
+    assert_eq!(decode_logits(&mut p, 6), want, "dense on the pack reads the embedded GGUF");
+    // Every column active, through the exact column kernels: the GGUF's own weights, so the only
+    // difference to the dense kernels is theirs — activations quantized to Q8_1 before each
+    // product; the column kernels take them in f32. Stated tolerance: max |diff| <= 1.2, mean
+    // <= 0.35 over the 49152 logits of each step (they span about ±25). Measured: max 0.45-0.81,
+    // mean 0.08-0.24 (re-quantized Q8_0 columns: max 0.6-1.2, mean 0.1-0.52).
+    p.set_selector(topk(&p, 1e-6));
+    let got = decode_logits(&mut p, 6);
+    for (a, b) in got.iter().zip(&want) {
+        let max = max_abs_diff(a, b);
+        let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
+        eprintln!("exact columns vs dense: max {max}, mean {mean}");
+        assert!(max <= 1.2 && mean <= 0.35, "exact columns vs dense: max {max}, mean {mean}");
+    }
+    assert!(p.sparsity_stats().column_bytes > 0, "the column kernels ran");
+}
+
+#[test]
+fn exact_columns_hold_the_gguf_rows_value_for_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = make_pack(dir.path(), ColPolicy::Auto);
+    let model = open_model(&pack).unwrap();
+    let cols = model.columns.clone().unwrap();
+    let file = model.pack_bytes();
+    for (l, op) in [(0usize, OpKind::Q), (3, OpKind::V), (11, OpKind::O), (20, OpKind::Up), (29, OpKind::Down)] {
+        let t = cols.layers[l].op(op);
+        assert!(matches!(t.ty, ColFormat::Exact(_)), "layer {l} {op:?} is {}", t.ty.name());
+        let w = model.layers[l].op(op);
+        let mut row = vec![0f32; w.cols];
+        let mut col = vec![0f32; t.n_out];
+        let scales = &file[t.scales_range()];
+        let mut rows = vec![0f32; w.rows * w.cols];
+        for r in 0..w.rows {
+            w.ty.dequantize_row(model.row(w, r), &mut row);
+            rows[r * w.cols..(r + 1) * w.cols].copy_from_slice(&row);
+        }
+        for c in 0..t.n_in {
+            t.ty.dequantize_col(&file[t.range()][c * t.col_bytes..(c + 1) * t.col_bytes], scales, c, &mut col);
+            for r in 0..t.n_out {
+                assert_eq!(col[r], rows[r * w.cols + c], "layer {l} {op:?} row {r} column {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn requantized_columns_run_within_their_tolerance() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts());
     let want = decode_logits(&mut g, 6);
@@ -93,7 +145,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
     let model = open_model(&pack).unwrap();
     let cols = model.columns.clone().unwrap();
     let pool = ThreadPool::new(2);
-    let file = model.file.file_bytes();
+    let file = model.pack_bytes();
     // A real activation scale: a smooth pseudo-random vector.
     for (l, op) in [(0usize, OpKind::Gate), (7, OpKind::Q), (15, OpKind::Down), (29, OpKind::K)] {
         let t = cols.layers[l].op(op);
@@ -104,7 +156,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
         let mut dense = vec![0f32; t.n_in * t.n_out];
         for j in 0..t.n_in {
             let cb = &file[t.range()][j * t.col_bytes..(j + 1) * t.col_bytes];
-            t.ty.dequantize_col(cb, &mut dense[j * t.n_out..(j + 1) * t.n_out]);
+            t.ty.dequantize_col(cb, &file[t.scales_range()], j, &mut dense[j * t.n_out..(j + 1) * t.n_out]);
         }
         for keep in [1.0f64, 0.75, 0.5, 0.25] {
             let k = (t.n_in as f64 * keep) as usize;
@@ -113,7 +165,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
             active.truncate(k.max(1));
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
-            column_matmul(&pool, &coef, &mut [tensor_job(&cop, file, &active, &mut y)], &mut Vec::new());
+            column_matmul(&pool, &active, &coef, &mut [tensor_job(&cop, file, &active, &mut y)], &mut Vec::new());
             // Masked dense: zero the inactive inputs, multiply by the whole matrix.
             let mut masked = vec![0f32; t.n_in];
             for &j in &active {
@@ -166,4 +218,45 @@ fn corrupt_truncated_stale_and_foreign_packs_are_refused() {
     assert!(matches!(e, PackError::Foreign { .. }) && m.contains("not a sift pack"), "{m}");
     let (_, e) = msg(&write("empty.sift", b""));
     assert!(matches!(e, PackError::Foreign { .. }));
+}
+
+#[test]
+fn a_pack_refers_to_its_gguf_and_refuses_a_changed_moved_or_truncated_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("m.gguf");
+    std::fs::copy(gguf(), &g).unwrap();
+    let pack = dir.path().join("m.sift");
+    pack_model(&g, &pack, &PackOptions::default(), |_| {}).unwrap();
+    let (gl, pl) = (std::fs::metadata(&g).unwrap().len(), std::fs::metadata(&pack).unwrap().len());
+    assert!(pl < gl, "the pack holds no copy of the GGUF: {pl} bytes for a GGUF of {gl}");
+    assert!(open_model(&pack).is_ok());
+    let err = |p: &Path| match open_model(p) {
+        Ok(_) => panic!("{} opened", p.display()),
+        Err(e) => e.to_string(),
+    };
+    // Moved together (pack and GGUF in another folder): found beside the pack.
+    let moved = dir.path().join("moved");
+    std::fs::create_dir(&moved).unwrap();
+    std::fs::rename(&g, moved.join("m.gguf")).unwrap();
+    std::fs::rename(&pack, moved.join("m.sift")).unwrap();
+    let m = open_model(&moved.join("m.sift")).unwrap();
+    assert_eq!(m.file.path(), moved.join("m.gguf"));
+    // The GGUF moved away alone: refused, naming it and what to do.
+    std::fs::rename(moved.join("m.gguf"), dir.path().join("elsewhere.gguf")).unwrap();
+    let m = err(&moved.join("m.sift"));
+    assert!(m.contains("m.gguf") && m.contains("not there") && m.contains("sift pack"), "{m}");
+    // Truncated.
+    let bytes = std::fs::read(dir.path().join("elsewhere.gguf")).unwrap();
+    std::fs::write(moved.join("m.gguf"), &bytes[..bytes.len() - 4096]).unwrap();
+    let m = err(&moved.join("m.sift"));
+    assert!(m.contains("is not the GGUF") && m.contains("bytes") && m.contains("sift pack"), "{m}");
+    // Same size, one byte changed in the middle (a different file, a new modification time).
+    let mut changed = bytes.clone();
+    changed[bytes.len() / 2] ^= 0x10;
+    std::fs::write(moved.join("m.gguf"), &changed).unwrap();
+    let m = err(&moved.join("m.sift"));
+    assert!(m.contains("contents differ"), "{m}");
+    // The same bytes back (a new modification time): the whole file is hashed, and accepted.
+    std::fs::write(moved.join("m.gguf"), &bytes).unwrap();
+    assert!(open_model(&moved.join("m.sift")).is_ok());
 }

@@ -134,6 +134,39 @@ impl GgufFile {
     }
 }
 
+/// A whole file mapped read-only (a sift pack's column sections).
+pub struct MappedFile {
+    mmap: Mmap,
+    path: PathBuf,
+}
+
+impl MappedFile {
+    /// Maps `path` read-only.
+    pub fn open(path: impl AsRef<Path>) -> io::Result<MappedFile> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path)?;
+        // SAFETY: as in `GgufFile::open_section`: a read-only map never viewed mutably; a file
+        // changed under it can give wrong bytes or SIGBUS, never an out-of-bounds slice, since
+        // every range taken from it is checked against its length first.
+        let mmap = unsafe { Mmap::map(&file) }?;
+        Ok(MappedFile { mmap, path })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedFile").field("path", &self.path).field("len", &self.mmap.len()).finish()
+    }
+}
+
 impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")

@@ -21,7 +21,7 @@ mod types;
 mod value;
 
 pub use error::GgufError;
-pub use file::GgufFile;
+pub use file::{GgufFile, MappedFile};
 pub use gguf::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
 pub use value::MetaValue;

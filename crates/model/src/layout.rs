@@ -1,9 +1,11 @@
 //! The layouts a sift pack adds to a model's weights, for activation sparsity: every
-//! sparsifiable op transposed into contiguous columns (one per input channel), and FFN neuron
-//! bundles. Byte ranges index the whole pack file ([`sift_gguf::GgufFile::file_bytes`]).
+//! sparsifiable op transposed into contiguous columns (one per input channel; exact columns keep
+//! the source's scales in a scale plane beside them), and optionally cross-layer interleaved
+//! records for preloading. Byte ranges index the whole pack file
+//! ([`sift_gguf::GgufFile::file_bytes`]).
 
 use serde::{Deserialize, Serialize};
-use sift_quant::ColType;
+use sift_quant::ColFormat;
 use std::ops::Range;
 
 /// The seven sparsifiable linear ops of a layer.
@@ -40,13 +42,14 @@ impl OpKind {
 pub const SITE_OPS: [&[OpKind]; 4] =
     [&[OpKind::Q, OpKind::K, OpKind::V], &[OpKind::O], &[OpKind::Gate, OpKind::Up], &[OpKind::Down]];
 
-/// One op's transposed weight: `n_in` columns of `n_out` values, `col_bytes` each.
+/// One op's transposed weight: `n_in` columns of `n_out` values, `col_bytes` each, and for exact
+/// columns the op's scale plane.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ColumnTensor {
     pub layer: usize,
     pub op: OpKind,
-    #[serde(with = "col_type_name")]
-    pub ty: ColType,
+    #[serde(with = "col_format_name")]
+    pub ty: ColFormat,
     pub n_in: usize,
     pub n_out: usize,
     pub col_bytes: usize,
@@ -54,39 +57,35 @@ pub struct ColumnTensor {
     pub offset: u64,
     pub len: u64,
     pub crc32: u32,
+    /// The scale plane's byte range in the pack file (empty for re-quantized columns).
+    #[serde(default)]
+    pub scales_offset: u64,
+    #[serde(default)]
+    pub scales_len: u64,
+    #[serde(default)]
+    pub scales_crc32: u32,
 }
 
 impl ColumnTensor {
     pub fn range(&self) -> Range<usize> {
         self.offset as usize..(self.offset + self.len) as usize
     }
-}
 
-/// One layer's FFN neurons: `n_units` bundles of [gate row | up row | down column].
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct BundleTensor {
-    pub layer: usize,
-    pub n_units: usize,
-    pub gate_bytes: usize,
-    pub up_bytes: usize,
-    #[serde(with = "col_type_name")]
-    pub down_ty: ColType,
-    pub down_bytes: usize,
-    pub unit_bytes: usize,
-    pub offset: u64,
-    pub len: u64,
-    pub crc32: u32,
-}
-
-mod col_type_name {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use sift_quant::ColType;
-    pub fn serialize<S: Serializer>(t: &ColType, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(t.name())
+    /// The scale plane's byte range in the pack file.
+    pub fn scales_range(&self) -> Range<usize> {
+        self.scales_offset as usize..(self.scales_offset + self.scales_len) as usize
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ColType, D::Error> {
+}
+
+mod col_format_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use sift_quant::ColFormat;
+    pub fn serialize<S: Serializer>(t: &ColFormat, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.name())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ColFormat, D::Error> {
         let s = String::deserialize(d)?;
-        ColType::from_name(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown column type {s}")))
+        ColFormat::from_name(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown column format {s}")))
     }
 }
 
@@ -131,12 +130,11 @@ impl GroupTensor {
 /// The ops whose input is a layer's normed residual: the ones a cross-layer group interleaves.
 pub const GROUP_OPS: [OpKind; 5] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::Gate, OpKind::Up];
 
-/// The column and bundle tensors of one layer.
+/// The column tensors of one layer.
 #[derive(Clone, Debug)]
 pub struct LayerColumns {
     /// Indexed by [`OpKind`] order: q, k, v, o, gate, up, down.
     pub ops: Vec<ColumnTensor>,
-    pub bundles: Option<BundleTensor>,
 }
 
 impl LayerColumns {
@@ -145,16 +143,19 @@ impl LayerColumns {
     }
 }
 
-/// What a pack adds to its GGUF, with byte ranges into the whole pack file
-/// (`Model::file.file_bytes()`).
+/// What a pack adds to its GGUF, with byte ranges into the pack file (`Model::pack_bytes`).
 #[derive(Clone, Debug)]
 pub struct PackIndex {
     pub layers: Vec<LayerColumns>,
     /// Cross-layer interleaved groups (empty when the pack was made with `--group 0`).
     pub groups: Vec<GroupTensor>,
+    /// The source GGUF's file name.
     pub source_name: String,
-    /// Where the GGUF section starts in the pack, and its header length (data offset).
+    /// Where the source GGUF's bytes start in the tiered store's address space: past the pack's
+    /// end (4 KiB aligned), so one read offset names a byte of either file (see
+    /// `sift_store::io::tier::PackAndSource`).
     pub gguf_offset: u64,
+    /// The source GGUF's length and header length (data offset).
     pub gguf_len: u64,
     pub gguf_header_len: u64,
 }
@@ -163,6 +164,11 @@ impl PackIndex {
     /// Bytes of all column tensors.
     pub fn column_bytes(&self) -> u64 {
         self.layers.iter().flat_map(|l| &l.ops).map(|t| t.len).sum()
+    }
+
+    /// Bytes of all scale planes (kept in memory under a budget).
+    pub fn scale_bytes(&self) -> u64 {
+        self.layers.iter().flat_map(|l| &l.ops).map(|t| t.scales_len).sum()
     }
 
     /// Layers per cross-layer group (0: the pack has none).

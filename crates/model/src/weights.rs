@@ -64,8 +64,11 @@ pub struct Model {
     /// The output head; the same bytes as `tok_embd` when the model ties them.
     pub output: QTensor,
     pub layers: Vec<LayerWeights>,
-    /// Column-major / neuron-bundle layouts, when the model was opened from a sift pack.
+    /// The column layouts, when the model was opened from a sift pack.
     pub columns: Option<crate::layout::PackIndex>,
+    /// The pack file, mapped (its byte ranges are `columns`'), when the model was opened from
+    /// one without a memory budget.
+    pub pack: Option<sift_gguf::MappedFile>,
 }
 
 impl Model {
@@ -113,7 +116,12 @@ impl Model {
             });
         }
         let output_norm = vec("output_norm.weight", e)?;
-        Ok(Model { file, config, tok_embd, output_norm, output, layers, columns: None })
+        Ok(Model { file, config, tok_embd, output_norm, output, layers, columns: None, pack: None })
+    }
+
+    /// The mapped pack's bytes (empty when the model was not opened from a mapped pack).
+    pub fn pack_bytes(&self) -> &[u8] {
+        self.pack.as_ref().map_or(&[], |p| p.bytes())
     }
 
     /// The raw bytes of a tensor.

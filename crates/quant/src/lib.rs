@@ -55,6 +55,7 @@ pub(crate) use rows_by_dot4;
 
 pub mod blocks;
 pub mod columns;
+pub mod exact;
 pub mod scalar;
 pub mod scalar_k;
 #[cfg(target_arch = "x86_64")]
@@ -63,6 +64,7 @@ pub mod x86;
 pub use columns::{
     axpy_cols_batch, axpy_cols_fn, check_axpy_cols, check_axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, ColsError,
 };
+pub use exact::{axpy_exact_batch, axpy_exact_fn, ColFormat, ExactAxpyFn, ExactFormat, ExactMatrix};
 
 /// A weight storage format sift can compute with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,6 +197,25 @@ impl WeightType {
             30 => WeightType::BF16,
             _ => return None,
         })
+    }
+
+    /// Every weight format.
+    pub const ALL: [WeightType; 10] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+    ];
+
+    /// The format named `name` (as [`Self::name`] spells it).
+    pub fn from_name(name: &str) -> Option<WeightType> {
+        WeightType::ALL.into_iter().find(|t| t.name() == name)
     }
 
     pub fn name(self) -> &'static str {

@@ -200,7 +200,7 @@ pub fn cost_model_tok_s(model: &Model, profile: &DeviceProfile, ratio: f64, prel
         for t in &lc.ops {
             let cb = t.col_bytes as f64;
             let active_cols = a * t.n_in as f64;
-            compute += profile.columns_ns(t.ty, (active_cols * cb) as u64);
+            compute += profile.columns_ns(t.ty.cost_class(), (active_cols * cb) as u64);
             let hr = hit_rate_estimate(share[t.op as usize], a);
             let miss_cols = active_cols * (1.0 - hr);
             let density = (a * (1.0 - hr)).max(1e-6);

@@ -314,7 +314,7 @@ pub fn column_kernel_bw(pool: &ThreadPool, ty: ColType, work: &mut [u8], min_tim
         assert!(half >= op_bytes, "column_kernel_bw: {} bytes of work cannot hold two ops of {op_bytes}", work.len());
         for k in 0..half / op_bytes {
             let start = region.start + k * op_bytes;
-            let op = ColOp { ty, n_in, n_out, col_bytes, range: start..start + op_bytes, axpy: ty.axpy_fn() };
+            let op = ColOp::requant(ty, n_in, n_out, start..start + op_bytes);
             ops.push((op, random_subset(&mut rng, n_in / 2, n_in)));
         }
     }
@@ -323,6 +323,8 @@ pub fn column_kernel_bw(pool: &ThreadPool, ty: ColType, work: &mut [u8], min_tim
     let mut outs: Vec<Vec<f32>> = ops.iter().map(|(op, _)| vec![0f32; op.n_out]).collect();
     let coefs: Vec<Vec<f32>> =
         KERNEL_SHAPES.iter().map(|&(_, n_in)| (0..n_in / 2).map(|_| rng.f32()).collect()).collect();
+    // Re-quantized kernels do not read the active inputs' numbers, only their columns' (`idx`).
+    let units: Vec<Vec<u32>> = KERNEL_SHAPES.iter().map(|&(_, n_in)| (0..(n_in / 2) as u32).collect()).collect();
     let mut scratch = Vec::new();
     let secs = median_pass(min_time, 2, || {
         for (si, &(n_out, _)) in KERNEL_SHAPES.iter().enumerate() {
@@ -330,9 +332,9 @@ pub fn column_kernel_bw(pool: &ThreadPool, ty: ColType, work: &mut [u8], min_tim
                 .iter()
                 .zip(outs.iter_mut())
                 .filter(|((op, _), _)| op.n_out == n_out)
-                .map(|((op, idx), out)| ColJob { op, data: &work[op.range.clone()], idx, out })
+                .map(|((op, idx), out)| ColJob { op, data: &work[op.range.clone()], idx, scales: &[], out })
                 .collect();
-            column_matmul(pool, &coefs[si], &mut jobs, &mut scratch);
+            column_matmul(pool, &units[si], &coefs[si], &mut jobs, &mut scratch);
         }
         black_box(&outs);
     });

@@ -241,7 +241,7 @@ pub fn simulate(
                             let t = index.layers[l].op(op);
                             let bytes = (act.len() * t.col_bytes) as u64;
                             active_bytes += bytes;
-                            ns += profile.columns_ns(t.ty, bytes);
+                            ns += profile.columns_ns(t.ty.cost_class(), bytes);
                         }
                         if site == Site::AttnIn {
                             // Attention over the KV cache after q/k/v.

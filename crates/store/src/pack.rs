@@ -1,38 +1,46 @@
 //! The `.sift` pack file.
 //!
+//! A pack holds the column layouts of a GGUF's seven linear ops per layer, and refers to the GGUF
+//! itself (the dense tensors, tokenizer and chat template; the rows prompt batches read) by path,
+//! size, modification time and hashes ([`SourceGguf`]): nothing of the GGUF is copied.
+//!
 //! ```text
 //! 0       header (64 bytes, rest of the first 4 KiB zero):
 //!           magic "SIFTPACK", version u32, flags u32, toc_offset u64, toc_len u64, toc_crc32 u32,
 //!           file_len u64
-//! 4096    the source GGUF file, byte for byte (dense parts, tokenizer, chat template: it runs alone)
-//! ...     per layer and op, 4 KiB aligned: the op's weight transposed, one contiguous column per
-//!         input channel, quantized along the output dimension in 32-value blocks ([`ColType`])
-//! ...     per layer, 4 KiB aligned: n_ff neuron bundles [gate row | up row | down column]
-//! ...     per group of N layers, 4 KiB aligned: n_embd interleaved records, record c holding
-//!         column c of q, k, v, gate and up of every layer of the group (unit → layer → op),
-//!         for cross-layer preloading ([`GroupTensor`])
-//! toc     JSON table of contents: every section's offset, length and CRC-32
+//! 4096    per layer and op, 4 KiB aligned: the op's weight transposed, one contiguous column per
+//!         input channel. Exact columns ([`sift_quant::exact`], every quantized source format):
+//!         the GGUF's own integers, then (4 KiB aligned) the op's scale plane — the source's
+//!         block scales, so the columns hold the GGUF's weights value for value. Float sources
+//!         (or `--cols q4_1|q5_0|q8_0`) are re-quantized along the output dimension ([`ColType`]).
+//! ...     optionally (`--group N`), per group of N layers, 4 KiB aligned: n_embd interleaved
+//!         records, record c holding column c of q, k, v, gate and up of every layer of the group
+//!         (unit → layer → op), for cross-layer preloading ([`GroupTensor`]); a second copy of
+//!         those columns, so not written by default
+//! toc     JSON table of contents: the source GGUF's record, every section's offset, length and
+//!         CRC-32
 //! ```
 //! Opening checks the magic (a foreign file), the version (a pack from another format version is
-//! stale: run `sift pack` again), the length (truncated), and every section's CRC-32 (corrupt).
-//! A pack opened for a memory budget ([`open_partial`]) checks the header, the table of contents
-//! and every section's bounds, but reads only the resident tensors: checksumming the whole file
-//! would read it all.
+//! stale: run `sift pack` again), the length (truncated), every section's CRC-32 (corrupt) and
+//! that the source GGUF is there and unchanged ([`SourceGguf::locate`]). A pack opened for a
+//! memory budget ([`open_partial`]) checks the header, the table of contents, every section's
+//! bounds and the source, but reads only the resident tensors: checksumming the whole file would
+//! read it all.
 
+use crate::source::{SourceError, SourceGguf};
 use serde::{Deserialize, Serialize};
-use sift_gguf::GgufFile;
-use sift_model::layout::{
-    BundleTensor, ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, GROUP_OPS,
-};
+use sift_gguf::{GgufFile, MappedFile};
+use sift_model::layout::{ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, GROUP_OPS};
 use sift_model::{Model, ModelError, QTensor};
-use sift_quant::ColType;
+use sift_quant::{ColFormat, ColType, ExactFormat};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 pub const PACK_MAGIC: &[u8; 8] = b"SIFTPACK";
-/// The pack format this sift writes and reads.
-pub const PACK_VERSION: u32 = 1;
+/// The pack format this sift writes and reads (2: exact columns with scale planes, no neuron
+/// bundles, the source GGUF referred to rather than copied).
+pub const PACK_VERSION: u32 = 2;
 const ALIGN: u64 = 4096;
 const HEADER_LEN: usize = 64;
 
@@ -52,6 +60,8 @@ pub enum PackError {
     #[error("{path}: bad table of contents: {msg}")]
     Toc { path: PathBuf, msg: String },
     #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
     Gguf(#[from] sift_gguf::GgufError),
@@ -60,9 +70,9 @@ pub enum PackError {
 /// How column formats are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColPolicy {
-    /// By the source format's precision: ≤ 4.5 bits → Q4_1, ≤ 5.5 → Q5_0, else Q8_0.
+    /// Exact columns for every quantized source format; float sources re-quantized to Q8_0.
     Auto,
-    /// One format for every op.
+    /// Re-quantize every op to one format (lossy: a second rounding; kept for comparison).
     Fixed(ColType),
 }
 
@@ -75,14 +85,12 @@ impl ColPolicy {
         }
     }
 
-    fn choose(self, src: sift_quant::WeightType) -> ColType {
-        use sift_quant::WeightType as W;
+    fn choose(self, w: &QTensor) -> ColFormat {
         match self {
-            ColPolicy::Fixed(t) => t,
-            ColPolicy::Auto => match src {
-                W::Q4_0 | W::Q4_1 | W::Q4_K => ColType::Q4_1,
-                W::Q5_0 | W::Q5_K => ColType::Q5_0,
-                _ => ColType::Q8_0,
+            ColPolicy::Fixed(t) => ColFormat::Requant(t),
+            ColPolicy::Auto => match ExactFormat::of(w.ty) {
+                Some(f) if f.fits(w.rows, w.cols) => ColFormat::Exact(f),
+                _ => ColFormat::Requant(ColType::Q8_0),
             },
         }
     }
@@ -92,31 +100,23 @@ impl ColPolicy {
 #[derive(Clone, Debug)]
 pub struct PackOptions {
     pub cols: ColPolicy,
-    /// Also write neuron bundles.
-    pub bundles: bool,
     /// Layers per cross-layer interleaved group (0: no interleaved section).
     pub group: usize,
 }
 
 impl Default for PackOptions {
     fn default() -> Self {
-        PackOptions { cols: ColPolicy::Auto, bundles: true, group: 4 }
+        PackOptions { cols: ColPolicy::Auto, group: 0 }
     }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Toc {
     version: u32,
-    source_name: String,
-    source_len: u64,
-    gguf_offset: u64,
-    gguf_len: u64,
-    gguf_crc32: u32,
-    /// The GGUF's header length (its data offset); 0 in packs from before it was recorded.
-    #[serde(default)]
+    source: SourceGguf,
+    /// The GGUF's header length (its data offset).
     gguf_header_len: u64,
     columns: Vec<ColumnTensor>,
-    bundles: Vec<BundleTensor>,
     #[serde(default)]
     groups: Vec<GroupTensor>,
 }
@@ -129,14 +129,16 @@ fn align_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
-/// Opens a model from a `.gguf` or a `.sift` pack (told apart by their magic, not their name).
+/// Opens a model from a `.gguf` or a `.sift` pack (told apart by their magic, not their name):
+/// for a pack, its source GGUF (checked unchanged) with the pack mapped beside it.
 pub fn open_model(path: &Path) -> Result<Model, PackError> {
     let Some(toc) = read_toc(path)? else {
         return Ok(Model::load(path)?);
     };
+    let src = toc.toc.source.locate(path)?;
+    let pack = MappedFile::open(path).map_err(io(path))?;
+    let all = pack.bytes();
     let total = toc.total;
-    let gguf = GgufFile::open_embedded(path, toc.toc.gguf_offset, toc.toc.gguf_len)?;
-    let all = gguf.file_bytes();
     let check = |what: String, off: u64, len: u64, crc: u32| -> Result<(), PackError> {
         let end = section_end(path, &what, off, len, total)?;
         if crc32fast::hash(&all[off as usize..end as usize]) != crc {
@@ -145,18 +147,16 @@ pub fn open_model(path: &Path) -> Result<Model, PackError> {
         Ok(())
     };
     let t = &toc.toc;
-    check("the embedded GGUF".into(), t.gguf_offset, t.gguf_len, t.gguf_crc32)?;
     for t in &t.columns {
         check(format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, t.crc32)?;
-    }
-    for b in &t.bundles {
-        check(format!("layer {} bundles", b.layer), b.offset, b.len, b.crc32)?;
+        check(format!("layer {} {:?} scales", t.layer, t.op), t.scales_offset, t.scales_len, t.scales_crc32)?;
     }
     for g in &t.groups {
         check(format!("group of layers {:?}", g.layers()), g.offset, g.len, g.crc32)?;
     }
-    let mut model = Model::from_file(gguf)?;
-    model.columns = Some(build_index(path, &model, toc.toc)?);
+    let mut model = Model::load(&src)?;
+    model.columns = Some(build_index(path, &model, toc)?);
+    model.pack = Some(pack);
     Ok(model)
 }
 
@@ -168,15 +168,21 @@ pub struct PackToc {
 }
 
 impl PackToc {
+    /// Where the source GGUF's bytes start in the tiered store's address space (past the pack).
     pub fn gguf_offset(&self) -> u64 {
-        self.toc.gguf_offset
+        align_up(self.total)
     }
+    /// The source GGUF's length.
     pub fn gguf_len(&self) -> u64 {
-        self.toc.gguf_len
+        self.toc.source.size
     }
-    /// The GGUF header's length (0: the pack predates it; make it again).
+    /// The GGUF header's length.
     pub fn gguf_header_len(&self) -> u64 {
         self.toc.gguf_header_len
+    }
+    /// The source GGUF's record.
+    pub fn source(&self) -> &SourceGguf {
+        &self.toc.source
     }
 }
 
@@ -225,12 +231,9 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     }
     let toc: Toc =
         serde_json::from_slice(&toc_bytes).map_err(|e| PackError::Toc { path: path.into(), msg: e.to_string() })?;
-    section_end(path, "the embedded GGUF", toc.gguf_offset, toc.gguf_len, total)?;
     for t in &toc.columns {
         section_end(path, &format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, total)?;
-    }
-    for b in &toc.bundles {
-        section_end(path, &format!("layer {} bundles", b.layer), b.offset, b.len, total)?;
+        section_end(path, &format!("layer {} {:?} scales", t.layer, t.op), t.scales_offset, t.scales_len, total)?;
     }
     for g in &toc.groups {
         section_end(path, &format!("group of layers {:?}", g.layers()), g.offset, g.len, total)?;
@@ -244,21 +247,18 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
 pub fn open_partial(
     path: &Path,
     toc: PackToc,
+    src: &Path,
     fill: impl FnMut(&mut [u8], &[std::ops::Range<usize>]) -> std::io::Result<()>,
     resident: impl Fn(&sift_gguf::Gguf, &sift_gguf::TensorInfo) -> bool,
     check: impl FnOnce(&sift_gguf::Gguf, u64) -> Result<(), String>,
 ) -> Result<Model, PackError> {
-    if toc.toc.gguf_header_len == 0 || toc.toc.gguf_header_len > toc.toc.gguf_len {
-        return Err(PackError::Toc {
-            path: path.into(),
-            msg: "this pack predates running under a memory budget (no GGUF header length); run `sift pack` again"
-                .into(),
-        });
+    let (len, header_len) = (toc.gguf_len(), toc.gguf_header_len());
+    if header_len == 0 || header_len > len {
+        return Err(PackError::Toc { path: path.into(), msg: format!("GGUF header length {header_len} of {len}") });
     }
-    let gguf =
-        GgufFile::from_parts(path, toc.toc.gguf_len as usize, toc.toc.gguf_header_len as usize, fill, resident, check)?;
+    let gguf = GgufFile::from_parts(src, len as usize, header_len as usize, fill, resident, check)?;
     let mut model = Model::from_file(gguf)?;
-    model.columns = Some(build_index(path, &model, toc.toc)?);
+    model.columns = Some(build_index(path, &model, toc)?);
     Ok(model)
 }
 
@@ -270,21 +270,28 @@ fn section_end(path: &Path, what: &str, off: u64, len: u64, total: u64) -> Resul
 }
 
 /// Checks the table of contents against the model's shapes and builds the column index.
-fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackError> {
+fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackIndex, PackError> {
+    let gguf_offset = pack_toc.gguf_offset();
+    let toc = pack_toc.toc;
     let c = &model.config;
     let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
-    let mut layers: Vec<LayerColumns> =
-        (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), bundles: None }).collect();
+    let mut layers: Vec<LayerColumns> = (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new() }).collect();
     for t in &toc.columns {
         let lw = model
             .layers
             .get(t.layer)
             .ok_or_else(|| toc_err(format!("layer {} does not exist in the model", t.layer)))?;
         let w = lw.op(t.op);
+        let exact_ok = match t.ty {
+            ColFormat::Exact(f) => f.src == w.ty && f.fits(t.n_out, t.n_in),
+            ColFormat::Requant(_) => t.n_out.is_multiple_of(32),
+        };
         if t.n_in != w.cols
             || t.n_out != w.rows
+            || !exact_ok
             || t.col_bytes != t.ty.col_bytes(t.n_out)
             || t.len != (t.col_bytes * t.n_in) as u64
+            || t.scales_len != t.ty.scale_bytes(t.n_out, t.n_in) as u64
         {
             return Err(toc_err(format!("layer {} {:?}: shape does not match the model", t.layer, t.op)));
         }
@@ -293,20 +300,6 @@ fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackEr
             return Err(toc_err(format!("layer {} ops out of order", t.layer)));
         }
         ops.push(t.clone());
-    }
-    for b in &toc.bundles {
-        let l = layers.get_mut(b.layer).ok_or_else(|| toc_err(format!("bundle layer {} does not exist", b.layer)))?;
-        let lw = &model.layers[b.layer];
-        if b.n_units != c.n_ff
-            || b.gate_bytes != lw.w_gate.row_bytes
-            || b.up_bytes != lw.w_up.row_bytes
-            || b.down_bytes != b.down_ty.col_bytes(c.n_embd)
-            || b.unit_bytes != b.gate_bytes + b.up_bytes + b.down_bytes
-            || b.len != (b.unit_bytes * b.n_units) as u64
-        {
-            return Err(toc_err(format!("layer {} bundles: shape does not match the model", b.layer)));
-        }
-        l.bundles = Some(b.clone());
     }
     if layers.iter().any(|l| l.ops.len() != 7) {
         return Err(toc_err("some layer lacks column tensors".into()));
@@ -338,15 +331,15 @@ fn build_index(path: &Path, model: &Model, toc: Toc) -> Result<PackIndex, PackEr
     Ok(PackIndex {
         layers,
         groups: toc.groups,
-        source_name: toc.source_name,
-        gguf_offset: toc.gguf_offset,
-        gguf_len: toc.gguf_len,
+        source_name: toc.source.file_name(),
+        gguf_offset,
+        gguf_len: toc.source.size,
         gguf_header_len: toc.gguf_header_len,
     })
 }
 
 /// Dequantizes `w` and writes its columns (transposed, re-quantized to `ty`).
-fn transpose_columns(model: &Model, w: &QTensor, ty: ColType) -> Vec<u8> {
+fn requant_columns(model: &Model, w: &QTensor, ty: ColType) -> Vec<u8> {
     let (rows, cols) = (w.rows, w.cols);
     let mut dense = vec![0f32; rows * cols];
     for r in 0..rows {
@@ -362,6 +355,14 @@ fn transpose_columns(model: &Model, w: &QTensor, ty: ColType) -> Vec<u8> {
         ty.quantize_col(&col, &mut out[j * cb..(j + 1) * cb]);
     }
     out
+}
+
+/// `w`'s columns in format `ty`, and its scale plane (empty for re-quantized columns).
+fn op_columns(model: &Model, w: &QTensor, ty: ColFormat) -> (Vec<u8>, Vec<u8>) {
+    match ty {
+        ColFormat::Requant(t) => (requant_columns(model, w, t), Vec::new()),
+        ColFormat::Exact(f) => f.transpose(&model.file.bytes()[w.range.clone()], w.rows, w.cols),
+    }
 }
 
 /// Writes a pack of the GGUF at `src` to `dst` (through a temporary file renamed at the end).
@@ -389,26 +390,32 @@ pub fn pack_model(
         *pos = to;
         Ok(())
     };
+    // Writes `data` at the next 4 KiB boundary; returns (offset, len, crc).
+    let section = |w: &mut BufWriter<File>, pos: &mut u64, data: &[u8]| -> Result<(u64, u64, u32), PackError> {
+        if data.is_empty() {
+            return Ok((0, 0, crc32fast::hash(&[])));
+        }
+        let aligned = align_up(*pos);
+        pad_to(w, pos, aligned)?;
+        w.write_all(data).map_err(io(&tmp))?;
+        let at = *pos;
+        *pos += data.len() as u64;
+        Ok((at, data.len() as u64, crc32fast::hash(data)))
+    };
     pad_to(&mut w, &mut pos, ALIGN)?;
     let gguf_bytes = model.file.bytes();
-    let gguf_offset = pos;
-    w.write_all(gguf_bytes).map_err(io(&tmp))?;
-    pos += gguf_bytes.len() as u64;
-    let gguf_crc32 = crc32fast::hash(gguf_bytes);
+    let source = SourceGguf::of(src, crc32fast::hash(gguf_bytes)).map_err(io(src))?;
     let mut columns = Vec::new();
-    let mut bundles = Vec::new();
     let mut groups = Vec::new();
     // The current group's in-op columns, for the interleaved section: (layer, op, bytes).
     let mut group_cols: Vec<(usize, OpKind, usize, Vec<u8>)> = Vec::new();
     for (l, lw) in model.layers.iter().enumerate() {
-        let mut down_cols: Option<(ColType, Vec<u8>)> = None;
         for op in OpKind::ALL {
             let wt = lw.op(op);
-            let ty = opts.cols.choose(wt.ty);
-            let data = transpose_columns(&model, wt, ty);
-            let aligned = align_up(pos);
-            pad_to(&mut w, &mut pos, aligned)?;
-            w.write_all(&data).map_err(io(&tmp))?;
+            let ty = opts.cols.choose(wt);
+            let (data, scales) = op_columns(&model, wt, ty);
+            let (offset, len, crc32) = section(&mut w, &mut pos, &data)?;
+            let (scales_offset, scales_len, scales_crc32) = section(&mut w, &mut pos, &scales)?;
             columns.push(ColumnTensor {
                 layer: l,
                 op,
@@ -416,44 +423,16 @@ pub fn pack_model(
                 n_in: wt.cols,
                 n_out: wt.rows,
                 col_bytes: ty.col_bytes(wt.rows),
-                offset: pos,
-                len: data.len() as u64,
-                crc32: crc32fast::hash(&data),
+                offset,
+                len,
+                crc32,
+                scales_offset,
+                scales_len,
+                scales_crc32,
             });
-            pos += data.len() as u64;
-            if op == OpKind::Down {
-                down_cols = Some((ty, data));
-            } else if opts.group > 0 && GROUP_OPS.contains(&op) {
+            if opts.group > 0 && GROUP_OPS.contains(&op) {
                 group_cols.push((l, op, ty.col_bytes(wt.rows), data));
             }
-        }
-        if opts.bundles {
-            let (down_ty, down) = down_cols.expect("down was written");
-            let db = down_ty.col_bytes(c.n_embd);
-            let (gb, ub) = (lw.w_gate.row_bytes, lw.w_up.row_bytes);
-            let unit = gb + ub + db;
-            let mut data = Vec::with_capacity(unit * c.n_ff);
-            for i in 0..c.n_ff {
-                data.extend_from_slice(model.row(&lw.w_gate, i));
-                data.extend_from_slice(model.row(&lw.w_up, i));
-                data.extend_from_slice(&down[i * db..(i + 1) * db]);
-            }
-            let aligned = align_up(pos);
-            pad_to(&mut w, &mut pos, aligned)?;
-            w.write_all(&data).map_err(io(&tmp))?;
-            bundles.push(BundleTensor {
-                layer: l,
-                n_units: c.n_ff,
-                gate_bytes: gb,
-                up_bytes: ub,
-                down_ty,
-                down_bytes: db,
-                unit_bytes: unit,
-                offset: pos,
-                len: data.len() as u64,
-                crc32: crc32fast::hash(&data),
-            });
-            pos += data.len() as u64;
         }
         let group_full = (l + 1) % opts.group.max(1) == 0 || l + 1 == c.n_layer;
         if opts.group > 0 && group_full {
@@ -470,36 +449,22 @@ pub fn pack_model(
                     data.extend_from_slice(&cols[ch * cb..(ch + 1) * cb]);
                 }
             }
-            let aligned = align_up(pos);
-            pad_to(&mut w, &mut pos, aligned)?;
-            w.write_all(&data).map_err(io(&tmp))?;
+            let (offset, len, crc32) = section(&mut w, &mut pos, &data)?;
             groups.push(GroupTensor {
                 first_layer,
                 n_layers: l + 1 - first_layer,
                 n_units: c.n_embd,
                 unit_bytes,
                 parts,
-                offset: pos,
-                len: data.len() as u64,
-                crc32: crc32fast::hash(&data),
+                offset,
+                len,
+                crc32,
             });
-            pos += data.len() as u64;
             group_cols.clear();
         }
         progress(&format!("layer {}/{}", l + 1, c.n_layer));
     }
-    let toc = Toc {
-        version: PACK_VERSION,
-        source_name: src.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default(),
-        source_len: gguf_bytes.len() as u64,
-        gguf_offset,
-        gguf_len: gguf_bytes.len() as u64,
-        gguf_crc32,
-        gguf_header_len: model.file.gguf.data_offset,
-        columns,
-        bundles,
-        groups,
-    };
+    let toc = Toc { version: PACK_VERSION, source, gguf_header_len: model.file.gguf.data_offset, columns, groups };
     let toc_bytes = serde_json::to_vec(&toc).map_err(|e| PackError::Toc { path: tmp.clone(), msg: e.to_string() })?;
     let toc_off = align_up(pos);
     pad_to(&mut w, &mut pos, toc_off)?;

@@ -18,7 +18,7 @@ fn pack() -> &'static Path {
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("smol.sift");
-            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, bundles: false, group: 4 }, |_| {}).unwrap();
+            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4 }, |_| {}).unwrap();
             (dir, out)
         })
         .1
@@ -56,7 +56,7 @@ fn fetching_a_unit_out_of_range_is_an_error() {
             assert_out_of_range(st.fetch(layer, &[op], &[u32::MAX - 1]), u32::MAX - 1, n);
             // The store still serves valid requests, with what the failed ones left untouched.
             let fetched = st.fetch(layer, &[op], &[0, 5, bad - 1]).unwrap();
-            let (_, idx) = fetched.op(0);
+            let (_, idx, _) = fetched.op(0);
             assert_eq!(idx.len(), 3, "{policy}: one kernel index per active unit");
         }
     }

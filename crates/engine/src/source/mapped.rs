@@ -58,11 +58,19 @@ impl WeightSource for MappedColumns {
         active: Option<&'a [u32]>,
     ) -> Result<SiteWeights<'a>, TierError> {
         let ops = site_col_ops(&self.cols[l], site);
-        let file = model.file.file_bytes();
+        let file = model.pack_bytes();
         Ok(match active {
             Some(units) if n == 1 => SiteWeights::Columns {
                 units,
-                parts: ops.iter().map(|op| ColumnPart { op, data: &file[op.range.clone()], idx: units }).collect(),
+                parts: ops
+                    .iter()
+                    .map(|op| ColumnPart {
+                        op,
+                        data: &file[op.range.clone()],
+                        idx: units,
+                        scales: &file[op.scales_range.clone()],
+                    })
+                    .collect(),
             },
             _ if self.all_columns => SiteWeights::ColumnTensors { file, ops },
             _ => SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: true },

@@ -40,6 +40,8 @@ pub struct ColumnPart<'a> {
     pub op: &'a ColOp,
     pub data: &'a [u8],
     pub idx: &'a [u32],
+    /// The op's scale plane (exact columns; empty otherwise).
+    pub scales: &'a [u8],
 }
 
 /// The weights of one site's ops, as the source holds them.

@@ -67,8 +67,8 @@ impl WeightSource for TieredSource {
             .iter()
             .enumerate()
             .map(|(k, op)| {
-                let (data, idx) = fetched.op(k);
-                ColumnPart { op, data, idx }
+                let (data, idx, scales) = fetched.op(k);
+                ColumnPart { op, data, idx, scales }
             })
             .collect();
         Ok(SiteWeights::Columns { units, parts })

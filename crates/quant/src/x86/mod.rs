@@ -43,6 +43,7 @@ use crate::{Dot4Fn, Dot4RowsFn, DotFn, Isa, WeightType};
 
 pub mod block_dot;
 pub mod columns;
+pub mod exact;
 pub mod float;
 pub mod helpers;
 pub mod k_quants;

@@ -45,8 +45,8 @@ pub use buf::AlignedBuf;
 pub use loader::{LoadDone, LoadJob, Loader};
 pub use plan::{plan_reads, ReadReq};
 pub use tier::{
-    open_slow_tier, MemTier, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS, DEFAULT_QUEUE_DEPTH,
-    MAX_PIECE,
+    open_slow_tier, MemTier, PackAndSource, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS,
+    DEFAULT_QUEUE_DEPTH, MAX_PIECE,
 };
 pub use tier_io::TierIo;
 

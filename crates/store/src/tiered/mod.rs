@@ -34,7 +34,7 @@ pub use stats::TierStats;
 pub(crate) use stats::{account, Kind};
 
 use crate::cache::{Policy, UnitCache, NO_SLOT};
-use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, ReadReq, TierIo};
+use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, TierIo};
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use plan::{layer_span, mib, ArenaLayout, Buffers};
@@ -80,12 +80,15 @@ pub struct Fetched<'a> {
     bases: Vec<usize>,
     /// Per op: each active unit's column index, counted from the op's base.
     idx: &'a [Vec<u32>],
+    /// Per op: its scale plane (empty for re-quantized columns).
+    scales: Vec<&'a [u8]>,
 }
 
 impl<'a> Fetched<'a> {
-    /// The `k`-th op's columns: the arena from the op's base, and each active unit's column in it.
-    pub fn op(&self, k: usize) -> (&'a [u8], &'a [u32]) {
-        (&self.arena[self.bases[k]..], &self.idx[k])
+    /// The `k`-th op's columns: the arena from the op's base, each active unit's column in it,
+    /// and the op's scale plane.
+    pub fn op(&self, k: usize) -> (&'a [u8], &'a [u32], &'a [u8]) {
+        (&self.arena[self.bases[k]..], &self.idx[k], self.scales[k])
     }
 }
 
@@ -96,6 +99,9 @@ pub struct TieredStore {
     io: Box<dyn TierIo>,
     /// Cache slots, then the transient area (empty when the tier moves no bytes).
     arena: Vec<u8>,
+    /// Every op's scale plane (exact columns), resident; per (layer, op) its range in here.
+    scales: Vec<u8>,
+    scale_ranges: OpRanges,
     /// The transient area's byte range in the arena.
     transient: Range<usize>,
     /// Per layer, per op (q, k, v, o, gate, up, down).
@@ -128,7 +134,10 @@ impl TieredStore {
         inputs: &PlanInputs,
     ) -> Result<TieredStore, TierError> {
         let index = model.columns.clone().ok_or_else(|| TierError::Unsupported("--memory needs a sift pack".into()))?;
-        let tier = open_slow_tier(path, opts.tier).map_err(|source| TierError::Io { path: path.into(), source })?;
+        let pack = open_slow_tier(path, opts.tier).map_err(|source| TierError::Io { path: path.into(), source })?;
+        let src = model.file.path();
+        let source = open_slow_tier(src, opts.tier).map_err(|source| TierError::Io { path: src.into(), source })?;
+        let tier = Box::new(PackAndSource::new(pack, source, index.gguf_offset));
         TieredStore::build(model, path, opts, inputs, index, Box::new(Loader::spawn(tier)))
     }
 
@@ -158,7 +167,7 @@ impl TieredStore {
     ) -> Result<TieredStore, TierError> {
         let interleaved = opts.preload > 0 && index.group_size() == opts.preload;
         let buffers = Buffers::new(model, &index, opts, inputs.budget);
-        let mut plan = MemoryPlan::without_cache(model, opts, inputs, &buffers)?;
+        let mut plan = MemoryPlan::without_cache(model, opts, inputs, &buffers, index.scale_bytes())?;
         let policy = opts.policy;
         let cache_budget = if policy == Policy::None { 0 } else { inputs.budget - plan.fixed() };
         // Slots per op, and the arena layout.
@@ -183,14 +192,17 @@ impl TieredStore {
             .collect();
         plan.set_cache(layout.cache_bytes, index.column_bytes());
         let (transient_start, transient) = (layout.transient_start, buffers.transient);
-        // A tier that moves no bytes (a simulation) needs no arena.
+        // A tier that moves no bytes (a simulation) needs no arena and no scales.
         let arena = if io.moves_bytes() { vec![0u8; transient_start + transient] } else { Vec::new() };
+        let (scales, scale_ranges) = read_scales(path, &index, io.moves_bytes())?;
         let embd_on_disk = !is_resident(&model.file.gguf, "token_embd.weight", opts.resident_embeddings);
         let embd = embd_on_disk.then(|| (model.tok_embd.clone(), index.gguf_offset));
         Ok(TieredStore {
             path: path.into(),
             io,
             arena,
+            scales,
+            scale_ranges,
             transient: transient_start..transient_start + transient,
             ops,
             policy,
@@ -592,7 +604,8 @@ impl TieredStore {
             self.read_into_arena(&ranges, &dests, true)?;
         }
         let bases = ops.iter().map(|&op| self.ops[layer][op as usize].base).collect();
-        Ok(Fetched { arena: &self.arena, bases, idx: &self.idx })
+        let scales = ops.iter().map(|&op| &self.scales[self.scale_ranges[layer][op as usize].clone()]).collect();
+        Ok(Fetched { arena: &self.arena, bases, idx: &self.idx, scales })
     }
 
     /// Reads `ranges` (file offset, len) into the arena at `dests`, on demand (waiting).
@@ -637,6 +650,38 @@ impl TieredStore {
         }
         Ok(())
     }
+}
+
+/// Per layer, per op: a byte range.
+type OpRanges = Vec<Vec<Range<usize>>>;
+
+/// Reads every op's scale plane from the pack into one buffer (nothing when `read` is false, for
+/// a simulated tier): per (layer, op), its range in the buffer.
+fn read_scales(path: &Path, index: &PackIndex, read: bool) -> Result<(Vec<u8>, OpRanges), TierError> {
+    use std::os::unix::fs::FileExt;
+    let total = if read { index.scale_bytes() as usize } else { 0 };
+    let mut buf = vec![0u8; total];
+    let mut ranges = Vec::with_capacity(index.layers.len());
+    let mut at = 0;
+    let file = if read {
+        Some(std::fs::File::open(path).map_err(|source| TierError::Io { path: path.into(), source })?)
+    } else {
+        None
+    };
+    for lc in &index.layers {
+        let mut per = Vec::with_capacity(lc.ops.len());
+        for t in &lc.ops {
+            let len = if read { t.scales_len as usize } else { 0 };
+            if let Some(f) = &file {
+                f.read_exact_at(&mut buf[at..at + len], t.scales_offset)
+                    .map_err(|source| TierError::Io { path: path.into(), source })?;
+            }
+            per.push(at..at + len);
+            at += len;
+        }
+        ranges.push(per);
+    }
+    Ok((buf, ranges))
 }
 
 /// Plans reads of `ranges` (sorted) that fit in `cap` bytes, dropping the last ranges if needed.

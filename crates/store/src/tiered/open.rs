@@ -1,6 +1,6 @@
-//! Opening a pack for a budgeted run ([`open_budgeted`]): only the tensors that stay in memory
-//! ([`is_resident`]) are read, through the slow tier; the streamed columns stay on disk for the
-//! [`TieredStore`](super::TieredStore).
+//! Opening a pack for a budgeted run ([`open_budgeted`]): only the tensors of its source GGUF that
+//! stay in memory ([`is_resident`]) are read, through the slow tier; the streamed columns stay on
+//! disk for the [`TieredStore`](super::TieredStore).
 
 use super::{is_resident, TierError, TieredOptions};
 use crate::io::{open_slow_tier, AlignedBuf, ReadReq};
@@ -31,8 +31,9 @@ pub fn open_budgeted_checked(
                 path.display()
             ))
         })?;
-    let mut tier = open_slow_tier(path, opts.tier).map_err(|source| TierError::Io { path: path.into(), source })?;
-    let gguf_off = toc.gguf_offset();
+    let src = toc.source().locate(path).map_err(|e| TierError::Unsupported(e.to_string()))?;
+    let mut tier = open_slow_tier(&src, opts.tier).map_err(|source| TierError::Io { path: src.clone(), source })?;
+    let gguf_off = 0u64;
     let mut buf = AlignedBuf::new(8 << 20);
     let fill = |dst: &mut [u8], ranges: &[Range<usize>]| -> std::io::Result<()> {
         for r in ranges {
@@ -53,7 +54,7 @@ pub fn open_budgeted_checked(
         Ok(())
     };
     let emb = opts.resident_embeddings;
-    crate::open_partial(path, toc, fill, |g, t| is_resident(g, &t.name, emb), precheck).map_err(|e| match e {
+    crate::open_partial(path, toc, &src, fill, |g, t| is_resident(g, &t.name, emb), precheck).map_err(|e| match e {
         crate::PackError::Gguf(sift_gguf::GgufError::Refused(msg)) => TierError::Budget(msg),
         e => TierError::Unsupported(e.to_string()),
     })

@@ -104,6 +104,8 @@ pub struct MemoryPlan {
     pub runtime: u64,
     /// GGUF header and the tensors kept in memory (norms, output head, embeddings if resident).
     pub resident_weights: u64,
+    /// The scale planes of exact columns (the source's block scales), kept in memory.
+    pub column_scales: u64,
     /// KV cache at the start of a sequence (its first page), activations and logits.
     pub kv_and_scratch: u64,
     /// KV cache pages added since the start of the sequence: taken from the cache, given back
@@ -120,7 +122,7 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// Everything but the cache.
     pub fn fixed(&self) -> u64 {
-        self.runtime + self.resident_weights + self.kv_and_scratch + self.kv_growth + self.buffers
+        self.runtime + self.resident_weights + self.column_scales + self.kv_and_scratch + self.kv_growth + self.buffers
     }
 }
 
@@ -214,11 +216,13 @@ impl MemoryPlan {
         opts: &TieredOptions,
         inputs: &PlanInputs,
         buffers: &Buffers,
+        column_scales: u64,
     ) -> Result<MemoryPlan, TierError> {
         let plan = MemoryPlan {
             budget: inputs.budget,
             runtime: inputs.runtime,
             resident_weights: resident_bytes(model, opts.resident_embeddings),
+            column_scales,
             kv_and_scratch: inputs.kv_and_scratch,
             buffers: buffers.total(opts.preload),
             ..Default::default()
@@ -226,11 +230,12 @@ impl MemoryPlan {
         let fixed = plan.fixed();
         if fixed > inputs.budget {
             return Err(TierError::Budget(format!(
-                "--memory {} is too small to run this model: it needs at least {} before any cache (runtime {}, resident weights {}, KV cache and activations {}, I/O and compute buffers {}); raise --memory, or lower -c / -b",
+                "--memory {} is too small to run this model: it needs at least {} before any cache (runtime {}, resident weights {}, column scales {}, KV cache and activations {}, I/O and compute buffers {}); raise --memory, or lower -c / -b",
                 mib(inputs.budget),
                 mib(fixed),
                 mib(plan.runtime),
                 mib(plan.resident_weights),
+                mib(plan.column_scales),
                 mib(plan.kv_and_scratch),
                 mib(plan.buffers)
             )));

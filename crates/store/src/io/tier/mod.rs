@@ -239,6 +239,50 @@ pub fn open_slow_tier(path: &Path, kind: TierKind) -> io::Result<Box<dyn SlowTie
     })
 }
 
+/// Two files in one address space: the pack at offsets `0..base`, its source GGUF at
+/// `base..base + source length` (`base` is the pack's length rounded up to a page, the
+/// `gguf_offset` of its [`PackIndex`](sift_model::layout::PackIndex)). The tiered store names
+/// every byte it reads — a column, a prompt layer's rows, an embedding row — by one offset.
+pub struct PackAndSource {
+    pack: Box<dyn SlowTier>,
+    source: Box<dyn SlowTier>,
+    base: u64,
+}
+
+impl PackAndSource {
+    pub fn new(pack: Box<dyn SlowTier>, source: Box<dyn SlowTier>, base: u64) -> PackAndSource {
+        PackAndSource { pack, source, base }
+    }
+}
+
+impl SlowTier for PackAndSource {
+    fn name(&self) -> &'static str {
+        self.pack.name()
+    }
+
+    fn read_batch(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq]) -> io::Result<()> {
+        let (lo, hi): (Vec<ReadReq>, Vec<ReadReq>) = reqs.iter().partition(|r| r.offset < self.base);
+        if let Some(r) = lo.iter().find(|r| r.offset + r.len as u64 > self.base) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("read {r:?} runs from the pack into its source GGUF"),
+            ));
+        }
+        if !lo.is_empty() {
+            self.pack.read_batch(buf, &lo)?;
+        }
+        if !hi.is_empty() {
+            let shifted: Vec<ReadReq> = hi.iter().map(|r| ReadReq { offset: r.offset - self.base, ..*r }).collect();
+            self.source.read_batch(buf, &shifted)?;
+        }
+        Ok(())
+    }
+
+    fn file_len(&self) -> u64 {
+        self.base + self.source.file_len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,126 @@
+//! Exact columns against re-quantized columns: the one-token column kernels on the same matrix,
+//! one thread.
+//!
+//! For each case an `O × I` matrix is quantized from random data in the source format (a GGUF's
+//! row-major blocks), transposed into exact columns ([`ExactFormat::transpose`]), and also
+//! dequantized and re-quantized into the [`ColType`] of the same bits per value (what packs held
+//! before exact columns: Q4_1 for 4-bit sources, Q5_0 for 5- and 6-bit, Q8_0 for 8-bit). Both
+//! kernels then run over the same random active set (sorted ascending, as selectors give it) at
+//! 0 / 50 / 75 % sparsity. Reported: µs per call of each (the fastest of repeated calls) and the
+//! exact kernel's speed relative to the re-quantized one (> 1: exact is faster). The `mem` cases
+//! rotate through enough copies (≥ 400 MB per layout) that every call reads from DRAM, as a
+//! decode step does; the others stay in cache.
+//!
+//! Run with `cargo bench -p sift-quant --bench exact [-- FILTER]`.
+
+use rand::rngs::StdRng;
+use rand::seq::index::sample;
+use rand::{Rng, SeedableRng};
+use sift_quant::exact::ExactMatrix;
+use sift_quant::{axpy_cols_fn, axpy_exact_fn, scalar, ColType, ExactFormat, Isa, WeightType};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const CASES: &[(WeightType, usize, usize, bool, &str)] = &[
+    (WeightType::Q4_1, 1536, 576, false, "SmolLM2 ffn_up"),
+    (WeightType::Q4_1, 576, 1536, false, "SmolLM2 ffn_down"),
+    (WeightType::Q5_0, 4864, 896, false, "Qwen-0.5B ffn_up"),
+    (WeightType::Q4_K, 8960, 1536, true, "Qwen-1.5B ffn_up, mem"),
+    (WeightType::Q6_K, 1536, 8960, true, "Qwen-1.5B ffn_down, mem"),
+    (WeightType::Q4_1, 8192, 8192, true, "mem"),
+];
+
+const SPARSITY: [usize; 3] = [0, 50, 75];
+const MEM_BYTES: usize = 400 << 20;
+
+fn best_time(mut f: impl FnMut(), total: Duration) -> Duration {
+    f();
+    let mut best = Duration::MAX;
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls < 5 || start.elapsed() < total {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+        calls += 1;
+    }
+    best
+}
+
+fn main() {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let isa = Isa::detect();
+    println!("ISA {isa:?}; one thread; µs per call: exact | re-quantized | exact speed relative to re-quantized");
+    let mut rng = StdRng::seed_from_u64(5);
+    for &(src, o, i, mem, what) in CASES {
+        let label = format!("{} {o}x{i} {what}", src.name());
+        if filter.as_deref().is_some_and(|f| !label.contains(f)) {
+            continue;
+        }
+        let fmt = ExactFormat::of(src).unwrap();
+        let req = match fmt.bits {
+            4 => ColType::Q4_1,
+            8 => ColType::Q8_0,
+            _ => ColType::Q5_0,
+        };
+        // 64 distinct random rows, tiled.
+        let distinct: Vec<Vec<f32>> =
+            (0..64).map(|_| (0..i).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect();
+        let mut rows = Vec::new();
+        let mut dense = vec![0f32; o * i];
+        for r in 0..o {
+            let x = &distinct[(r * 7 + r / 64) % 64];
+            let q = scalar::quantize_row(src, x);
+            src.dequantize_row(&q, &mut dense[r * i..(r + 1) * i]);
+            rows.extend(q);
+        }
+        let (ecols, scales) = fmt.transpose(&rows, o, i);
+        let rcb = req.col_bytes(o);
+        let mut rcols = vec![0u8; rcb * i];
+        let mut col = vec![0f32; o];
+        for c in 0..i {
+            for (r, v) in col.iter_mut().enumerate() {
+                *v = dense[r * i + c];
+            }
+            req.quantize_col(&col, &mut rcols[c * rcb..(c + 1) * rcb]);
+        }
+        let copies = if mem { MEM_BYTES.div_ceil(ecols.len()) } else { 1 };
+        let ecopies: Vec<Vec<u8>> = (0..copies).map(|_| ecols.clone()).collect();
+        let rcopies: Vec<Vec<u8>> = (0..copies).map(|_| rcols.clone()).collect();
+        let (fe, fr) = (axpy_exact_fn(fmt, isa), axpy_cols_fn(req, isa));
+        let budget = Duration::from_millis(if mem { 400 } else { 150 });
+        print!("{:<5} {:>10} vs {:<5}", src.name(), format!("{o}x{i}"), req.name());
+        for s in SPARSITY {
+            let n_active = i * (100 - s) / 100;
+            let mut active: Vec<u32> = sample(&mut rng, i, n_active).into_iter().map(|v| v as u32).collect();
+            active.sort_unstable();
+            let coef: Vec<f32> = active.iter().map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let mut y = vec![0f32; o];
+            let mut k = 0;
+            let te = best_time(
+                || {
+                    let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: &ecopies[k % copies], scales: &scales };
+                    k += 1;
+                    fe(black_box(&m), &active, &active, &coef, 0..o / 32, &mut y);
+                    black_box(&y);
+                },
+                budget,
+            );
+            let tr = best_time(
+                || {
+                    fr(black_box(&rcopies[k % copies]), rcb, &active, &coef, 0..o / 32, &mut y);
+                    k += 1;
+                    black_box(&y);
+                },
+                budget,
+            );
+            print!(
+                "  {s:>2}%: {:>6.0} | {:>6.0} | {:>4.2}x",
+                te.as_secs_f64() * 1e6,
+                tr.as_secs_f64() * 1e6,
+                tr.as_secs_f64() / te.as_secs_f64()
+            );
+        }
+        println!("  {what}");
+    }
+}

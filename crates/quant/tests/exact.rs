@@ -1,0 +1,262 @@
+//! Exact columns ([`sift_quant::exact`]): the transposed layout against the source rows, and the
+//! column kernels three ways.
+//!
+//! - Layout: for every format with an exact layout, a tensor quantized from seeded random data is
+//!   transposed; every column, dequantized ([`ExactFormat::dequantize_col`]), equals the source
+//!   rows' values ([`WeightType::dequantize_row`]) **bit for bit** (the same f32 products GGML's
+//!   dequantizers compute).
+//! - Kernels: scalar and every SIMD kernel this CPU runs vs an f64 sum of `coef · w` over the
+//!   dequantized columns, for all / 50 % / 10 % / one / no active columns (ascending, as selectors
+//!   give them; and an unsorted list with repeats), whole and partial output ranges, columns reached
+//!   through a permuted slot index (as from a cache). Tolerance per output `k`:
+//!   `≤ 2·10⁻⁵ · S_k`, `S_k = |y0_k| + Σ_i |coef_i|·(|a·(q − zero)| + |b|)`: the kernels sum
+//!   `coef · q` per run then scale, so rounding is relative to the two terms of each weight.
+//! - Batch kernel vs the one-token scalar kernel per token, same tolerance.
+//! - Bad arguments panic with the checker's message, before anything is written.
+
+use sift_quant::exact::{axpy_exact_scalar, check_axpy_exact, ExactFormat, ExactMatrix};
+use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, Isa, WeightType};
+
+const FORMATS: [WeightType; 7] = [
+    WeightType::Q4_0,
+    WeightType::Q4_1,
+    WeightType::Q5_0,
+    WeightType::Q8_0,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
+];
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// A random `n_out × n_in` tensor in `t`, its dequantized rows, and its exact columns.
+fn tensor(t: WeightType, n_out: usize, n_in: usize, seed: u64) -> (Vec<f32>, Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let mut rows = Vec::new();
+    for r in 0..n_out {
+        // Rows of different magnitudes, some with an offset (Q4_1 / K-quant minimums matter).
+        let scale = 0.01 + (r % 7) as f32 * 0.3;
+        let off = if r % 3 == 0 { 0.5 } else { 0.0 };
+        let x: Vec<f32> = (0..n_in).map(|_| rng.f() * scale + off).collect();
+        rows.extend(scalar::quantize_row(t, &x));
+    }
+    let mut dense = vec![0f32; n_out * n_in];
+    let rb = rows.len() / n_out;
+    for r in 0..n_out {
+        t.dequantize_row(&rows[r * rb..(r + 1) * rb], &mut dense[r * n_in..(r + 1) * n_in]);
+    }
+    let f = ExactFormat::of(t).unwrap();
+    let (cols, scales) = f.transpose(&rows, n_out, n_in);
+    (dense, cols, scales)
+}
+
+#[test]
+fn columns_hold_the_source_weights_bit_for_bit() {
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        let (n_out, n_in) = (96, 512);
+        let (dense, cols, scales) = tensor(t, n_out, n_in, 7);
+        assert_eq!(cols.len(), f.col_bytes(n_out) * n_in);
+        assert_eq!(scales.len(), f.scale_bytes(n_out, n_in));
+        let cb = f.col_bytes(n_out);
+        let mut col = vec![0f32; n_out];
+        for c in 0..n_in {
+            f.dequantize_col(&cols[c * cb..(c + 1) * cb], &scales, c, &mut col);
+            for r in 0..n_out {
+                assert_eq!(col[r].to_bits(), dense[r * n_in + c].to_bits(), "{t:?} row {r} col {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn exact_sizes_match_the_source() {
+    // Bytes per weight: the legacy formats keep theirs; K-quants' 6-bit sub-scales become bytes.
+    let bpw = |t: WeightType| {
+        let f = ExactFormat::of(t).unwrap();
+        (f.col_bytes(256) * 256 + f.scale_bytes(256, 256)) as f64 * 8.0 / (256.0 * 256.0)
+    };
+    assert_eq!(bpw(WeightType::Q4_0), 4.5);
+    assert_eq!(bpw(WeightType::Q4_1), 5.0);
+    assert_eq!(bpw(WeightType::Q5_0), 5.5);
+    assert_eq!(bpw(WeightType::Q8_0), 8.5);
+    assert_eq!(bpw(WeightType::Q4_K), 4.625);
+    assert_eq!(bpw(WeightType::Q5_K), 5.625);
+    assert_eq!(bpw(WeightType::Q6_K), 6.5625);
+}
+
+/// Per-output bound scale `S_k` for the kernels (module docs).
+fn bound(
+    f: &ExactFormat,
+    cols: &[u8],
+    scales: &[u8],
+    n_out: usize,
+    units: &[u32],
+    coef: &[f32],
+    y0: &[f32],
+) -> Vec<f64> {
+    let cb = f.col_bytes(n_out);
+    let mut s: Vec<f64> = y0.iter().map(|v| v.abs() as f64).collect();
+    let mut q = vec![0f32; n_out];
+    for (&u, &c) in units.iter().zip(coef) {
+        // |a·(q − zero)| + |b|, from the dequantized value and the offset.
+        f.dequantize_col(&cols[u as usize * cb..(u as usize + 1) * cb], scales, u as usize, &mut q);
+        for (r, sv) in s.iter_mut().enumerate() {
+            let (_, b) = f.scale_of(scales, n_out, r, u as usize);
+            let aq = (q[r] - b) as f64;
+            *sv += (c.abs() as f64) * (aq.abs() + b.abs() as f64);
+        }
+    }
+    s
+}
+
+fn reference(
+    dense: &[f32],
+    n_in: usize,
+    units: &[u32],
+    coef: &[f32],
+    rows: std::ops::Range<usize>,
+    y0: &[f32],
+) -> Vec<f64> {
+    rows.enumerate()
+        .map(|(k, r)| {
+            y0[k] as f64
+                + units.iter().zip(coef).map(|(&u, &c)| c as f64 * dense[r * n_in + u as usize] as f64).sum::<f64>()
+        })
+        .collect()
+}
+
+#[test]
+fn kernels_agree_with_f64_sums() {
+    let isas: Vec<Isa> = Isa::available();
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        for &(n_out, n_in) in &[(32usize, 256usize), (128, 512), (896, 768)] {
+            let (dense, cols, scales) = tensor(t, n_out, n_in, n_out as u64 * 31 + n_in as u64);
+            let cb = f.col_bytes(n_out);
+            // The same columns in a "cache": slot p holds column perm[p].
+            let perm: Vec<usize> = (0..n_in).map(|c| (c * 7 + 3) % n_in).collect();
+            let mut slots = vec![0u8; cols.len()];
+            let mut slot_of = vec![0u32; n_in];
+            for (p, &c) in perm.iter().enumerate() {
+                slots[p * cb..(p + 1) * cb].copy_from_slice(&cols[c * cb..(c + 1) * cb]);
+                slot_of[c] = p as u32;
+            }
+            let mut rng = Rng(99 + n_out as u64);
+            let mut sets: Vec<Vec<u32>> = vec![
+                (0..n_in as u32).collect(),
+                (0..n_in as u32).filter(|_| rng.next().is_multiple_of(2)).collect(),
+                (0..n_in as u32).filter(|_| rng.next().is_multiple_of(10)).collect(),
+                vec![(n_in / 2) as u32],
+                vec![],
+            ];
+            sets.push(vec![5, 3, 3, (n_in - 1) as u32, 0, 40]);
+            for units in &sets {
+                let coef: Vec<f32> = units.iter().map(|_| rng.f() * 3.0).collect();
+                for chunks in [0..n_out / 32, (n_out / 32) / 2..n_out / 32] {
+                    let rows = chunks.start * 32..chunks.end * 32;
+                    let y0: Vec<f32> = rows.clone().map(|_| rng.f()).collect();
+                    let want = reference(&dense, n_in, units, &coef, rows.clone(), &y0);
+                    let s_all = bound(&f, &cols, &scales, n_out, units, &coef, &vec![0.0; n_out]);
+                    for (name, data, idx) in [
+                        ("tensor", &cols, units.clone()),
+                        ("slots", &slots, units.iter().map(|&u| slot_of[u as usize]).collect::<Vec<u32>>()),
+                    ] {
+                        let m = ExactMatrix { fmt: f, n_out, n_in, cols: data, scales: &scales };
+                        let mut kernels: Vec<(String, sift_quant::ExactAxpyFn)> =
+                            vec![("scalar".into(), axpy_exact_scalar as sift_quant::ExactAxpyFn)];
+                        for &isa in &isas {
+                            kernels.push((format!("{isa:?}"), axpy_exact_fn(f, isa)));
+                        }
+                        for (kname, k) in &kernels {
+                            let mut y = y0.clone();
+                            k(&m, &idx, units, &coef, chunks.clone(), &mut y);
+                            for (j, r) in rows.clone().enumerate() {
+                                let tol = 2e-5 * (s_all[r] + y0[j].abs() as f64) + 1e-30;
+                                let err = (y[j] as f64 - want[j]).abs();
+                                assert!(
+                                    err <= tol,
+                                    "{t:?} {n_out}x{n_in} {kname} {name} {} active, row {r}: {} vs {} (tol {tol})",
+                                    units.len(),
+                                    y[j],
+                                    want[j]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_kernel_agrees_with_the_one_token_kernel() {
+    for t in [WeightType::Q4_1, WeightType::Q4_K, WeightType::Q6_K, WeightType::Q5_0] {
+        let f = ExactFormat::of(t).unwrap();
+        let (n_out, n_in, n_tok) = (128, 512, 5);
+        let (_, cols, scales) = tensor(t, n_out, n_in, 5);
+        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        let mut rng = Rng(3);
+        let x: Vec<f32> = (0..n_tok * n_in).map(|_| if rng.next().is_multiple_of(3) { rng.f() } else { 0.0 }).collect();
+        let mut y = vec![0f32; n_tok * n_out];
+        axpy_exact_batch(&m, &x, n_tok, 0..n_out / 32, &mut y, n_out);
+        for tk in 0..n_tok {
+            let xr = &x[tk * n_in..(tk + 1) * n_in];
+            let units: Vec<u32> = (0..n_in as u32).filter(|&c| xr[c as usize] != 0.0).collect();
+            let coef: Vec<f32> = units.iter().map(|&c| xr[c as usize]).collect();
+            let mut want = vec![0f32; n_out];
+            axpy_exact_scalar(&m, &units, &units, &coef, 0..n_out / 32, &mut want);
+            let s = bound(&f, &cols, &scales, n_out, &units, &coef, &want.iter().map(|_| 0.0).collect::<Vec<_>>());
+            for r in 0..n_out {
+                let err = (y[tk * n_out + r] - want[r]).abs() as f64;
+                assert!(err <= 2e-5 * s[r] + 1e-30, "{t:?} token {tk} row {r}: {} vs {}", y[tk * n_out + r], want[r]);
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_is_written() {
+    let t = WeightType::Q4_K;
+    let f = ExactFormat::of(t).unwrap();
+    let (n_out, n_in) = (64, 256);
+    let (_, cols, scales) = tensor(t, n_out, n_in, 1);
+    let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+    let ok = check_axpy_exact(&m, &[0], &[0], &[1.0], &(0..2), 64);
+    assert!(ok.is_ok());
+    // (idx, units, output chunks, y length, the message).
+    type Case<'a> = (&'a [u32], &'a [u32], std::ops::Range<usize>, usize, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        (&[256], &[0], 0..2, 64, "column index 256 out of range"),
+        (&[0], &[300], 0..2, 64, "column index 300 out of range"),
+        (&[0], &[0], 0..3, 96, "output blocks 0..3"),
+        (&[0], &[0], 0..2, 32, "y has length 32"),
+    ];
+    for (idx, units, chunks, ylen, msg) in cases {
+        let e = check_axpy_exact(&m, idx, units, &[1.0], &chunks, ylen).unwrap_err().to_string();
+        assert!(e.contains(msg), "{e} lacks {msg}");
+        for isa in Isa::available() {
+            let k = axpy_exact_fn(f, isa);
+            let mut y = vec![7.0f32; ylen];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                k(&m, idx, units, &[1.0], chunks.clone(), &mut y)
+            }));
+            assert!(r.is_err(), "{isa:?} accepted {msg}");
+            assert!(y.iter().all(|&v| v == 7.0), "{isa:?} wrote before refusing");
+        }
+    }
+    let short = ExactMatrix { scales: &scales[..scales.len() - 1], ..m };
+    assert!(check_axpy_exact(&short, &[0], &[0], &[1.0], &(0..2), 64).unwrap_err().to_string().contains("scale plane"));
+}
