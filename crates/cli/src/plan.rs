@@ -70,7 +70,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let runtime = trace
         .as_ref()
         .map(|t| t.header.runtime_bytes)
-        .unwrap_or_else(|| sift_session::runtime_bytes(&a.model, model.file.gguf.data_offset));
+        .unwrap_or_else(|| sift_session::runtime_bytes(&[&a.model, model.file.path()], model.file.gguf.data_offset));
     let eo = a.kv.apply(EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() });
     let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {

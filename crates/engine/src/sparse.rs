@@ -165,25 +165,33 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
     for j in jobs.iter_mut() {
         let op = j.op;
         let (n_blocks, width) = (op.n_out / 32, op.n_out);
+        if let ColFormat::Exact(fmt) = op.ty {
+            // Exact columns: the one-token kernel per token over all outputs, tokens split
+            // across threads (each token's outputs are its own).
+            let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: j.data, scales: j.scales };
+            let out = SharedMut::new(&mut j.out[..n * width]);
+            pool.for_each(n, 1, &|range, _| {
+                for t in range {
+                    // SAFETY: token t's outputs `t·width..(t + 1)·width` belong to item t only.
+                    let y = unsafe { out.slice(t * width..(t + 1) * width) };
+                    y.fill(0.0);
+                    axpy_exact_batch(&m, &x[t * op.n_in..(t + 1) * op.n_in], 1, 0..n_blocks, y, width);
+                }
+            });
+            continue;
+        }
         let bpc = blocks_per_chunk(n_blocks, pool.n_threads()).max(4);
         let n_chunks = n_blocks.div_ceil(bpc);
-        let (data, scales) = (j.data, j.scales);
+        let data = j.data;
         let out = SharedMut::new(&mut j.out[..n * width]);
         pool.for_each(n_chunks, 1, &|range, _| {
             for c in range {
                 let (b0, b1) = (c * bpc, ((c + 1) * bpc).min(n_blocks));
                 let w = (b1 - b0) * 32;
                 let mut y = vec![0f32; n * w];
-                match op.ty {
-                    ColFormat::Requant(ty) => {
-                        let m =
-                            ColMatrix::new(ty, data, op.n_out, op.n_in).expect("column tensor shape checked at load");
-                        axpy_cols_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w, isa);
-                    }
-                    ColFormat::Exact(fmt) => {
-                        let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: data, scales };
-                        axpy_exact_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w);
-                    }
+                if let ColFormat::Requant(ty) = op.ty {
+                    let m = ColMatrix::new(ty, data, op.n_out, op.n_in).expect("column tensor shape checked at load");
+                    axpy_cols_batch(&m, &x[..n * op.n_in], n, b0..b1, &mut y, w, isa);
                 }
                 for t in 0..n {
                     // SAFETY: token t's outputs b0*32..b1*32 belong to this chunk only.

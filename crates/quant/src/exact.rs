@@ -40,8 +40,7 @@
 //! `y += a·(t − zero·s) + b·s`. The scalar reference [`axpy_exact_scalar`] computes the same sums
 //! in the same order; AVX2 ([`crate::x86::exact`]) differs from it by f32 FMA rounding only.
 //!
-//! [`axpy_exact_batch`] (many tokens, `--all-columns`): each used column is dequantized once per
-//! tile of outputs and added, scaled, to every token using it.
+//! [`axpy_exact_batch`] (many tokens, `--all-columns`): the one-token kernel per token.
 
 use crate::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0};
 use crate::columns::{ColType, ColsError};
@@ -501,12 +500,12 @@ pub fn axpy_exact_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
 
 /// Many tokens (`--all-columns`): for every token `t < n_tok` and `k < 32·chunks.len()`,
 /// `y[t·y_stride + k] += Σ_c x[t·n_in + c] · W[32·chunks.start + k][c]` over the whole matrix
-/// (`m.cols` the whole tensor, column `c` at `c·col_bytes`), skipping zero inputs. Each column
-/// used by the tokens is dequantized once per 128 outputs ([`ExactFormat::dequantize_col`]'s
-/// values) and added to every token that uses it.
+/// (`m.cols` the whole tensor, column `c` at `c·col_bytes`), skipping zero inputs: the one-token
+/// kernel of this CPU ([`axpy_exact_fn`]) per token, so a batch computes exactly what decoding
+/// the same tokens one at a time computes.
 ///
 /// # Panics
-/// If `x`, `y`, the matrix or the scale plane is too short for the shapes.
+/// If `x` or `y` is too short for the shapes, or on arguments the one-token kernel refuses.
 pub fn axpy_exact_batch(
     m: &ExactMatrix<'_>,
     x: &[f32],
@@ -515,59 +514,24 @@ pub fn axpy_exact_batch(
     y: &mut [f32],
     y_stride: usize,
 ) {
-    let (n_in, n_out) = (m.n_in, m.n_out);
-    let width = 32 * chunks.len();
+    let (n_in, width) = (m.n_in, 32 * chunks.len());
     assert!(x.len() >= n_tok * n_in, "axpy_exact_batch: x too short");
     assert!(
         n_tok == 0 || (y_stride >= width && y.len() >= (n_tok - 1) * y_stride + width),
         "axpy_exact_batch: y too short"
     );
-    assert!(
-        m.fmt.fits(n_out, n_in)
-            && m.cols.len() >= n_in * m.col_bytes()
-            && m.scales.len() >= m.fmt.scale_bytes(n_out, n_in)
-            && chunks.start <= chunks.end
-            && chunks.end <= n_out / 32,
-        "axpy_exact_batch: matrix, scale plane or output range does not fit"
-    );
-    const TILE: usize = 4;
-    let cb = m.col_bytes();
-    let mut w = vec![0f32; 32 * TILE];
-    let mut c0 = chunks.start;
-    while c0 < chunks.end {
-        let c1 = (c0 + TILE).min(chunks.end);
-        let width = 32 * (c1 - c0);
-        for c in 0..n_in {
-            if !(0..n_tok).any(|t| x[t * n_in + c] != 0.0) {
-                continue;
-            }
-            let col = &m.cols[c * cb..(c + 1) * cb];
-            dequant_rows(m, col, c, c0..c1, &mut w[..width]);
-            for t in 0..n_tok {
-                let v = x[t * n_in + c];
-                if v != 0.0 {
-                    let yt = &mut y[t * y_stride + 32 * (c0 - chunks.start)..][..width];
-                    for (yv, wv) in yt.iter_mut().zip(&w[..width]) {
-                        *yv += v * wv;
-                    }
-                }
+    let f = axpy_exact_fn(m.fmt, Isa::detect());
+    let (mut units, mut coef) = (Vec::with_capacity(n_in), Vec::with_capacity(n_in));
+    for t in 0..n_tok {
+        units.clear();
+        coef.clear();
+        for (c, &v) in x[t * n_in..(t + 1) * n_in].iter().enumerate() {
+            if v != 0.0 {
+                units.push(c as u32);
+                coef.push(v);
             }
         }
-        c0 = c1;
-    }
-}
-
-/// Values of column `c` at output chunks `chunks` into `dst`.
-fn dequant_rows(m: &ExactMatrix<'_>, col: &[u8], c: usize, chunks: Range<usize>, dst: &mut [f32]) {
-    let kb = m.fmt.chunk_bytes();
-    let zero = m.fmt.zero as f32;
-    for (ci, ch) in chunks.enumerate() {
-        let chunk = &col[ch * kb..(ch + 1) * kb];
-        for k in 0..32 {
-            let (a, b) = m.fmt.scale_of(m.scales, m.n_out, ch * 32 + k, c);
-            let aq = a * (get_q(m.fmt.bits, chunk, k) as f32 - zero);
-            dst[ci * 32 + k] = if m.fmt.has_offset { aq + b } else { aq };
-        }
+        f(m, &units, &units, &coef, chunks.clone(), &mut y[t * y_stride..t * y_stride + width]);
     }
 }
 

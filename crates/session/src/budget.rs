@@ -7,7 +7,7 @@
 //! [`RUNTIME_SLACK`]. The budget holds the whole resident set, so the code's pages count too;
 //! a mapped model's pages do not (a budgeted run never maps its weights).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Headroom added to the measured runtime: allocations the run makes later (per-request
 /// buffers, the allocator's own growth).
@@ -38,20 +38,22 @@ pub fn parse_budget(s: &str, model_size: u64) -> anyhow::Result<u64> {
 }
 
 /// The process's runtime memory now (see the module docs): its resident set less the pages of
-/// `model` it maps and less `held` (model bytes read into memory that the plan counts as
+/// the model `files` it maps (a pack and its source GGUF) and less `held` (model bytes read into memory that the plan counts as
 /// resident weights), plus [`RUNTIME_SLACK`].
-pub fn runtime_bytes(model: &Path, held: u64) -> u64 {
+pub fn runtime_bytes(files: &[&Path], held: u64) -> u64 {
+    let skip: Vec<PathBuf> =
+        files.iter().map(|f| std::fs::canonicalize(f).unwrap_or_else(|_| f.to_path_buf())).collect();
     let rss = match std::fs::read_to_string("/proc/self/smaps") {
-        Ok(smaps) => rss_outside(&smaps, &std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf())),
+        Ok(smaps) => rss_outside(&smaps, &skip),
         Err(_) => status_bytes("VmRSS:").unwrap_or(0),
     };
     rss.saturating_sub(held) + RUNTIME_SLACK
 }
 
 /// The resident bytes of every mapping in `smaps` (the text of /proc/PID/smaps) but those of
-/// the file `skip`.
-fn rss_outside(smaps: &str, skip: &Path) -> u64 {
-    let skip = skip.to_string_lossy();
+/// the files `skip`.
+fn rss_outside(smaps: &str, skip: &[PathBuf]) -> u64 {
+    let skip: Vec<String> = skip.iter().map(|p| p.to_string_lossy().to_string()).collect();
     let mut total = 0;
     let mut skipping = false;
     for line in smaps.lines() {
@@ -60,7 +62,7 @@ fn rss_outside(smaps: &str, skip: &Path) -> u64 {
         if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             // A mapping's header: range perms offset dev inode [path].
             let path = f.nth(4).map(|_| line.splitn(6, char::is_whitespace).last().unwrap_or("").trim());
-            skipping = path == Some(skip.as_ref());
+            skipping = path.is_some_and(|p| skip.iter().any(|s| s == p));
         } else if first == "Rss:" && !skipping {
             total += f.next().and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024;
         }
@@ -104,9 +106,9 @@ mod tests {
     #[test]
     fn runtime_grows_with_the_heap_and_excludes_what_is_held() {
         let exe = std::env::current_exe().unwrap();
-        let before = runtime_bytes(&exe, 0);
+        let before = runtime_bytes(&[&exe], 0);
         let block = vec![1u8; 64 << 20];
-        let (all, less_held) = (runtime_bytes(&exe, 0), runtime_bytes(&exe, block.len() as u64));
+        let (all, less_held) = (runtime_bytes(&[&exe], 0), runtime_bytes(&[&exe], block.len() as u64));
         assert!(all >= before + (60 << 20), "64 MiB touched: {before} -> {all}");
         assert!((all - less_held).abs_diff(64 << 20) < (1 << 20), "held bytes are subtracted");
         drop(block);
@@ -122,7 +124,7 @@ Rss:              262144 kB
 7f0020000000-7f0020100000 rw-p 00000000 00:00 0
 Rss:                2048 kB
 ";
-        assert_eq!(rss_outside(smaps, Path::new("/models/my model.sift")), 3072 * 1024);
-        assert_eq!(rss_outside(smaps, Path::new("/elsewhere")), (3072 + 262144) * 1024);
+        assert_eq!(rss_outside(smaps, &[PathBuf::from("/models/my model.sift")]), 3072 * 1024);
+        assert_eq!(rss_outside(smaps, &[PathBuf::from("/elsewhere")]), (3072 + 262144) * 1024);
     }
 }

@@ -127,7 +127,7 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
         // The tokenizer first: it is part of the process the budget must hold.
         let t = Tokenizer::from_gguf(g).map_err(|e| format!("cannot build the tokenizer: {e}"))?;
         *tok.borrow_mut() = Some(t);
-        let runtime = runtime_bytes(path, 0);
+        let runtime = runtime_bytes(&[path], 0);
         let kv = sift_model::Config::from_gguf(g)
             .map(|c| Engine::kv_and_scratch_bytes_for(&c, eo))
             .map_err(|e| e.to_string())?;
@@ -174,7 +174,7 @@ fn build_engine(
     let mut sparsity = sparsity.clone();
     let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
     let budget = parse_budget(spec, model_size)?;
-    let runtime = runtime_bytes(path, resident_bytes(&model, opts.resident_embeddings));
+    let runtime = runtime_bytes(&[path], resident_bytes(&model, opts.resident_embeddings));
     let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
     let mut planned = None;
     if sparsity.method.is_none() || memory.preload.is_none() {
