@@ -179,7 +179,9 @@ fn the_planners_plans_fit_their_budgets() {
     let size = model.columns.as_ref().unwrap().gguf_len;
     let kv = Engine::kv_and_scratch_bytes(&model, &eo());
     let mut last_ratio = 1.0;
-    for pct in [80u64, 100, 150, 300, 600] {
+    // From 100%: below it SmolLM2's fixed part (77 MiB with the exact columns' 13 MiB of scales)
+    // does not fit.
+    for pct in [100u64, 150, 300, 600] {
         let budget = size * pct / 100;
         let req = PlanRequest {
             inputs: PlanInputs { budget, runtime: 20 << 20, kv_and_scratch: kv },
