@@ -6,7 +6,8 @@
 #   llama.cpp sources vendored in the llama-cpp-python sdist, so both come from one version.
 # - llama-cpp-python is installed into DIR/venv without building llama.cpp a second time; it is
 #   pointed at the shared libraries built above through LLAMA_CPP_LIB_PATH (see scripts/ref-env.sh).
-# AVX-512 + VNNI, never -march=native: this VM reports AMX but its instructions SIGILL.
+# AVX-512 + VNNI where the CPU has them (AVX2 otherwise), never -march=native: one of the
+# project's VMs reports AMX but its instructions SIGILL.
 set -euo pipefail
 ver=0.3.36
 dir=$(realpath -m "${1:-.ref}")
@@ -18,8 +19,11 @@ if [ ! -d "$dir/src" ]; then
   mkdir -p "$dir/src" && tar -xzf "$dir/dl/llama_cpp_python-$ver.tar.gz" -C "$dir/src" --strip-components=1
 fi
 export PATH="$dir/venv/bin:$PATH"
+avx512="-DGGML_AVX512=OFF"
+if grep -qw avx512f /proc/cpuinfo; then avx512="-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"; fi
+# shellcheck disable=SC2086 # $avx512 is a list of flags
 cmake -S "$dir/src/vendor/llama.cpp" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_NATIVE=OFF $avx512 -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
   -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=ON
 cmake --build "$dir/build" -j 2 --target llama-bench llama-perplexity llama-tokenize llama-completion

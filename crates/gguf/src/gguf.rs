@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use crate::error::show;
 use crate::reader::Reader;
-use crate::{GgmlType, GgufError, MetaValue};
+use crate::{GgmlType, GgufError, MetaArray, MetaValue, StrArray};
 
 /// The four magic bytes at the start of every GGUF file.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -160,7 +160,7 @@ impl Gguf {
     }
 
     /// `key` as an array.
-    pub fn get_array(&self, key: &str) -> Option<&[MetaValue]> {
+    pub fn get_array(&self, key: &str) -> Option<&MetaArray> {
         self.get(key)?.as_array()
     }
 
@@ -348,11 +348,41 @@ impl Parser<'_> {
                 min_bytes,
             });
         }
-        let mut items = Vec::with_capacity(self.capacity(count, min_bytes));
-        for _ in 0..count {
-            items.push(self.value(elem_ty, key, level + 1)?);
-        }
-        Ok(MetaValue::Array(items))
+        let what = || format!("an element of metadata array '{}'", show(key));
+        let array = match elem_ty {
+            // Packed forms (see `MetaArray`); an empty array stays `Values`, as `From` makes it.
+            _ if count == 0 => MetaArray::Values(Vec::new()),
+            T_STRING => {
+                let mut s = StrArray::default();
+                for _ in 0..count {
+                    s.push(self.r.str(&what)?);
+                }
+                s.shrink_to_fit();
+                MetaArray::Strings(s)
+            }
+            T_I32 => {
+                let mut v = Vec::with_capacity(self.capacity(count, min_bytes));
+                for _ in 0..count {
+                    v.push(self.r.u32(&what)? as i32);
+                }
+                MetaArray::I32(v)
+            }
+            T_F32 => {
+                let mut v = Vec::with_capacity(self.capacity(count, min_bytes));
+                for _ in 0..count {
+                    v.push(f32::from_bits(self.r.u32(&what)?));
+                }
+                MetaArray::F32(v)
+            }
+            _ => {
+                let mut items = Vec::with_capacity(self.capacity(count, min_bytes));
+                for _ in 0..count {
+                    items.push(self.value(elem_ty, key, level + 1)?);
+                }
+                MetaArray::Values(items)
+            }
+        };
+        Ok(MetaValue::Array(array))
     }
 
     fn tensor_infos(

@@ -24,4 +24,4 @@ pub use error::GgufError;
 pub use file::{GgufFile, MappedFile};
 pub use gguf::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
-pub use value::MetaValue;
+pub use value::{MetaArray, MetaValue, StrArray};

@@ -71,12 +71,15 @@ impl<'a> Reader<'a> {
 
     /// Reads a GGUF string: a `u64` byte length followed by that many UTF-8 bytes.
     pub(crate) fn string(&mut self, what: What<'_>) -> Result<String, GgufError> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// [`Reader::string`] borrowed from the bytes.
+    pub(crate) fn str(&mut self, what: What<'_>) -> Result<&'a str, GgufError> {
         let len = self.u64(&|| format!("the length of {}", what()))?;
         let start = self.pos();
         let bytes = self.take(len, &|| format!("{} ({len} bytes)", what()))?;
-        match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(GgufError::InvalidUtf8 { what: what(), offset: start + e.valid_up_to() as u64 }),
-        }
+        std::str::from_utf8(bytes)
+            .map_err(|e| GgufError::InvalidUtf8 { what: what(), offset: start + e.valid_up_to() as u64 })
     }
 }

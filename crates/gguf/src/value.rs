@@ -1,4 +1,8 @@
 //! Metadata values stored in a GGUF file's key/value section, with lenient typed accessors.
+//!
+//! Arrays ([`MetaArray`]) are stored by element type: a tokenizer's 150k token strings packed in
+//! one buffer, its token types and scores in plain `i32`/`f32` vectors. One [`MetaValue`] per
+//! element would cost Qwen2.5's vocabulary about 20 MiB of heap, held as long as the model.
 
 use std::fmt;
 
@@ -14,7 +18,7 @@ pub enum MetaValue {
     F32(f32),
     Bool(bool),
     String(String),
-    Array(Vec<MetaValue>),
+    Array(MetaArray),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -95,7 +99,7 @@ impl MetaValue {
     }
 
     /// The elements if the value is an `Array`.
-    pub fn as_array(&self) -> Option<&[MetaValue]> {
+    pub fn as_array(&self) -> Option<&MetaArray> {
         match self {
             MetaValue::Array(a) => Some(a),
             _ => None,
@@ -129,11 +133,11 @@ impl MetaValue {
         let MetaValue::Array(items) = self else {
             return self.scalar_type_name().unwrap_or("array");
         };
-        let Some(first) = items.first() else {
+        let Some(first) = items.get(0) else {
             return "array";
         };
         match first {
-            MetaValue::Array(inner) => match inner.first() {
+            MetaValue::Array(inner) => match inner.get(0) {
                 None => "array[array]",
                 Some(MetaValue::Array(_)) => "array[array[array]]",
                 Some(v) => match v.scalar_type_name().unwrap_or("") {
@@ -168,6 +172,145 @@ impl MetaValue {
                 _ => "array",
             },
         }
+    }
+}
+
+/// An array value, stored by element type. Build one from values with `MetaArray::from(vec)`
+/// (which picks the packed form), read it with [`MetaArray::get`], [`MetaArray::iter`] or the
+/// typed views [`MetaArray::strings`], [`MetaArray::i32s`], [`MetaArray::f32s`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaArray {
+    /// Strings packed in one buffer.
+    Strings(StrArray),
+    /// `i32` elements (token types).
+    I32(Vec<i32>),
+    /// `f32` elements (token scores).
+    F32(Vec<f32>),
+    /// Any other element type (and the empty array), one value per element.
+    Values(Vec<MetaValue>),
+}
+
+impl MetaArray {
+    pub fn len(&self) -> usize {
+        match self {
+            MetaArray::Strings(s) => s.len(),
+            MetaArray::I32(v) => v.len(),
+            MetaArray::F32(v) => v.len(),
+            MetaArray::Values(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a value (a string element is copied).
+    pub fn get(&self, i: usize) -> Option<MetaValue> {
+        match self {
+            MetaArray::Strings(s) => s.get(i).map(|x| MetaValue::String(x.to_owned())),
+            MetaArray::I32(v) => v.get(i).map(|&x| MetaValue::I32(x)),
+            MetaArray::F32(v) => v.get(i).map(|&x| MetaValue::F32(x)),
+            MetaArray::Values(v) => v.get(i).cloned(),
+        }
+    }
+
+    /// The elements as values, in order.
+    pub fn iter(&self) -> impl Iterator<Item = MetaValue> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// The elements if they are strings.
+    pub fn strings(&self) -> Option<&StrArray> {
+        match self {
+            MetaArray::Strings(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The elements if they are `i32`.
+    pub fn i32s(&self) -> Option<&[i32]> {
+        match self {
+            MetaArray::I32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The elements if they are `f32`.
+    pub fn f32s(&self) -> Option<&[f32]> {
+        match self {
+            MetaArray::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl From<Vec<MetaValue>> for MetaArray {
+    /// The packed form of `values` when they are all strings, all `i32` or all `f32` (and not
+    /// empty); otherwise the values as they are.
+    fn from(values: Vec<MetaValue>) -> MetaArray {
+        let all = |f: fn(&MetaValue) -> bool| !values.is_empty() && values.iter().all(f);
+        if all(|v| matches!(v, MetaValue::String(_))) {
+            let mut s = StrArray::default();
+            for v in &values {
+                s.push(v.as_str().unwrap_or(""));
+            }
+            MetaArray::Strings(s)
+        } else if all(|v| matches!(v, MetaValue::I32(_))) {
+            MetaArray::I32(values.iter().map(|v| v.as_i64().unwrap_or(0) as i32).collect())
+        } else if all(|v| matches!(v, MetaValue::F32(_))) {
+            MetaArray::F32(values.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect())
+        } else {
+            MetaArray::Values(values)
+        }
+    }
+}
+
+impl FromIterator<MetaValue> for MetaArray {
+    fn from_iter<I: IntoIterator<Item = MetaValue>>(iter: I) -> MetaArray {
+        MetaArray::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+/// Strings packed one after another in one buffer, with their end offsets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StrArray {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl StrArray {
+    pub const fn new() -> StrArray {
+        StrArray { text: String::new(), ends: Vec::new() }
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// String `i`.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// Gives back the buffers' growth room.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
     }
 }
 

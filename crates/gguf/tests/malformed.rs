@@ -321,7 +321,7 @@ fn nesting_depth_limit() {
     let nest = |levels: usize| {
         let mut v = MetaValue::U8(1);
         for _ in 0..levels {
-            v = MetaValue::Array(vec![v]);
+            v = MetaValue::Array(vec![v].into());
         }
         GgufBuilder::new().kv("deep", v).bytes()
     };

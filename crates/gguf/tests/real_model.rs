@@ -34,8 +34,8 @@ fn smollm_header_and_metadata() {
 
     let tokens = g.get_array("tokenizer.ggml.tokens").unwrap();
     assert_eq!(tokens.len(), 49152);
-    assert_eq!(tokens[0].as_str(), Some("<|endoftext|>"));
-    assert_eq!(tokens[1].as_str(), Some("<|im_start|>"));
+    assert_eq!(tokens.strings().and_then(|t| t.get(0)), Some("<|endoftext|>"));
+    assert_eq!(tokens.strings().and_then(|t| t.get(1)), Some("<|im_start|>"));
     assert!(tokens.iter().all(|t| t.as_str().is_some()));
     assert_eq!(g.get("tokenizer.ggml.tokens").unwrap().type_name(), "array[string]");
     assert_eq!(g.get("tokenizer.ggml.token_type").unwrap().type_name(), "array[i32]");
@@ -44,7 +44,7 @@ fn smollm_header_and_metadata() {
         g.get("tokenizer.ggml.tokens").unwrap().to_string(),
         r#"["<|endoftext|>", "<|im_start|>", "<|im_end|>", ... (49152 items)]"#
     );
-    assert_eq!(g.get("general.languages"), Some(&MetaValue::Array(vec![MetaValue::String("en".into())])));
+    assert_eq!(g.get("general.languages"), Some(&MetaValue::Array(vec![MetaValue::String("en".into())].into())));
     assert_eq!(g.get("no.such.key"), None);
 }
 

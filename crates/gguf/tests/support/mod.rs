@@ -120,10 +120,10 @@ impl Writer {
             MetaValue::I64(x) => self.raw(&x.to_le_bytes()),
             MetaValue::F64(x) => self.raw(&x.to_le_bytes()),
             MetaValue::Array(items) => {
-                let elem = items.first().map_or(0, value_type_id);
+                let elem = items.get(0).as_ref().map_or(0, value_type_id);
                 self.u32(elem).u64(items.len() as u64);
-                for it in items {
-                    self.value_body(it);
+                for it in items.iter() {
+                    self.value_body(&it);
                 }
                 self
             }
@@ -259,15 +259,18 @@ pub fn all_value_types() -> Vec<(String, MetaValue)> {
         ("t.i64", I64(i64::MIN)),
         ("t.f64", F64(-1234.5678e100)),
         ("t.arr.u8", Array((0..20).map(U8).collect())),
-        ("t.arr.i32", Array(vec![I32(-1), I32(0), I32(7)])),
-        ("t.arr.f32", Array(vec![F32(0.25), F32(-3.0)])),
-        ("t.arr.bool", Array(vec![Bool(true), Bool(false)])),
-        ("t.arr.string", Array(vec![String("a".into()), String("".into()), String("ü".into())])),
-        ("t.arr.u64", Array(vec![U64(1), U64(u64::MAX)])),
-        ("t.arr.f64", Array(vec![F64(0.5)])),
-        ("t.arr.empty", Array(vec![])),
-        ("t.arr.nested", Array(vec![Array(vec![I16(1), I16(-2)]), Array(vec![I16(3)]), Array(vec![])])),
-        ("t.arr.nested3", Array(vec![Array(vec![Array(vec![String("deep".into())])])])),
+        ("t.arr.i32", Array(vec![I32(-1), I32(0), I32(7)].into())),
+        ("t.arr.f32", Array(vec![F32(0.25), F32(-3.0)].into())),
+        ("t.arr.bool", Array(vec![Bool(true), Bool(false)].into())),
+        ("t.arr.string", Array(vec![String("a".into()), String("".into()), String("ü".into())].into())),
+        ("t.arr.u64", Array(vec![U64(1), U64(u64::MAX)].into())),
+        ("t.arr.f64", Array(vec![F64(0.5)].into())),
+        ("t.arr.empty", Array(vec![].into())),
+        (
+            "t.arr.nested",
+            Array(vec![Array(vec![I16(1), I16(-2)].into()), Array(vec![I16(3)].into()), Array(vec![].into())].into()),
+        ),
+        ("t.arr.nested3", Array(vec![Array(vec![Array(vec![String("deep".into())].into())].into())].into())),
     ];
     kvs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

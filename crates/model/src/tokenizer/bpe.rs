@@ -1,17 +1,18 @@
 //! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): llama.cpp's pre-tokenizer regexes for each
-//! `tokenizer.ggml.pre`, the GPT-2 byte-to-unicode tables, and the [`tokenizers`] pipeline (a
-//! `Split` per regex, `ByteLevel`, `BPE`) built from the vocabulary and `tokenizer.ggml.merges`.
+//! `tokenizer.ggml.pre`, the GPT-2 byte-to-unicode tables, the [`tokenizers`] pre-tokenizer (a
+//! `Split` per regex, then `ByteLevel`) and the merges of `tokenizer.ggml.merges` by rank.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use sift_gguf::Gguf;
-use tokenizers::models::bpe::{Vocab as BpeVocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::SplitDelimiterBehavior;
+use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
 
+use super::vocab::Vocab;
 use super::{bad, string_array, TokenizerError, KEY_TOKENS};
 
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
@@ -142,54 +143,172 @@ pub(super) fn byte_tables() -> ([char; 256], HashMap<char, u8>) {
     (b2c, c2b)
 }
 
-/// Builds the byte-level BPE `tokenizers` pipeline: one isolating `Split` per pre-tokenizer regex,
-/// `ByteLevel` (mapping only), then `BPE` from the vocabulary and merges.
-pub(super) fn build_bpe(
-    g: &Gguf,
-    tokens: &[String],
-    spec: &PreSpec,
-    b2c: &[char; 256],
-) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let merges_raw = string_array(g, KEY_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
-    let vocab: BpeVocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let mut seen = HashSet::with_capacity(merges_raw.len());
-    let mut merges = Vec::with_capacity(merges_raw.len());
-    for m in merges_raw {
-        // llama.cpp splits at the first space after the first byte.
-        let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
-            continue;
-        };
-        let (a, b) = (&m[..pos], &m[pos + 1..]);
-        if b.is_empty() || !vocab.contains_key(a) || !vocab.contains_key(b) || !vocab.contains_key(&format!("{a}{b}")) {
-            continue;
+/// Byte-level BPE: the pre-tokenizer (a [`tokenizers`] `Sequence` of one isolating `Split` per
+/// regex, then `ByteLevel`, which maps bytes to the GPT-2 alphabet) and the merges by rank.
+///
+/// The splitting stays on the `tokenizers` library (its regex engine gives llama.cpp's pieces);
+/// the merging is sift's own, because the library's `BPE` model keeps the vocabulary twice in
+/// `String`-keyed hash maps plus a merge map and a word cache (about 25 MiB for Qwen2.5's 152k
+/// tokens) and cannot borrow compact tables. The merge loop is the same as the library's and
+/// llama.cpp's: lowest rank first, leftmost first among equal ranks.
+pub(super) struct BpeEngine {
+    pre: Sequence,
+    /// (left id, right id) -> (rank, merged id), sorted by the pair.
+    merges: Vec<(u64, u32, u32)>,
+    /// The token of each character of the GPT-2 byte alphabet (U+0021..U+0143), by code point.
+    char_ids: Vec<Option<u32>>,
+    ignore_merges: bool,
+}
+
+/// A symbol of a word being merged: a token id and its neighbours (`usize::MAX`: none).
+#[derive(Clone, Copy)]
+struct Symbol {
+    id: u32,
+    prev: usize,
+    next: usize,
+    merged_away: bool,
+}
+
+const NONE: usize = usize::MAX;
+
+fn pair_key(a: u32, b: u32) -> u64 {
+    (u64::from(a) << 32) | u64::from(b)
+}
+
+impl BpeEngine {
+    /// Builds the engine from the vocabulary and `tokenizer.ggml.merges`.
+    pub(super) fn new(g: &Gguf, vocab: &Vocab, spec: &PreSpec, b2c: &[char; 256]) -> Result<BpeEngine, TokenizerError> {
+        let merges_raw = string_array(g, KEY_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
+        let mut merges: Vec<(u64, u32, u32)> = Vec::with_capacity(merges_raw.len());
+        let mut joined = String::new();
+        for m in merges_raw.iter() {
+            // llama.cpp splits at the first space after the first byte.
+            let Some(pos) = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+                continue;
+            };
+            let (a, b) = (&m[..pos], &m[pos + 1..]);
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
+            let (Some(ia), Some(ib), Some(ab)) = (vocab.id(a), vocab.id(b), vocab.id(&joined)) else {
+                continue;
+            };
+            if b.is_empty() {
+                continue;
+            }
+            merges.push((pair_key(ia, ib), merges.len() as u32, ab));
         }
-        // llama.cpp keeps the first rank of a repeated pair.
-        if seen.insert((a, b)) {
-            merges.push((a.to_string(), b.to_string()));
+        // llama.cpp keeps the first rank of a repeated pair: a stable sort keeps equal pairs in
+        // rank order, and `dedup_by_key` keeps the first.
+        merges.sort_by_key(|m| m.0);
+        merges.dedup_by_key(|m| m.0);
+        merges.shrink_to_fit();
+
+        let max = b2c.iter().map(|&c| c as usize).max().unwrap_or(0);
+        let mut char_ids = vec![None; max + 1];
+        for &c in b2c {
+            char_ids[c as usize] = vocab.id(c.encode_utf8(&mut [0; 4]));
+        }
+        // The byte tokens must exist for byte-level BPE to cover every input.
+        if char_ids.iter().all(Option::is_none) {
+            return Err(bad(KEY_TOKENS, "byte-level BPE vocabulary has none of the 256 byte tokens"));
+        }
+
+        let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
+        for re in &spec.regexes {
+            let split = Split::new(
+                tokenizers::pre_tokenizers::split::SplitPattern::Regex(re.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))?;
+            steps.push(split.into());
+        }
+        steps.push(ByteLevel::new(false, false, false).into());
+        Ok(BpeEngine { pre: Sequence::new(steps), merges, char_ids, ignore_merges: spec.ignore_merges })
+    }
+
+    /// Appends the tokens of `text` (plain text, no special tokens) to `out`.
+    pub(super) fn encode(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        let mut pre = PreTokenizedString::from(text);
+        self.pre.pre_tokenize(&mut pre).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let mut symbols = Vec::new();
+        for (word, _, _) in pre.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+            if self.ignore_merges {
+                if let Some(id) = vocab.id(word) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            self.merge_word(word, vocab, &mut symbols);
+            let mut i = if symbols.is_empty() { NONE } else { 0 };
+            while i != NONE {
+                out.push(symbols[i].id);
+                i = symbols[i].next;
+            }
+        }
+        Ok(())
+    }
+
+    /// The merge of (rank, merged id) for the pair `a b`, if there is one.
+    fn merge_of(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        let key = pair_key(a, b);
+        let i = self.merges.binary_search_by_key(&key, |m| m.0).ok()?;
+        Some((self.merges[i].1, self.merges[i].2))
+    }
+
+    /// Merges the characters of one pre-tokenized `word` into `symbols` (linked from index 0;
+    /// characters without a token are dropped, as the `tokenizers` library does without an
+    /// unknown token).
+    fn merge_word(&self, word: &str, vocab: &Vocab, symbols: &mut Vec<Symbol>) {
+        symbols.clear();
+        for c in word.chars() {
+            let id = match self.char_ids.get(c as usize) {
+                Some(&id) => id,
+                None => vocab.id(c.encode_utf8(&mut [0; 4])),
+            };
+            let Some(id) = id else { continue };
+            let at = symbols.len();
+            if let Some(last) = symbols.last_mut() {
+                last.next = at;
+            }
+            let prev = if at == 0 { NONE } else { at - 1 };
+            symbols.push(Symbol { id, prev, next: NONE, merged_away: false });
+        }
+        // Candidates ordered lowest rank first, then leftmost: (rank, left position, merged id).
+        let mut queue = BinaryHeap::new();
+        for i in 1..symbols.len() {
+            if let Some((rank, id)) = self.merge_of(symbols[i - 1].id, symbols[i].id) {
+                queue.push(Reverse((rank, i - 1, id)));
+            }
+        }
+        while let Some(Reverse((_, pos, new_id))) = queue.pop() {
+            let left = symbols[pos];
+            if left.merged_away || left.next == NONE {
+                continue;
+            }
+            let right = symbols[left.next];
+            // A stale candidate: one of its symbols has merged since it was queued.
+            if self.merge_of(left.id, right.id).is_none_or(|(_, id)| id != new_id) {
+                continue;
+            }
+            symbols[pos].id = new_id;
+            symbols[pos].next = right.next;
+            symbols[left.next].merged_away = true;
+            if right.next != NONE {
+                symbols[right.next].prev = pos;
+            }
+            let cur = symbols[pos];
+            if cur.prev != NONE {
+                if let Some((rank, id)) = self.merge_of(symbols[cur.prev].id, cur.id) {
+                    queue.push(Reverse((rank, cur.prev, id)));
+                }
+            }
+            if cur.next != NONE {
+                if let Some((rank, id)) = self.merge_of(cur.id, symbols[cur.next].id) {
+                    queue.push(Reverse((rank, pos, id)));
+                }
+            }
         }
     }
-    // The byte tokens must exist for byte-level BPE to cover every input.
-    let missing = b2c.iter().filter(|c| !vocab.contains_key(&c.to_string())).count();
-    if missing == 256 {
-        return Err(bad(KEY_TOKENS, "byte-level BPE vocabulary has none of the 256 byte tokens"));
-    }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .ignore_merges(spec.ignore_merges)
-        .build()
-        .map_err(|e| TokenizerError::Build(e.to_string()))?;
-    let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(spec.regexes.len() + 1);
-    for re in &spec.regexes {
-        let split = Split::new(
-            tokenizers::pre_tokenizers::split::SplitPattern::Regex(re.to_string()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {re:?}: {e}")))?;
-        steps.push(split.into());
-    }
-    steps.push(ByteLevel::new(false, false, false).into());
-    let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(Sequence::new(steps)));
-    Ok(tk)
 }

@@ -5,9 +5,9 @@
 //!
 //! - `"gpt2"`: byte-level BPE (SmolLM, Qwen2, Llama 3, ...). Text is split by the pre-tokenizer
 //!   regexes that llama.cpp's `llama-vocab.cpp` uses for `tokenizer.ggml.pre`, mapped to bytes with
-//!   the GPT-2 byte-to-unicode table and merged by rank (`tokenizer.ggml.merges`). The splitting and
-//!   merging run on a [`tokenizers`] pipeline built programmatically (a `Split` per llama.cpp regex,
-//!   then `ByteLevel`, then a `BPE` model). Pre-tokenizer names llama.cpp does not know fall back to
+//!   the GPT-2 byte-to-unicode table and merged by rank (`tokenizer.ggml.merges`). The splitting
+//!   runs on a [`tokenizers`] pre-tokenizer built programmatically (a `Split` per llama.cpp regex,
+//!   then `ByteLevel`); the merging is sift's own over compact tables ([`bpe`] says why). Pre-tokenizer names llama.cpp does not know fall back to
 //!   the GPT-2 regex (`'s|'t|... ?\p{L}+| ?\p{N}+|...`) instead of failing; a missing or `"default"`
 //!   `pre` uses llama.cpp's default regex set.
 //! - `"llama"`: SentencePiece BPE (Llama 2, TinyLlama, Mistral). A port of llama.cpp's SPM
@@ -28,19 +28,21 @@
 //! byte-level BPE pieces are mapped back through the GPT-2 table, SentencePiece `▁` becomes a space,
 //! `<0xXX>` tokens become their byte. Control tokens decode to nothing unless asked for.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use sift_gguf::{Gguf, MetaValue};
+use sift_gguf::{Gguf, MetaArray, MetaValue, StrArray};
 
 mod bpe;
 mod piece;
 mod spm;
 mod stream;
+mod vocab;
 
 pub use stream::StreamDecoder;
 
-use bpe::{build_bpe, byte_tables, pre_spec};
+use bpe::{byte_tables, pre_spec, BpeEngine};
 use piece::{clean_spaces, piece_of};
+use vocab::{Packed, Vocab};
 
 /// Errors raised while building a tokenizer from metadata or while encoding text.
 #[derive(Debug, thiserror::Error)]
@@ -118,8 +120,8 @@ const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", 
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 enum Engine {
-    /// Byte-level BPE on a `tokenizers` pipeline.
-    Bpe(Box<tokenizers::Tokenizer>),
+    /// Byte-level BPE: the `tokenizers` pre-tokenizer, then merges by rank.
+    Bpe(Box<BpeEngine>),
     /// SentencePiece BPE: merge by score.
     Spm { byte_tokens: Box<[Option<u32>; 256]> },
 }
@@ -135,12 +137,12 @@ pub struct Tokenizer {
     engine: Engine,
     model: String,
     pre: String,
-    tokens: Vec<String>,
-    token_to_id: HashMap<String, u32>,
+    vocab: Vocab,
+    /// SentencePiece merge scores by id (empty for byte-level BPE, which merges by rank).
     scores: Vec<f32>,
     attrs: Vec<u8>,
     /// Decoded bytes of every token (control tokens included).
-    pieces: Vec<Box<[u8]>>,
+    pieces: Packed,
     /// Tokens matched in the input before tokenization, longest text first.
     specials: Vec<u32>,
     eog: HashSet<u32>,
@@ -161,7 +163,7 @@ impl std::fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("model", &self.model)
             .field("pre", &self.pre)
-            .field("vocab_size", &self.tokens.len())
+            .field("vocab_size", &self.vocab.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("eot", &self.eot)
@@ -174,19 +176,38 @@ fn bad(key: &str, why: impl Into<String>) -> TokenizerError {
     TokenizerError::BadKey { key: key.to_string(), why: why.into() }
 }
 
-fn string_array<'a>(g: &'a Gguf, key: &str) -> Result<Option<Vec<&'a str>>, TokenizerError> {
+fn string_array<'a>(g: &'a Gguf, key: &str) -> Result<Option<&'a StrArray>, TokenizerError> {
     let Some(arr) = g.get_array(key) else {
         return Ok(None);
     };
-    arr.iter()
-        .enumerate()
-        .map(|(i, v)| v.as_str().ok_or_else(|| bad(key, format!("element {i} is not a string"))))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    match arr.strings() {
+        Some(s) => Ok(Some(s)),
+        None if arr.is_empty() => Ok(Some(&EMPTY_STRINGS)),
+        None => Err(bad(key, "the array's elements are not strings")),
+    }
 }
+
+static EMPTY_STRINGS: StrArray = StrArray::new();
 
 fn int_of(v: &MetaValue) -> Option<i64> {
     v.as_i64()
+}
+
+/// The first `n` elements of a numeric array as `T` (`of` converts one element), naming `key` in
+/// the error when one is not a number. Packed `f32`/`i32` arrays are read without conversion.
+fn numbers<T: Copy>(
+    a: &MetaArray,
+    n: usize,
+    key: &str,
+    of: impl Fn(&MetaValue) -> Option<T>,
+) -> Result<Vec<T>, TokenizerError> {
+    let all: Option<Vec<T>> = match a {
+        MetaArray::F32(v) => v[..n].iter().map(|&x| of(&MetaValue::F32(x))).collect(),
+        MetaArray::I32(v) => v[..n].iter().map(|&x| of(&MetaValue::I32(x))).collect(),
+        MetaArray::Values(v) => v[..n].iter().map(&of).collect(),
+        MetaArray::Strings(_) => None,
+    };
+    all.ok_or_else(|| bad(key, "an element is not a number"))
 }
 
 fn opt_bool(g: &Gguf, key: &str) -> Result<Option<bool>, TokenizerError> {
@@ -234,49 +255,30 @@ impl Tokenizer {
             return Err(bad(KEY_TOKENS, format!("{} tokens", texts.len())));
         }
         let n = texts.len();
-        let tokens: Vec<String> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t.to_string() })
-            .collect();
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            token_to_id.insert(t.clone(), i as u32);
-        }
+        let vocab = Vocab::new(texts.iter())?;
 
         let scores = match g.get_array(KEY_SCORES) {
-            None => vec![0.0; n],
+            None => Vec::new(),
+            Some(_) if !is_spm => Vec::new(),
             Some(a) if a.len() < n => return Err(bad(KEY_SCORES, format!("{} scores for {n} tokens", a.len()))),
-            Some(a) => a[..n]
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_f32()
-                        .or_else(|| int_of(v).map(|x| x as f32))
-                        .ok_or_else(|| bad(KEY_SCORES, format!("element {i} is not a number")))
-                })
-                .collect::<Result<Vec<f32>, _>>()?,
+            Some(a) => numbers(a, n, KEY_SCORES, |v| v.as_f32())?,
         };
 
         let mut attrs = match g.get_array(KEY_TYPES) {
             None => vec![ATTR_NORMAL; n],
             Some(a) if a.len() < n => return Err(bad(KEY_TYPES, format!("{} token types for {n} tokens", a.len()))),
-            Some(a) => a[..n]
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let t = int_of(v).ok_or_else(|| bad(KEY_TYPES, format!("element {i} is not an integer")))?;
-                    Ok(match t {
-                        1 => ATTR_NORMAL,
-                        2 => ATTR_UNKNOWN,
-                        3 => ATTR_CONTROL,
-                        4 => ATTR_USER_DEFINED,
-                        5 => ATTR_UNUSED,
-                        6 => ATTR_BYTE,
-                        _ => 0,
-                    })
+            Some(a) => numbers(a, n, KEY_TYPES, |v| v.as_i64())?
+                .into_iter()
+                .map(|t| match t {
+                    1 => ATTR_NORMAL,
+                    2 => ATTR_UNKNOWN,
+                    3 => ATTR_CONTROL,
+                    4 => ATTR_USER_DEFINED,
+                    5 => ATTR_UNUSED,
+                    6 => ATTR_BYTE,
+                    _ => 0,
                 })
-                .collect::<Result<Vec<u8>, TokenizerError>>()?,
+                .collect(),
         };
 
         // Defaults as in llama.cpp's llama_vocab::impl::load.
@@ -300,7 +302,7 @@ impl Tokenizer {
             (&mut fim_sep, FIM_SEP_TEXTS),
         ] {
             if slot.is_none() {
-                *slot = names.iter().find_map(|t| token_to_id.get(*t).copied());
+                *slot = names.iter().find_map(|t| vocab.id(t));
                 if let Some(id) = *slot {
                     attrs[id as usize] |= ATTR_CONTROL;
                 }
@@ -308,7 +310,7 @@ impl Tokenizer {
         }
         let mut eog: HashSet<u32> = [fim_pad, fim_rep, fim_sep, eos, eot, eom].into_iter().flatten().collect();
         for t in EOG_TEXTS {
-            if let Some(&id) = token_to_id.get(*t) {
+            if let Some(id) = vocab.id(t) {
                 eog.insert(id);
                 attrs[id as usize] |= ATTR_CONTROL;
             }
@@ -335,28 +337,27 @@ impl Tokenizer {
 
         let (b2c, c2b) = byte_tables();
         let engine = if is_spm {
-            Engine::Spm { byte_tokens: Box::new(spm::byte_tokens(&token_to_id)) }
+            Engine::Spm { byte_tokens: Box::new(spm::byte_tokens(&vocab)) }
         } else {
-            Engine::Bpe(Box::new(build_bpe(g, &tokens, &pre_spec, &b2c)?))
+            Engine::Bpe(Box::new(BpeEngine::new(g, &vocab, &pre_spec, &b2c)?))
         };
 
-        let pieces = tokens
-            .iter()
-            .zip(&attrs)
-            .map(|(text, &attr)| piece_of(text, attr, is_spm, &c2b).into_boxed_slice())
-            .collect();
+        let mut pieces = Packed::default();
+        for (i, &attr) in attrs.iter().enumerate() {
+            pieces.push(&piece_of(vocab.text(i as u32), attr, is_spm, &c2b), KEY_TOKENS)?;
+        }
+        pieces.shrink_to_fit();
 
         let mut specials: Vec<u32> = (0..n as u32)
             .filter(|&i| attrs[i as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
             .collect();
-        specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].len()));
+        specials.sort_by_key(|&i| std::cmp::Reverse(vocab.text(i).len()));
 
         Ok(Tokenizer {
             engine,
             model,
             pre,
-            tokens,
-            token_to_id,
+            vocab,
             scores,
             attrs,
             pieces,
@@ -386,14 +387,11 @@ impl Tokenizer {
             out.extend(self.bos);
         }
         match &self.engine {
-            Engine::Bpe(hf) => {
+            Engine::Bpe(bpe) => {
                 for f in fragments {
                     match f {
                         Fragment::Token(id) => out.push(id),
-                        Fragment::Text(s) => {
-                            let enc = hf.encode_fast(s, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-                            out.extend_from_slice(enc.get_ids());
-                        }
+                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out)?,
                     }
                 }
             }
@@ -437,7 +435,7 @@ impl Tokenizer {
             if !parse_special && self.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
                 continue;
             }
-            let needle = self.tokens[id as usize].as_str();
+            let needle = self.vocab.text(id);
             if !text.contains(needle) {
                 continue;
             }
@@ -511,10 +509,8 @@ impl Tokenizer {
 
     /// The piece of `id`, or nothing for a control/unknown token when `special` is false.
     fn piece_opt(&self, id: u32, special: bool) -> &[u8] {
-        let Some(p) = self.pieces.get(id as usize) else {
-            return &[];
-        };
-        if !special && self.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
+        let p = self.pieces.get(id as usize);
+        if !special && self.attrs.get(id as usize).is_some_and(|a| a & (ATTR_CONTROL | ATTR_UNKNOWN) != 0) {
             return &[];
         }
         p
@@ -535,12 +531,12 @@ impl Tokenizer {
     /// The token's text as stored in the vocabulary (byte-level BPE tokens are in GPT-2's
     /// byte-to-unicode alphabet, e.g. `Ġthe`); "" for an id outside the vocabulary.
     pub fn token_str(&self, id: u32) -> &str {
-        self.tokens.get(id as usize).map_or("", String::as_str)
+        self.vocab.text(id)
     }
 
     /// The id of the token whose vocabulary text is exactly `text`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.vocab.id(text)
     }
 
     /// Whether `id` is a control or unknown token: text that [`Tokenizer::decode`] drops when
@@ -598,7 +594,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.vocab.len()
     }
 
     /// `tokenizer.ggml.model` ("gpt2" or "llama").

@@ -2,19 +2,17 @@
 //! Adjacent symbols of the `▁`-escaped text merge greedily by the vocabulary score of the merged
 //! piece; symbols left without a token fall back to `<0xXX>` byte tokens (or UNK).
 
-use std::collections::HashMap;
-
+use super::vocab::Vocab;
 use super::Tokenizer;
 
 /// The `<0xXX>` token of every byte (for ASCII, the one-character token when there is no
 /// `<0xXX>` token), or `None` where the vocabulary has neither.
-pub(super) fn byte_tokens(token_to_id: &HashMap<String, u32>) -> [Option<u32>; 256] {
+pub(super) fn byte_tokens(vocab: &Vocab) -> [Option<u32>; 256] {
     let mut byte_tokens = [None; 256];
     for (b, slot) in byte_tokens.iter_mut().enumerate() {
-        *slot = token_to_id
-            .get(&format!("<0x{b:02X}>"))
-            .or_else(|| char::from_u32(b as u32).filter(|_| b < 128).and_then(|c| token_to_id.get(&c.to_string())))
-            .copied();
+        *slot = vocab
+            .id(&format!("<0x{b:02X}>"))
+            .or_else(|| char::from_u32(b as u32).filter(|_| b < 128).and_then(|c| vocab.id(&c.to_string())));
     }
     byte_tokens
 }
@@ -65,8 +63,9 @@ impl Tokenizer {
             }
             let (l, r) = (left as usize, right as usize);
             let s = &text[syms[l].start..syms[l].start + syms[l].len + syms[r].len];
-            if let Some(&id) = self.token_to_id.get(s) {
-                heap.push(Bigram { score: self.scores[id as usize], left: l, right: r, size: s.len() });
+            if let Some(id) = self.vocab.id(s) {
+                let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
+                heap.push(Bigram { score, left: l, right: r, size: s.len() });
             }
         };
         for i in 1..syms.len() {
@@ -97,8 +96,8 @@ impl Tokenizer {
             let sym = &syms[i as usize];
             if sym.len > 0 {
                 let s = &text[sym.start..sym.start + sym.len];
-                match self.token_to_id.get(s) {
-                    Some(&id) => out.push(id),
+                match self.vocab.id(s) {
+                    Some(id) => out.push(id),
                     None => {
                         for &b in s.as_bytes() {
                             out.extend(byte_tokens[b as usize].or(self.unk));
