@@ -14,7 +14,7 @@ use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
 use crate::source::{site_ops, MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
-use crate::sparse::{column_matmul, column_matmul_batch, tensor_job, ColJob};
+use crate::sparse::{column_matmul_batch, column_matmul_part, tensor_job, ColJob};
 use crate::trace::{SparsityStats, Tracer};
 use crate::vecops::{self, rms_norm_rows};
 use sift_model::{Config, LayerWeights, Model, QTensor};
@@ -463,42 +463,60 @@ impl Engine {
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let Scratch { h, att, g, u, q, k, v, o, acts, active, coef, col_acc, .. } = s;
         // The site's input (n rows of `width`) and one output per op.
-        let (x, width, outs): (&[f32], usize, Vec<&mut [f32]>) = match site {
+        let (x, width, mut outs): (&[f32], usize, Vec<&mut [f32]>) = match site {
             Site::AttnIn => (&h[..n * e], e, vec![&mut q[..n * qd], &mut k[..n * kvd], &mut v[..n * kvd]]),
             Site::AttnOut => (&att[..n * qd], qd, vec![&mut o[..n * e]]),
             Site::FfnIn => (&h[..n * e], e, vec![&mut g[..n * ff], &mut u[..n * ff]]),
             Site::FfnMid => (&g[..n * ff], ff, vec![&mut o[..n * e]]),
         };
-        match source.site(model, l, site, n, subset.then_some(&active[..]))? {
-            SiteWeights::Rows { file, layer, gather } => {
-                let ws: Vec<&QTensor> = site_ops(site).iter().map(|&op| layer.op(op)).collect();
-                acts.quantize_for(pool, &ws, x, width, n);
-                let mut jobs: Vec<MatJob<'_>> =
-                    ws.iter().zip(outs).map(|(&w, out)| MatJob { w, stride: out.len() / n, out }).collect();
-                let fixed = match (gather, n, site) {
-                    (true, 1, Site::FfnIn) => selector.fixed_neurons(l, *phase),
-                    _ => None,
-                };
-                match fixed {
-                    Some(rows) => matmul_rows(pool, file, acts, rows, &mut jobs),
-                    None => matmul_many(pool, file, acts, n, &mut jobs),
+        // The source gives the site whole, or in parts computed one after the other.
+        for part in 0.. {
+            let Some(weights) = source.site(model, l, site, n, subset.then_some(&active[..]), part)? else {
+                break;
+            };
+            match weights {
+                SiteWeights::Rows { file, layer, gather } => {
+                    let ws: Vec<&QTensor> = site_ops(site).iter().map(|&op| layer.op(op)).collect();
+                    acts.quantize_for(pool, &ws, x, width, n);
+                    let mut jobs: Vec<MatJob<'_>> = ws
+                        .iter()
+                        .zip(outs.iter_mut())
+                        .map(|(&w, out)| MatJob { w, stride: out.len() / n, out })
+                        .collect();
+                    let fixed = match (gather, n, site) {
+                        (true, 1, Site::FfnIn) => selector.fixed_neurons(l, *phase),
+                        _ => None,
+                    };
+                    match fixed {
+                        Some(rows) => matmul_rows(pool, file, acts, rows, &mut jobs),
+                        None => matmul_many(pool, file, acts, n, &mut jobs),
+                    }
                 }
-            }
-            SiteWeights::Columns { units, parts } => {
-                coef.clear();
-                coef.extend(units.iter().map(|&j| x[j as usize]));
-                let mut jobs: Vec<ColJob<'_>> = parts
-                    .into_iter()
-                    .zip(outs)
-                    .map(|(p, out)| ColJob { op: p.op, data: p.data, idx: p.idx, scales: p.scales, out })
-                    .collect();
-                stats.column_bytes += jobs.iter().map(|j| j.op.bytes(units.len()) as u64).sum::<u64>();
-                column_matmul(pool, units, coef, &mut jobs, col_acc);
-            }
-            SiteWeights::ColumnTensors { file, ops } => {
-                let mut jobs: Vec<ColJob<'_>> =
-                    ops.iter().zip(outs).map(|(op, out)| tensor_job(op, file, &[], out)).collect();
-                column_matmul_batch(pool, x, n, &mut jobs);
+                SiteWeights::RowChunk { file, op, w, row0 } => {
+                    if part == 0 {
+                        let ws: Vec<&QTensor> = site_ops(site).iter().map(|&op| model.layers[l].op(op)).collect();
+                        acts.quantize_for(pool, &ws, x, width, n);
+                    }
+                    let out = &mut *outs[op];
+                    let stride = out.len() / n;
+                    matmul_many(pool, file, acts, n, &mut [MatJob { w: &w, stride, out: &mut out[row0..] }]);
+                }
+                SiteWeights::Columns { units, parts } => {
+                    coef.clear();
+                    coef.extend(units.iter().map(|&j| x[j as usize]));
+                    let mut jobs: Vec<ColJob<'_>> = parts
+                        .into_iter()
+                        .zip(outs.iter_mut())
+                        .map(|(p, out)| ColJob { op: p.op, data: p.data, idx: p.idx, scales: p.scales, out })
+                        .collect();
+                    stats.column_bytes += jobs.iter().map(|j| j.op.bytes(units.len()) as u64).sum::<u64>();
+                    column_matmul_part(pool, units, coef, &mut jobs, col_acc, part > 0);
+                }
+                SiteWeights::ColumnTensors { file, ops } => {
+                    let mut jobs: Vec<ColJob<'_>> =
+                        ops.iter().zip(outs.iter_mut()).map(|(op, out)| tensor_job(op, file, &[], out)).collect();
+                    column_matmul_batch(pool, x, n, &mut jobs);
+                }
             }
         }
         Ok(())

@@ -7,7 +7,7 @@
 //! stored contiguously, so a thread reads `blocks × block_bytes` contiguous bytes per column.
 //! Exact columns (`sift_quant::exact`) also read the op's scale plane, which stays in memory.
 
-use crate::pool::{split, SharedMut, ThreadPool};
+use crate::pool::{SharedMut, ThreadPool};
 use sift_model::layout::ColumnTensor;
 use sift_quant::{axpy_cols_batch, axpy_exact_batch, AxpyColsFn, ColFormat, ColMatrix, ExactAxpyFn, ExactMatrix, Isa};
 
@@ -97,10 +97,14 @@ fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
     (total_blocks / (n_threads * 4).max(1)).clamp(2, 16)
 }
 
+/// Active columns per piece of [`column_matmul`]'s work. A site streamed in parts
+/// ([`column_matmul_part`]) must cut its active list at multiples of it.
+pub const COLUMN_PIECE: usize = 64;
+
 /// Runs several column products over the same active inputs in one pool dispatch.
 ///
-/// Work is split by *columns*: the active list is cut into a few pieces (a number that depends
-/// only on its length and the thread count); each unit of work sums one piece of one op's active
+/// Work is split by *columns*: the active list is cut into pieces of [`COLUMN_PIECE`] columns
+/// (the last one shorter); each unit of work sums one piece of one op's active
 /// columns over the op's whole output into the piece's own accumulator, and the accumulators are
 /// added in piece order at the end. Each column is thus read whole and in ascending order
 /// (near-sequential memory access), and the result does not depend on which thread ran which
@@ -108,7 +112,21 @@ fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
 /// `scratch` holds the accumulators between calls.
 /// `units` are the active inputs (ascending), `coef` their values.
 pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut [ColJob<'_>], scratch: &mut Vec<f32>) {
-    let nt = pool.n_threads();
+    column_matmul_part(pool, units, coef, jobs, scratch, false);
+}
+
+/// [`column_matmul`] over one part of a site's active inputs: with `accumulate`, the products
+/// are added to the outputs (the parts of a site streamed through a small buffer add up). Parts
+/// cut at multiples of [`COLUMN_PIECE`] give the same bits as the whole site in one call: the
+/// pieces' sums are added to the output in the same order.
+pub fn column_matmul_part(
+    pool: &ThreadPool,
+    units: &[u32],
+    coef: &[f32],
+    jobs: &mut [ColJob<'_>],
+    scratch: &mut Vec<f32>,
+    accumulate: bool,
+) {
     let n_active = coef.len();
     let mut offsets = Vec::with_capacity(jobs.len());
     let mut total = 0;
@@ -118,8 +136,8 @@ pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut 
         offsets.push(total);
         total += j.op.n_out;
     }
-    // Pieces of the active list per op: enough to balance, each at least 32 columns.
-    let pieces = (nt * 2).min(n_active.div_ceil(32)).max(1);
+    // Pieces of the active list per op: `COLUMN_PIECE` columns each, whatever the thread count.
+    let pieces = n_active.div_ceil(COLUMN_PIECE).max(1);
     scratch.clear();
     scratch.resize(pieces * total, 0.0);
     let acc = SharedMut::new(&mut scratch[..]);
@@ -130,7 +148,7 @@ pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut 
         for item in range {
             let (ji, pi) = (item / pieces, item % pieces);
             let (op, data, idx, scales) = ops[ji];
-            let r = split(n_active, pieces, pi);
+            let r = pi * COLUMN_PIECE..((pi + 1) * COLUMN_PIECE).min(n_active);
             let start = pi * total + offsets[ji];
             // SAFETY: piece `pi` of job `ji` owns accumulator range `start..start + n_out`;
             // every (job, piece) item runs exactly once.
@@ -141,7 +159,13 @@ pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut 
     for (j, &off) in jobs.iter_mut().zip(&offsets) {
         let n = j.op.n_out;
         let out = &mut j.out[..n];
-        out.copy_from_slice(&scratch[off..off + n]);
+        if accumulate {
+            for (o, v) in out.iter_mut().zip(&scratch[off..off + n]) {
+                *o += v;
+            }
+        } else {
+            out.copy_from_slice(&scratch[off..off + n]);
+        }
         for p in 1..pieces {
             let part = &scratch[p * total + off..p * total + off + n];
             for (o, v) in out.iter_mut().zip(part) {

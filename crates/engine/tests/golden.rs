@@ -17,6 +17,12 @@
 //! as `dense-gguf`; before, it diverged at the first). The four paths that do not read columns
 //! (`dense-gguf`, `masked-topk`, `masked-core`, `row-gather-core-gguf`) were checked
 //! byte-identical to the issue-14 recording before re-blessing.
+//!
+//! Re-blessed again at issue 15's third step, a declared change: the column kernels now cut a
+//! site's active list into fixed pieces of 64 columns (before: a number of pieces that depended
+//! on the thread count), so that a site streamed through the store's buffers in parts adds up to
+//! the same bits as the whole. Every path on columns changed in its last bits; the paths that do
+//! not compute on single-token columns were checked unchanged before re-blessing.
 
 use serde_json::{json, Value};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};

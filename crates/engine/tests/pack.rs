@@ -2,7 +2,7 @@
 //! and refusing corrupt, truncated, stale and foreign packs.
 
 use sift_engine::pool::ThreadPool;
-use sift_engine::sparse::{column_matmul, tensor_job, ColOp};
+use sift_engine::sparse::{column_matmul, column_matmul_part, tensor_job, ColOp};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
 use sift_quant::{ColFormat, ColType};
@@ -166,6 +166,16 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
             column_matmul(&pool, &active, &coef, &mut [tensor_job(&cop, file, &active, &mut y)], &mut Vec::new());
+            // The same product in three parts whose outputs add up (a site streamed in parts).
+            let mut parts = vec![0f32; t.n_out];
+            let third = active.len().div_ceil(3);
+            for (p, (units, c)) in active.chunks(third).zip(coef.chunks(third)).enumerate() {
+                let job = tensor_job(&cop, file, units, &mut parts);
+                column_matmul_part(&pool, units, c, &mut [job], &mut Vec::new(), p > 0);
+            }
+            let worst = y.iter().zip(&parts).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let top = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            assert!(worst <= 1e-5 * top, "layer {l} {op:?} keep {keep}: parts differ by {worst}");
             // Masked dense: zero the inactive inputs, multiply by the whole matrix.
             let mut masked = vec![0f32; t.n_in];
             for &j in &active {

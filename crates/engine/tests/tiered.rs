@@ -132,6 +132,28 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
 }
 
 #[test]
+fn a_site_streamed_in_parts_gives_the_same_tokens() {
+    let prompt = prompt();
+    let whole = TieredOptions { policy: Policy::Lfu, preload: 0, ..TieredOptions::default() };
+    let mut reference = budgeted(pack(), &whole, 1 << 20);
+    topk(&mut reference, 0.5);
+    let (want_tokens, want_logits) = decode(&mut reference, &prompt, 12);
+    assert_eq!(reference.store().unwrap().stats().partial_fetches, 0, "the default buffers hold a whole site");
+    // 64 KiB buffers: a token's missing columns come in several parts (added up), a prompt's
+    // rows in chunks of one op (disjoint outputs).
+    let parts = TieredOptions { stream_buf: 64 << 10, ..whole };
+    let mut streamed = budgeted(pack(), &parts, 1 << 20);
+    topk(&mut streamed, 0.5);
+    let (tokens, logits) = decode(&mut streamed, &prompt, 12);
+    assert!(streamed.store().unwrap().stats().partial_fetches > 0, "no site was split");
+    // Parts are cut at the kernels' pieces and rows chunks are disjoint: the same bits.
+    assert_eq!(tokens, want_tokens);
+    assert!(logits == want_logits, "logits differ");
+    let plan = &streamed.store().unwrap().plan;
+    assert!(plan.buffers < reference.store().unwrap().plan.buffers);
+}
+
+#[test]
 fn every_slow_tier_gives_the_same_results() {
     let prompt = prompt();
     let mut runs = Vec::new();

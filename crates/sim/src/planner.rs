@@ -151,9 +151,12 @@ pub fn plan(
             predicted_tok_s: tok_s,
             refused: None,
         });
+        // Candidates come in growing preload, each with less cache than the last: one must
+        // promise clearly more speed (beyond the cost model's few percent of noise) to be
+        // chosen over a plan that keeps more of the budget as cache.
         let better = match &best {
             None => true,
-            Some((bi, _)) => tok_s > candidates[*bi].predicted_tok_s * 1.0001,
+            Some((bi, _)) => tok_s > candidates[*bi].predicted_tok_s * 1.02,
         };
         if better {
             best = Some((candidates.len() - 1, mplan));

@@ -235,7 +235,12 @@ pub fn simulate(
                             &ahead[tokens][l][si]
                         };
                         let act = if act.len() == dims[si] { &all[si][..] } else { act };
-                        store.fetch(l, SITE_OPS[si], act)?;
+                        // In parts, as the engine does when the misses outgrow the transient area.
+                        let mut done = 0;
+                        while done < act.len() {
+                            done +=
+                                store.fetch(l, SITE_OPS[si], &act[done..], sift_engine::sparse::COLUMN_PIECE)?.taken;
+                        }
                         let mut ns = profile.dispatch_ns();
                         for &op in SITE_OPS[si] {
                             let t = index.layers[l].op(op);

@@ -52,10 +52,10 @@ fn fetching_a_unit_out_of_range_is_an_error() {
         for (layer, op) in [(0, OpKind::Down), (3, OpKind::O)] {
             let n = cols.layers[layer].op(op).n_in;
             let bad = n as u32;
-            assert_out_of_range(st.fetch(layer, &[op], &[0, 5, bad]), bad, n);
-            assert_out_of_range(st.fetch(layer, &[op], &[u32::MAX - 1]), u32::MAX - 1, n);
+            assert_out_of_range(st.fetch(layer, &[op], &[0, 5, bad], 1), bad, n);
+            assert_out_of_range(st.fetch(layer, &[op], &[u32::MAX - 1], 1), u32::MAX - 1, n);
             // The store still serves valid requests, with what the failed ones left untouched.
-            let fetched = st.fetch(layer, &[op], &[0, 5, bad - 1]).unwrap();
+            let fetched = st.fetch(layer, &[op], &[0, 5, bad - 1], 1).unwrap();
             let (_, idx, _) = fetched.op(0);
             assert_eq!(idx.len(), 3, "{policy}: one kernel index per active unit");
         }

@@ -24,8 +24,13 @@ impl WeightSource for MappedRows {
         _site: Site,
         _n: usize,
         _active: Option<&'a [u32]>,
-    ) -> Result<SiteWeights<'a>, TierError> {
-        Ok(SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: self.row_gather })
+        part: usize,
+    ) -> Result<Option<SiteWeights<'a>>, TierError> {
+        Ok((part == 0).then(|| SiteWeights::Rows {
+            file: model.file.bytes(),
+            layer: &model.layers[l],
+            gather: self.row_gather,
+        }))
     }
 }
 
@@ -56,10 +61,14 @@ impl WeightSource for MappedColumns {
         site: Site,
         n: usize,
         active: Option<&'a [u32]>,
-    ) -> Result<SiteWeights<'a>, TierError> {
+        part: usize,
+    ) -> Result<Option<SiteWeights<'a>>, TierError> {
+        if part > 0 {
+            return Ok(None);
+        }
         let ops = site_col_ops(&self.cols[l], site);
         let file = model.pack_bytes();
-        Ok(match active {
+        Ok(Some(match active {
             Some(units) if n == 1 => SiteWeights::Columns {
                 units,
                 parts: ops
@@ -74,6 +83,6 @@ impl WeightSource for MappedColumns {
             },
             _ if self.all_columns => SiteWeights::ColumnTensors { file, ops },
             _ => SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: true },
-        })
+        }))
     }
 }

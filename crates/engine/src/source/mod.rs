@@ -25,7 +25,7 @@ pub use tiered::TieredSource;
 
 use crate::sparse::ColOp;
 use sift_model::layout::{OpKind, SITE_OPS};
-use sift_model::{LayerWeights, Model};
+use sift_model::{LayerWeights, Model, QTensor};
 use sift_sparsity::Site;
 use sift_store::tiered::{TierError, TieredStore};
 
@@ -49,7 +49,11 @@ pub enum SiteWeights<'a> {
     /// Row-major GGUF weights: the layer's tensors index `file`. With `gather`, a single token
     /// whose FFN neurons are fixed in advance computes only those rows of gate and up.
     Rows { file: &'a [u8], layer: &'a LayerWeights, gather: bool },
-    /// The columns of the inputs `units` (ascending), per op of the site (one token).
+    /// Rows `row0..row0 + w.rows` of the site's `op`-th op (a prompt batch whose weights stream
+    /// through a buffer): `w`, those rows, indexes `file`.
+    RowChunk { file: &'a [u8], op: usize, w: QTensor, row0: usize },
+    /// The columns of the inputs `units` (ascending), per op of the site (one token). A source
+    /// may give a site's active inputs in parts: each part's `units` continue the last.
     Columns { units: &'a [u32], parts: Vec<ColumnPart<'a>> },
     /// Whole column tensors, per op of the site, in `file` (a batch on columns).
     ColumnTensors { file: &'a [u8], ops: &'a [ColOp] },
@@ -66,8 +70,11 @@ pub trait WeightSource: Send {
         Ok(())
     }
 
-    /// The weights of `site` in layer `l` for a batch of `n` tokens whose active inputs are
-    /// `active` (ascending; `None`: all of them).
+    /// Part `part` of the weights of `site` in layer `l` for a batch of `n` tokens whose active
+    /// inputs are `active` (ascending; `None`: all of them); `None` past the last part. Sources
+    /// that hold the weights in memory give one part; a budgeted store streams a site through
+    /// its buffers in several (row chunks of a batch, parts of a token's active columns), which
+    /// the engine asks for in order, computing each before asking for the next.
     fn site<'a>(
         &'a mut self,
         model: &'a Model,
@@ -75,7 +82,8 @@ pub trait WeightSource: Send {
         site: Site,
         n: usize,
         active: Option<&'a [u32]>,
-    ) -> Result<SiteWeights<'a>, TierError>;
+        part: usize,
+    ) -> Result<Option<SiteWeights<'a>>, TierError>;
 
     /// Token `id`'s embedding row, dequantized into `out`.
     fn embed(&mut self, model: &Model, id: u32, out: &mut [f32]) -> Result<(), TierError> {

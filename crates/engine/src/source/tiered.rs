@@ -1,10 +1,11 @@
 //! Weights under a memory budget: the tiered store (`sift_store::tiered`) behind the
 //! weight-source interface. A decoded token's columns come through the store's cache (all of a
-//! site's columns when its selection is not a subset); a prompt batch reads each layer's GGUF
-//! rows into the store's prefill buffer, where the dense kernels run on them.
+//! site's columns when its selection is not a subset), in as many parts as its transient area
+//! needs; a prompt batch streams each op's GGUF rows through the store's prefill buffer, a chunk
+//! of rows at a time, and the dense kernels run on each chunk.
 
 use super::{column_ops, site_col_ops, site_ops, ColumnPart, SiteWeights, WeightSource};
-use crate::sparse::ColOp;
+use crate::sparse::{ColOp, COLUMN_PIECE};
 use sift_model::Model;
 use sift_sparsity::Site;
 use sift_store::tiered::{TierError, TieredStore};
@@ -14,6 +15,8 @@ pub struct TieredSource {
     cols: Vec<Vec<ColOp>>,
     /// `0..n` for the widest site: the units of a dense selection.
     all_units: Vec<u32>,
+    /// How many of the current site's active units earlier parts covered.
+    units_done: usize,
 }
 
 impl TieredSource {
@@ -22,7 +25,7 @@ impl TieredSource {
             .ok_or_else(|| TierError::Unsupported("a memory budget needs a sift pack's column layout".into()))?;
         let c = &model.config;
         let widest = c.n_embd.max(c.n_embd_q()).max(c.n_ff) as u32;
-        Ok(TieredSource { store, cols, all_units: (0..widest).collect() })
+        Ok(TieredSource { store, cols, all_units: (0..widest).collect(), units_done: 0 })
     }
 }
 
@@ -31,13 +34,11 @@ impl WeightSource for TieredSource {
         "tiered store"
     }
 
-    fn begin_layer(&mut self, model: &Model, l: usize, n: usize, x: &[f32]) -> Result<(), TierError> {
+    fn begin_layer(&mut self, _model: &Model, l: usize, n: usize, x: &[f32]) -> Result<(), TierError> {
         if n == 1 {
             self.store.begin_layer(l, x);
-            Ok(())
-        } else {
-            self.store.prefill_layer(model, l)
         }
+        Ok(())
     }
 
     fn site<'a>(
@@ -47,12 +48,24 @@ impl WeightSource for TieredSource {
         site: Site,
         n: usize,
         active: Option<&'a [u32]>,
-    ) -> Result<SiteWeights<'a>, TierError> {
+        part: usize,
+    ) -> Result<Option<SiteWeights<'a>>, TierError> {
+        let ops = site_ops(site);
         if n > 1 {
-            let (file, layer) = self.store.prefill_view(l).ok_or_else(|| {
-                TierError::Unsupported(format!("layer {l}'s weights were not read for this prompt batch"))
-            })?;
-            return Ok(SiteWeights::Rows { file, layer, gather: false });
+            // Part `part` is a chunk of rows of one op, the ops in kernel order.
+            let mut p = part;
+            for (k, &op) in ops.iter().enumerate() {
+                let w = model.layers[l].op(op);
+                let per = self.store.prefill_rows_per_chunk(w);
+                let chunks = w.rows.div_ceil(per);
+                if p < chunks {
+                    let row0 = p * per;
+                    let (file, w) = self.store.prefill_rows(w, row0..row0 + per)?;
+                    return Ok(Some(SiteWeights::RowChunk { file, op: k, w, row0 }));
+                }
+                p -= chunks;
+            }
+            return Ok(None);
         }
         let c = &model.config;
         let width = match site {
@@ -61,8 +74,16 @@ impl WeightSource for TieredSource {
             Site::FfnMid => c.n_ff,
         };
         let units = active.unwrap_or(&self.all_units[..width]);
-        let ops = site_ops(site);
-        let fetched = self.store.fetch(l, ops, units)?;
+        if part == 0 {
+            self.units_done = 0;
+        }
+        let rest = &units[self.units_done.min(units.len())..];
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let fetched = self.store.fetch(l, ops, rest, COLUMN_PIECE)?;
+        let taken = &rest[..fetched.taken];
+        self.units_done += fetched.taken;
         let parts = site_col_ops(&self.cols[l], site)
             .iter()
             .enumerate()
@@ -71,7 +92,7 @@ impl WeightSource for TieredSource {
                 ColumnPart { op, data, idx, scales }
             })
             .collect();
-        Ok(SiteWeights::Columns { units, parts })
+        Ok(Some(SiteWeights::Columns { units: taken, parts }))
     }
 
     fn embed(&mut self, model: &Model, id: u32, out: &mut [f32]) -> Result<(), TierError> {

@@ -37,7 +37,7 @@ use crate::cache::{Policy, UnitCache, NO_SLOT};
 use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, TierIo};
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
-use plan::{layer_span, mib, ArenaLayout, Buffers};
+use plan::{mib, ArenaLayout, Buffers};
 use sift_model::layout::{OpKind, PackIndex};
 use sift_model::{Model, QTensor};
 use std::ops::Range;
@@ -49,7 +49,7 @@ const MAX_GAP: usize = 4 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
 /// Bytes of the buffer on-demand reads land in (larger batches run in several rounds).
-const ONDEMAND_BUF: usize = 4 << 20;
+const ONDEMAND_BUF: usize = 2 << 20;
 
 /// Problems of the tiered store.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,9 @@ pub(crate) struct OpCache {
 
 /// The columns one [`TieredStore::fetch`] made available, per op in the order asked.
 pub struct Fetched<'a> {
+    /// How many of the units asked for (a prefix) these are: a site whose missing columns do not
+    /// fit the transient area at once is fetched, and computed, in parts.
+    pub taken: usize,
     arena: &'a [u8],
     /// Per op: the byte offset of its slot 0 in the arena.
     bases: Vec<usize>,
@@ -116,9 +119,8 @@ pub struct TieredStore {
     /// Scratch for one op's fetch.
     misses: Vec<u32>,
     hits: Vec<u32>,
+    /// The buffer a prompt batch's rows stream through, a chunk of rows at a time.
     prefill: Option<AlignedBuf>,
-    /// The layer whose rows the prefill buffer holds, with its weights rebased into the buffer.
-    prefill_layer: Option<(usize, sift_model::LayerWeights)>,
     embd: Option<(QTensor, u64)>,
     embd_buf: Option<AlignedBuf>,
     stats: TierStats,
@@ -213,7 +215,6 @@ impl TieredStore {
             misses: Vec::new(),
             hits: Vec::new(),
             prefill: Some(AlignedBuf::new(buffers.prefill)),
-            prefill_layer: None,
             embd,
             embd_buf: Some(AlignedBuf::new(2 * 4096 + model.tok_embd.row_bytes.div_ceil(4096) * 4096)),
             stats: TierStats::default(),
@@ -442,46 +443,36 @@ impl TieredStore {
         Ok(true)
     }
 
-    /// Reads layer `l`'s weights (the GGUF rows of its seven ops, exact) for a prompt batch into
-    /// the store's prefill buffer; [`TieredStore::prefill_view`] then gives them to the kernels.
-    pub fn prefill_layer(&mut self, model: &Model, l: usize) -> Result<(), TierError> {
-        let lw = &model.layers[l];
-        let span = layer_span(lw);
+    /// Rows of `w` (one of the streamed tensors of the source GGUF) that one chunk of a prompt
+    /// batch's weights holds: as many as fit the prefill buffer, at least one.
+    pub fn prefill_rows_per_chunk(&self, w: &QTensor) -> usize {
+        let room = self.prefill.as_ref().map_or(0, |b| b.len()).saturating_sub(2 * 4096);
+        (room / w.row_bytes.max(1)).clamp(1, w.rows.max(1))
+    }
+
+    /// Reads rows `rows` of `w` (exact GGUF rows) for a prompt batch into the prefill buffer;
+    /// returns the buffer and `w` narrowed to those rows and rebased into it, for the kernels.
+    pub fn prefill_rows(&mut self, w: &QTensor, rows: Range<usize>) -> Result<(&[u8], QTensor), TierError> {
+        let rows = rows.start.min(w.rows)..rows.end.min(w.rows);
+        let span = w.range.start + rows.start * w.row_bytes..w.range.start + rows.end * w.row_bytes;
         let file_start = self.index.gguf_offset + span.start as u64;
         let aligned = file_start / 4096 * 4096;
         let skip = (file_start - aligned) as usize;
         let len = (skip + span.len()).div_ceil(4096) * 4096;
-        self.prefill_layer = None;
-        let buf = self.prefill.take().unwrap_or_else(|| AlignedBuf::new(len));
+        let buf = match self.prefill.take() {
+            Some(buf) if buf.len() >= len => buf,
+            _ => AlignedBuf::new(len),
+        };
         let (done, stall) =
             self.io.read_now(buf, vec![ReadReq { offset: aligned, len, buf_offset: 0, need: skip + span.len() }]);
         account(&mut self.stats, &done, stall, Kind::Prefill, 1);
         let LoadDone { buf, result, .. } = done;
-        if let Err(source) = result {
-            self.prefill = Some(buf);
-            return Err(TierError::Io { path: self.path.clone(), source });
-        }
-        let shift = |t: &QTensor| {
-            let mut t = t.clone();
-            let start = t.range.start - span.start + skip;
-            t.range = start..start + (t.range.end - t.range.start);
-            t
-        };
-        let mut rebased = lw.clone();
-        for t in [
-            &mut rebased.wq,
-            &mut rebased.wk,
-            &mut rebased.wv,
-            &mut rebased.wo,
-            &mut rebased.w_gate,
-            &mut rebased.w_up,
-            &mut rebased.w_down,
-        ] {
-            *t = shift(t);
-        }
         self.prefill = Some(buf);
-        self.prefill_layer = Some((l, rebased));
-        Ok(())
+        result.map_err(|source| TierError::Io { path: self.path.clone(), source })?;
+        let mut part = w.clone();
+        part.rows = rows.len();
+        part.range = skip..skip + span.len();
+        Ok((&self.prefill.as_ref().expect("just put back")[..], part))
     }
 
     /// Called at the start of layer `l` of a decoded token with the residual entering it: the
@@ -490,19 +481,24 @@ impl TieredStore {
         self.prefetch.begin_layer(l, x, self.io.as_mut(), &self.ops, &self.index);
     }
 
-    /// The bytes and rebased weights of layer `l` read by the last [`TieredStore::prefill_layer`]
-    /// (`None` when that was another layer, or the read failed).
-    pub fn prefill_view(&self, l: usize) -> Option<(&[u8], &sift_model::LayerWeights)> {
-        match (&self.prefill, &self.prefill_layer) {
-            (Some(buf), Some((pl, lw))) if *pl == l => Some((&buf[..], lw)),
-            _ => None,
-        }
-    }
-
-    /// Makes the columns `active` (ascending) of each op in `ops` of `layer` available to the
+    /// Makes the columns of `active` (ascending) of each op in `ops` of `layer` available to the
     /// kernels, and returns where they are: per op, the arena slice and each active unit's
-    /// column index in it.
-    pub fn fetch(&mut self, layer: usize, ops: &[OpKind], active: &[u32]) -> Result<Fetched<'_>, TierError> {
+    /// column index in it. Covers the longest prefix of `active` whose missing columns fit the
+    /// transient area ([`Fetched::taken`]), cut at a multiple of `align` units (the kernels'
+    /// piece, so that parts add up to the same bits as the whole); the caller computes it and
+    /// fetches the rest.
+    pub fn fetch(
+        &mut self,
+        layer: usize,
+        ops: &[OpKind],
+        active: &[u32],
+        align: usize,
+    ) -> Result<Fetched<'_>, TierError> {
+        let taken = self.fitting_prefix(layer, ops, active, align)?;
+        if taken < active.len() {
+            self.stats.partial_fetches += 1;
+        }
+        let active = &active[..taken];
         let site = match ops[0] {
             OpKind::Q | OpKind::K | OpKind::V => Some(0),
             OpKind::Gate | OpKind::Up => Some(1),
@@ -605,7 +601,35 @@ impl TieredStore {
         }
         let bases = ops.iter().map(|&op| self.ops[layer][op as usize].base).collect();
         let scales = ops.iter().map(|&op| &self.scales[self.scale_ranges[layer][op as usize].clone()]).collect();
-        Ok(Fetched { arena: &self.arena, bases, idx: &self.idx, scales })
+        Ok(Fetched { taken, arena: &self.arena, bases, idx: &self.idx, scales })
+    }
+
+    /// How many units of `active` one fetch can take: missing columns that the policy does not
+    /// admit land in the transient area, so the prefix is the longest whose misses (all of them,
+    /// to be safe) fit it, less one column per op of alignment, cut at a multiple of `align`.
+    fn fitting_prefix(&self, layer: usize, ops: &[OpKind], active: &[u32], align: usize) -> Result<usize, TierError> {
+        let align = align.max(1);
+        let opc: Vec<&OpCache> = ops.iter().map(|&op| &self.ops[layer][op as usize]).collect();
+        let room = self.transient.len().saturating_sub(opc.iter().map(|o| o.col_bytes).sum());
+        let mut need = 0;
+        for (i, &u) in active.iter().enumerate() {
+            need += opc
+                .iter()
+                .filter(|o| u as usize >= o.n_units || !o.cache.contains(u))
+                .map(|o| o.col_bytes)
+                .sum::<usize>();
+            if need > room {
+                let cut = i / align * align;
+                if cut == 0 {
+                    return Err(TierError::Budget(format!(
+                        "the transient area ({}) cannot hold {align} columns of each op of layer {layer} {ops:?}",
+                        mib(self.transient.len() as u64)
+                    )));
+                }
+                return Ok(cut);
+            }
+        }
+        Ok(active.len())
     }
 
     /// Reads `ranges` (file offset, len) into the arena at `dests`, on demand (waiting).

@@ -7,9 +7,8 @@
 use super::{TierError, ONDEMAND_BUF};
 use crate::cache::Policy;
 use crate::io::TierKind;
-use sift_model::layout::{OpKind, PackIndex, GROUP_OPS};
+use sift_model::layout::{PackIndex, GROUP_OPS};
 use sift_model::Model;
-use std::ops::Range;
 
 /// Largest prompt batch of a run under a memory budget (activations grow with it).
 pub const BUDGET_MAX_BATCH: usize = 64;
@@ -29,6 +28,9 @@ pub struct TieredOptions {
     pub resident_embeddings: bool,
     /// How cache bytes are shared among the ops.
     pub split: CacheSplit,
+    /// Size of the buffers a site streams through (the transient area, the prefill buffer) in
+    /// bytes; 0: 1/192 of the budget, at least 2 MiB.
+    pub stream_buf: usize,
 }
 
 /// How the cache's bytes are shared among the seven ops.
@@ -92,6 +94,7 @@ impl Default for TieredOptions {
             preload_buf: 32 << 20,
             resident_embeddings: false,
             split: CacheSplit::ReadCost,
+            stream_buf: 0,
         }
     }
 }
@@ -166,11 +169,19 @@ pub fn resident_bytes(model: &Model, resident_embeddings: bool) -> u64 {
             .sum::<u64>()
 }
 
-/// Sizes of a store's fixed buffers, in bytes.
+/// Smallest size of the buffers a site's weights stream through (the transient area, the
+/// prefill buffer).
+const STREAM_MIN: usize = 2 << 20;
+/// They are sized at this fraction of the budget (1/192), unless the whole site fits in less.
+const STREAM_BUDGET_SHARE: u64 = 192;
+
+/// Sizes of a store's fixed buffers, in bytes. The weights of a site stream through the first
+/// two in parts (a decoded token's missing columns, a prompt batch's rows), so they are sized
+/// by the budget, not by the largest site with every column active.
 pub(super) struct Buffers {
-    /// The transient area: room for the largest site's columns.
+    /// The transient area: missing columns the cache does not admit, for one part of a site.
     pub(super) transient: usize,
-    /// The prefill buffer: the largest layer's seven ops.
+    /// The prefill buffer: a chunk of rows of one op, for a prompt batch.
     pub(super) prefill: usize,
     /// Each of the two preload buffers.
     pub(super) preload: usize,
@@ -180,23 +191,39 @@ impl Buffers {
     /// The buffers of a store for `model` and its pack's `index`, run with `opts` under `budget`.
     pub(super) fn new(model: &Model, index: &PackIndex, opts: &TieredOptions, budget: u64) -> Buffers {
         let c = &model.config;
-        let site_need = |ops: &[OpKind], l: usize| -> usize {
-            ops.iter().map(|&op| index.layers[l].op(op).len as usize + index.layers[l].op(op).col_bytes).sum()
+        let stream = match opts.stream_buf {
+            0 => STREAM_MIN.max((budget / STREAM_BUDGET_SHARE) as usize),
+            n => n,
         };
-        let mut transient = 0;
+        // Every column of the largest site, and one column of each op of the widest site plus
+        // the alignment slack of a part (the least a part can hold).
+        let (mut whole_site, mut one_unit) = (0, 0);
         for l in 0..c.n_layer {
             for ops in sift_model::layout::SITE_OPS {
-                transient = transient.max(site_need(ops, l));
+                let cols = |f: fn(&sift_model::layout::ColumnTensor) -> usize| -> usize {
+                    ops.iter().map(|&op| f(index.layers[l].op(op))).sum()
+                };
+                whole_site = whole_site.max(cols(|t| t.len as usize + t.col_bytes));
+                one_unit = one_unit.max(cols(|t| t.col_bytes));
             }
         }
-        let prefill =
-            model.layers.iter().map(|lw| layer_span(lw).len()).max().unwrap_or(0).div_ceil(4096) * 4096 + 4096;
-        // Each preload buffer holds up to half of a group's q/k/v/gate/up columns.
+        // At least 2 × 64 columns (the engine's kernel piece) per op of the site, and room for
+        // alignment.
+        let transient = whole_site.min(stream.max(129 * one_unit)).div_ceil(64) * 64;
+        // The prefill buffer holds at least one row of the widest streamed tensor.
+        let streamed =
+            || model.layers.iter().flat_map(|lw| [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
+        let widest_row = streamed().map(|t| t.row_bytes).max().unwrap_or(0);
+        let largest_op = streamed().map(|t| t.range.len()).max().unwrap_or(0);
+        let prefill = (largest_op.min(stream).max(widest_row)).div_ceil(4096) * 4096 + 2 * 4096;
+        // Each preload buffer holds up to a quarter of a group's q/k/v/gate/up columns: the
+        // prefetcher reads only predicted columns the cache lacks (at ratio 0.5 with a cache of a
+        // third of the columns, about a fifth of them) and leaves any beyond it to on-demand reads.
         let group_bytes = (0..opts.preload.min(c.n_layer))
             .map(|l| GROUP_OPS.iter().map(|&op| index.layers[l].op(op).len as usize).sum::<usize>())
             .sum::<usize>();
         // ... and at most 4% of the budget each: on a tight budget, cache slots pay more.
-        let preload = (group_bytes / 2).min(opts.preload_buf).min((budget / 25) as usize).div_ceil(4096) * 4096;
+        let preload = (group_bytes / 4).min(opts.preload_buf).min((budget / 25) as usize).div_ceil(4096) * 4096;
         Buffers { transient, prefill, preload }
     }
 
@@ -277,14 +304,6 @@ impl ArenaLayout {
         }
         ArenaLayout { ops, cache_bytes, transient_start: base.div_ceil(64) * 64 }
     }
-}
-
-/// The byte range of the GGUF section covering a layer's seven linear ops.
-pub(super) fn layer_span(lw: &sift_model::LayerWeights) -> Range<usize> {
-    let ts = [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down];
-    let start = ts.iter().map(|t| t.range.start).min().unwrap_or(0);
-    let end = ts.iter().map(|t| t.range.end).max().unwrap_or(0);
-    start..end
 }
 
 /// `b` bytes in MiB, for messages.

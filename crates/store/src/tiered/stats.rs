@@ -25,6 +25,9 @@ pub struct TierStats {
     /// many of them the token then used.
     pub preload_parts: u64,
     pub preload_used: u64,
+    /// Fetches that covered only part of a site's active columns (the misses did not fit the
+    /// transient area at once; the engine computes each part and fetches the rest).
+    pub partial_fetches: u64,
 }
 
 impl TierStats {
