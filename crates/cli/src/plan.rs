@@ -12,9 +12,13 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// The pack to plan for
+    /// The model to plan for: a GGUF (its column file is built on first use, as `--memory` does)
+    /// or a sift pack
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
+    /// Where a GGUF's column file goes (default: next to it, or the user's cache folder)
+    #[arg(long = "pack-dir")]
+    pub pack_dir: Option<PathBuf>,
     /// Memory budget: bytes (K/M/G) or a percentage of the model size
     #[arg(long = "memory")]
     pub memory: String,
@@ -51,11 +55,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         anyhow::ensure!((0.0..1.0).contains(&r), "--ratio must be in [0, 1)");
     }
     let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
-    let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
-    let index = model
-        .columns
-        .as_ref()
-        .with_context(|| format!("{}: the planner needs a sift pack; make one with `sift pack`", a.model.display()))?;
+    let pack = crate::session::column_file(&a.model, a.pack_dir.as_deref())?;
+    let model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
+    let index = model.columns.as_ref().with_context(|| format!("{}: not a sift pack", pack.display()))?;
     let budget = sift_session::parse_budget(&a.memory, index.gguf_len)?;
     let trace = match &a.trace {
         Some(p) => {
@@ -70,7 +72,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let runtime = trace
         .as_ref()
         .map(|t| t.header.runtime_bytes)
-        .unwrap_or_else(|| sift_session::runtime_bytes(&[&a.model, model.file.path()], model.file.gguf.data_offset));
+        .unwrap_or_else(|| sift_session::runtime_bytes(&[&pack, model.file.path()], model.file.gguf.data_offset));
     let eo = a.kv.apply(EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() });
     let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {
@@ -81,7 +83,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         fixed_ratio: a.ratio,
         base: TieredOptions { split: CacheSplit::ReadCost, ..TieredOptions::default() },
     };
-    let p = plan(&model, &a.model, &profile, &req, trace.as_ref())?;
+    let p = plan(&model, &pack, &profile, &req, trace.as_ref())?;
     if a.output == "json" {
         println!("{}", serde_json::to_string_pretty(&p)?);
         return Ok(());

@@ -43,24 +43,30 @@ pub fn options(
     memory: &MemoryOptions,
 ) -> anyhow::Result<SessionOptions> {
     let model = if memory.memory.is_some() && model.exists() {
-        let mut packing = false;
-        let pack = sift_session::pack_for(
-            model,
-            memory.pack_dir.as_deref(),
-            |notice| eprintln!("sift: {notice}"),
-            |step| {
-                packing = true;
-                eprint!("\rsift: packing {step}   ");
-            },
-        )?;
-        if packing {
-            eprintln!();
-        }
-        pack
+        column_file(model, memory.pack_dir.as_deref())?
     } else {
         model.to_path_buf()
     };
     Ok(SessionOptions { model, engine, sparsity: sparsity.clone(), memory: memory.clone() })
+}
+
+/// The pack a budgeted run of `model` streams from: `model` if it is one, else the column file
+/// built from the GGUF (once, with its progress on stderr; see [`sift_session::autopack`]).
+pub fn column_file(model: &Path, pack_dir: Option<&Path>) -> anyhow::Result<std::path::PathBuf> {
+    let mut packing = false;
+    let pack = sift_session::pack_for(
+        model,
+        pack_dir,
+        |notice| eprintln!("sift: {notice}"),
+        |step| {
+            packing = true;
+            eprint!("\rsift: packing {step}   ");
+        },
+    )?;
+    if packing {
+        eprintln!();
+    }
+    Ok(pack)
 }
 
 /// Prints the live budget changes the engine applied since the last call, on stderr.

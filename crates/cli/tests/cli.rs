@@ -1,7 +1,7 @@
 //! The `sift` binary end to end on the real SmolLM2-135M Q4_1 model: generation, perplexity
 //! against llama.cpp's figure, bench output shapes, inspect, and clear errors for bad input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
@@ -495,6 +495,9 @@ fn kv_cache_grows_inside_the_budget_and_a_sequence_that_outgrows_it_is_refused()
             "topk",
             "--ratio",
             "0.5",
+            // The fixed part must not change with the budget (the planner's preload would).
+            "--preload",
+            "0",
             "--memory",
             budget,
         ])
@@ -510,9 +513,14 @@ fn kv_cache_grows_inside_the_budget_and_a_sequence_that_outgrows_it_is_refused()
     assert!((grown - 11.25).abs() <= 0.1, "KV growth {grown} MiB: {err}");
     let peak = number_after(&err, "peak memory (VmHWM) =");
     assert!(peak <= budget, "peak RSS {peak} MiB over the budget {budget} MiB: {err}");
-    // The same run with the budget's fixed part + 3 MiB: the first page fits, the second cannot
+    // The same run with the budget's fixed part (at the start: the KV/activations figure holds the
+    // growth) + 3 MiB: the first page fits, the second cannot
     // come out of a 3 MiB cache, so generation stops at 256 tokens with the reason.
-    let fixed = budget - number_after(&err, "+ cache") - grown;
+    let fixed: f64 = ["runtime", "resident weights", "column scales", "KV/activations", "buffers"]
+        .iter()
+        .map(|part| number_after(&err, part))
+        .sum::<f64>()
+        - grown;
     let tight = format!("{}M", (fixed + 3.0).ceil() as u64);
     let o = run(&tight, "600");
     let err = text(&o.stderr);
@@ -591,5 +599,66 @@ fn memory_on_a_gguf_builds_its_column_file_once_and_never_trusts_a_stale_one() {
     let o = run(&["--pack-dir", pd.to_str().unwrap()]);
     let err = text(&o.stderr);
     assert!(o.status.success() && err.contains("cannot be used") && err.contains("building it again"), "{err}");
+    assert_eq!(text(&o.stdout), want);
+}
+
+/// A folder made read-only for the test's lifetime: by its permission bits, and where those do
+/// not stop this user (root), by the immutable attribute. `None` when neither holds.
+struct ReadOnlyDir(PathBuf);
+
+impl ReadOnlyDir {
+    fn new(dir: &Path) -> Option<ReadOnlyDir> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).ok()?;
+        let guard = ReadOnlyDir(dir.to_path_buf());
+        let writable = || tempfile::tempfile_in(dir).is_ok();
+        if writable() {
+            let ok = Command::new("chattr").arg("+i").arg(dir).status().is_ok_and(|s| s.success());
+            if !ok || writable() {
+                return None;
+            }
+        }
+        Some(guard)
+    }
+}
+
+impl Drop for ReadOnlyDir {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+#[test]
+fn memory_on_a_gguf_in_a_read_only_folder_builds_its_column_file_in_the_cache_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let g = models.join("smol.gguf");
+    std::fs::copy(model(), &g).unwrap();
+    let Some(_ro) = ReadOnlyDir::new(&models) else {
+        eprintln!("skipping: cannot make a folder read-only here (no permission bits, no chattr)");
+        return;
+    };
+    let cache = dir.path().join("cache");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_sift"))
+            .args(["generate", "-m", g.to_str().unwrap(), "-p", "The capital of France is", "-n", "6"])
+            .args(["--temp", "0", "-c", "256", "-t", "2", "--sparsity", "topk", "--ratio", "0.5", "--memory", "150%"])
+            .env("XDG_CACHE_HOME", &cache)
+            .output()
+            .expect("run sift")
+    };
+    let o = run();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let pack = cache.join("sift/smol.sift");
+    assert!(err.contains("building the column file") && pack.exists(), "{err}");
+    assert_eq!(std::fs::read_dir(&models).unwrap().count(), 1, "nothing was written beside the GGUF");
+    let want = text(&o.stdout);
+    // Found again in the cache folder: not rebuilt, same text.
+    let o = run();
+    assert!(o.status.success() && !text(&o.stderr).contains("building"), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), want);
 }
