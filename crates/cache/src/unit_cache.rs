@@ -48,7 +48,8 @@ pub struct UnitCache {
     /// Scratch: per-slot protection marks (`mark[slot] == epoch` means protected).
     mark: Vec<u32>,
     epoch: u32,
-    /// Scratch buffers reused across calls.
+    /// Scratch buffers of one `admit` call (given back after it: a model has hundreds of
+    /// caches, and keeping each one's scratch would cost more than its bookkeeping).
     ranked: Vec<Ranked>,
     cands: Vec<Candidate>,
     /// Units evicted by the last `admit`/`set_hot` call.
@@ -56,6 +57,13 @@ pub struct UnitCache {
 }
 
 impl UnitCache {
+    /// Heap bytes a cache keeps per unit at most: its slot map and the policy's per-unit state
+    /// (LFU and TAM keep two 4-byte figures).
+    pub const BYTES_PER_UNIT: usize = 4 + 8;
+    /// Heap bytes a cache keeps per slot at most: slot → unit, the free list, the protection
+    /// marks, and the last call's evictions (grown by doubling).
+    pub const BYTES_PER_SLOT: usize = 4 + 4 + 4 + 8;
+
     /// A cache for `n_units` units with `slots` slots (clamped to `n_units`; 0 for
     /// [`Policy::None`]). Panics if a TAM λ is outside `[0, 1)` or ε is not finite.
     pub fn new(n_units: usize, slots: usize, policy: Policy) -> UnitCache {
@@ -469,7 +477,8 @@ impl UnitCache {
         for c in &cands[..n_admit] {
             self.state.admitted(c.unit, self.clock);
         }
-        self.cands = cands;
+        drop(cands);
+        self.ranked = Vec::new();
     }
 }
 

@@ -102,6 +102,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("column scales (exact columns)", m.column_scales),
         ("KV cache (first page) + activations", m.kv_and_scratch),
         ("I/O and compute buffers", m.buffers),
+        ("column cache index (slots, policy state)", m.cache_index),
         ("column cache", m.cache),
     ] {
         println!("| {k} | {:.0} |", mib(v));

@@ -403,10 +403,11 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let mem = &plan["memory"];
-    let used: u64 = ["runtime", "resident_weights", "column_scales", "kv_and_scratch", "buffers", "cache"]
-        .iter()
-        .map(|k| mem[k].as_u64().unwrap())
-        .sum();
+    let used: u64 =
+        ["runtime", "resident_weights", "column_scales", "kv_and_scratch", "buffers", "cache_index", "cache"]
+            .iter()
+            .map(|k| mem[k].as_u64().unwrap())
+            .sum();
     assert!(used <= 130 << 20, "{plan}");
     assert!(plan["predicted_tok_s"].as_f64().unwrap() > 0.0 && plan["ratio"].as_f64().unwrap() <= 0.6);
     let o = sift(&["plan", "-m", p, "--memory", "10M", "--profile", "dip-a18"]);
@@ -516,7 +517,7 @@ fn kv_cache_grows_inside_the_budget_and_a_sequence_that_outgrows_it_is_refused()
     // The same run with the budget's fixed part (at the start: the KV/activations figure holds the
     // growth) + 3 MiB: the first page fits, the second cannot
     // come out of a 3 MiB cache, so generation stops at 256 tokens with the reason.
-    let fixed: f64 = ["runtime", "resident weights", "column scales", "KV/activations", "buffers"]
+    let fixed: f64 = ["runtime", "resident weights", "column scales", "KV/activations", "buffers", "cache index"]
         .iter()
         .map(|part| number_after(&err, part))
         .sum::<f64>()

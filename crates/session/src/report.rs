@@ -40,7 +40,7 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut out = Vec::new();
     out.push(format!(
-        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + column scales {:.0} + KV/activations {:.0} (KV grown by {:.1} since the sequence began, taken from the cache) + buffers {:.0} + cache {:.0} ({:.0}% of columns)",
+        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + column scales {:.0} + KV/activations {:.0} (KV grown by {:.1} since the sequence began, taken from the cache) + buffers {:.0} + cache index {:.0} + cache {:.0} ({:.0}% of columns)",
         mib(p.budget),
         mib(p.runtime),
         mib(p.resident_weights),
@@ -48,6 +48,7 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
         mib(p.kv_and_scratch + p.kv_growth),
         mib(p.kv_growth),
         mib(p.buffers),
+        mib(p.cache_index),
         mib(p.cache),
         p.cache_fraction * 100.0
     ));

@@ -5,7 +5,7 @@
 //! store's arena.
 
 use super::{TierError, ONDEMAND_BUF};
-use crate::cache::Policy;
+use crate::cache::{Policy, UnitCache};
 use crate::io::TierKind;
 use sift_model::layout::{PackIndex, GROUP_OPS};
 use sift_model::Model;
@@ -116,6 +116,8 @@ pub struct MemoryPlan {
     pub kv_growth: u64,
     /// Transient area, prefill layer buffer, on-demand and preload buffers.
     pub buffers: u64,
+    /// The cache's bookkeeping: every unit's slot and policy state, every slot's entry.
+    pub cache_index: u64,
     /// Cache slots.
     pub cache: u64,
     /// Cache slots as a fraction of all column bytes.
@@ -125,7 +127,13 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// Everything but the cache.
     pub fn fixed(&self) -> u64 {
-        self.runtime + self.resident_weights + self.column_scales + self.kv_and_scratch + self.kv_growth + self.buffers
+        self.runtime
+            + self.resident_weights
+            + self.column_scales
+            + self.kv_and_scratch
+            + self.kv_growth
+            + self.buffers
+            + self.cache_index
     }
 }
 
@@ -252,19 +260,21 @@ impl MemoryPlan {
             column_scales,
             kv_and_scratch: inputs.kv_and_scratch,
             buffers: buffers.total(opts.preload),
+            cache_index: if opts.policy == Policy::None { 0 } else { index_units_bytes(model) },
             ..Default::default()
         };
         let fixed = plan.fixed();
         if fixed > inputs.budget {
             return Err(TierError::Budget(format!(
-                "--memory {} is too small to run this model: it needs at least {} before any cache (runtime {}, resident weights {}, column scales {}, KV cache and activations {}, I/O and compute buffers {}); raise --memory, or lower -c / -b",
+                "--memory {} is too small to run this model: it needs at least {} before any cache (runtime {}, resident weights {}, column scales {}, KV cache and activations {}, I/O and compute buffers {}, cache index {}); raise --memory, or lower -c / -b",
                 mib(inputs.budget),
                 mib(fixed),
                 mib(plan.runtime),
                 mib(plan.resident_weights),
                 mib(plan.column_scales),
                 mib(plan.kv_and_scratch),
-                mib(plan.buffers)
+                mib(plan.buffers),
+                mib(plan.cache_index)
             )));
         }
         Ok(plan)
@@ -277,32 +287,56 @@ impl MemoryPlan {
     }
 }
 
+/// The cache's bookkeeping for every unit of every op (its slot map and policy state), whatever
+/// the cache's size.
+pub(super) fn index_units_bytes(model: &Model) -> u64 {
+    let c = &model.config;
+    let per_layer = 3 * c.n_embd + c.n_embd_q() + 2 * c.n_embd + c.n_ff;
+    (c.n_layer * per_layer * UnitCache::BYTES_PER_UNIT) as u64
+}
+
 /// Where the cache's slots sit in the store's arena, followed by the transient area.
 pub(super) struct ArenaLayout {
     /// Per (layer, op), layer-major and in the index's op order: (byte offset of slot 0, slots).
     pub(super) ops: Vec<(usize, usize)>,
     /// Bytes of all the slots.
     pub(super) cache_bytes: u64,
+    /// Slots of all the ops.
+    pub(super) slots: u64,
     /// Where the transient area starts (past the slots, 64-byte aligned).
     pub(super) transient_start: usize,
 }
 
 impl ArenaLayout {
-    /// The slots of `cache_budget` bytes of cache, shared among the ops by `split`.
+    /// The slots of `cache_budget` bytes of cache, shared among the ops by `split`, each slot
+    /// also paying its bookkeeping entry ([`UnitCache::BYTES_PER_SLOT`]) out of the same bytes.
     pub(super) fn new(index: &PackIndex, cache_budget: u64, split: CacheSplit) -> ArenaLayout {
+        let first = Self::of(index, cache_budget, split);
+        let entries = first.slots * UnitCache::BYTES_PER_SLOT as u64;
+        Self::of(index, cache_budget.saturating_sub(entries), split)
+    }
+
+    /// Bytes of the slots' bookkeeping entries.
+    pub(super) fn index_bytes(&self) -> u64 {
+        self.slots * UnitCache::BYTES_PER_SLOT as u64
+    }
+
+    fn of(index: &PackIndex, cache_budget: u64, split: CacheSplit) -> ArenaLayout {
         let fractions = split_cache(index, cache_budget, split);
         let mut ops = Vec::with_capacity(index.layers.len() * 7);
         let mut base = 0usize;
         let mut cache_bytes = 0u64;
+        let mut all_slots = 0u64;
         for lc in &index.layers {
             for t in &lc.ops {
                 let slots = ((t.n_in as f64 * fractions[t.op as usize]).floor() as usize).min(t.n_in);
                 ops.push((base, slots));
                 base += slots * t.col_bytes;
                 cache_bytes += (slots * t.col_bytes) as u64;
+                all_slots += slots as u64;
             }
         }
-        ArenaLayout { ops, cache_bytes, transient_start: base.div_ceil(64) * 64 }
+        ArenaLayout { ops, cache_bytes, slots: all_slots, transient_start: base.div_ceil(64) * 64 }
     }
 }
 
