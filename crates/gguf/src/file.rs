@@ -18,6 +18,8 @@ pub struct GgufFile {
     /// Where the GGUF bytes lie within the mapped file (all of it, or a section of a sift pack).
     range: std::ops::Range<usize>,
     path: PathBuf,
+    /// Whether `mmap` maps the file itself (not an in-memory copy of its resident parts).
+    file_backed: bool,
 }
 
 impl GgufFile {
@@ -64,7 +66,7 @@ impl GgufFile {
             }
         };
         let gguf = Gguf::parse(&mmap[range.clone()])?;
-        Ok(GgufFile { gguf, mmap, range, path })
+        Ok(GgufFile { gguf, mmap, range, path, file_backed: true })
     }
 
     /// Builds a view of a GGUF of `len` bytes in anonymous memory, holding only some tensors.
@@ -109,12 +111,31 @@ impl GgufFile {
         fill(&mut anon, &keep[1..]).map_err(io_err)?;
         let mmap = anon.make_read_only().map_err(io_err)?;
         protect_gaps(&mmap, &mut keep).map_err(io_err)?;
-        Ok(GgufFile { gguf, mmap, range: 0..len, path })
+        Ok(GgufFile { gguf, mmap, range: 0..len, path, file_backed: false })
     }
 
     /// The GGUF's bytes (the whole file, or the embedded section).
     pub fn bytes(&self) -> &[u8] {
         &self.mmap[self.range.clone()]
+    }
+
+    /// Drops the pages of `range` (offsets into [`GgufFile::bytes`]) from the process's resident
+    /// memory, for a reader that streams through the file once (building a pack): they are read
+    /// from the file again if touched. Only whole pages inside the range; nothing for an
+    /// in-memory copy.
+    pub fn release(&self, range: Range<usize>) {
+        const PAGE: usize = 4096;
+        if !self.file_backed {
+            return;
+        }
+        let start = (self.range.start + range.start).div_ceil(PAGE) * PAGE;
+        let end = ((self.range.start + range.end.min(self.range.len())) / PAGE * PAGE).min(self.mmap.len());
+        if end > start {
+            // SAFETY: `mmap` is a shared read-only mapping of a file (`file_backed`): MADV_DONTNEED
+            // only drops its pages, and a later access faults in the same bytes from the file, so
+            // no reference into the map ever sees different contents.
+            let _ = unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
     }
 
     /// The whole mapped file, including what lies outside an embedded GGUF section.

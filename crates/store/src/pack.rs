@@ -403,8 +403,17 @@ pub fn pack_model(
         Ok((at, data.len() as u64, crc32fast::hash(data)))
     };
     pad_to(&mut w, &mut pos, ALIGN)?;
+    // The whole GGUF's CRC, a piece at a time, each piece's pages released after it (the build
+    // streams through the GGUF once and should hold little of it; see `GgufFile::release`).
     let gguf_bytes = model.file.bytes();
-    let source = SourceGguf::of(src, crc32fast::hash(gguf_bytes)).map_err(io(src))?;
+    let mut hasher = crc32fast::Hasher::new();
+    const PIECE: usize = 16 << 20;
+    for start in (0..gguf_bytes.len()).step_by(PIECE) {
+        let end = (start + PIECE).min(gguf_bytes.len());
+        hasher.update(&gguf_bytes[start..end]);
+        model.file.release(start..end);
+    }
+    let source = SourceGguf::of(src, hasher.finalize()).map_err(io(src))?;
     let mut columns = Vec::new();
     let mut groups = Vec::new();
     // The current group's in-op columns, for the interleaved section: (layer, op, bytes).
@@ -414,6 +423,7 @@ pub fn pack_model(
             let wt = lw.op(op);
             let ty = opts.cols.choose(wt);
             let (data, scales) = op_columns(&model, wt, ty);
+            model.file.release(wt.range.clone());
             let (offset, len, crc32) = section(&mut w, &mut pos, &data)?;
             let (scales_offset, scales_len, scales_crc32) = section(&mut w, &mut pos, &scales)?;
             columns.push(ColumnTensor {
