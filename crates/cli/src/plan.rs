@@ -102,12 +102,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("column scales (exact columns)", m.column_scales),
         ("KV cache (first page) + activations", m.kv_and_scratch),
         ("I/O and compute buffers", m.buffers),
-        ("column cache index (slots, policy state)", m.cache_index),
+        ("column cache index (slots, policy state)", m.cache_index + m.cache_entries),
         ("column cache", m.cache),
     ] {
         println!("| {k} | {:.0} |", mib(v));
     }
-    println!("| **total** | **{:.0}** of {:.0} |\n", mib(m.fixed() + m.cache), mib(m.budget));
+    println!("| **total** | **{:.0}** of {:.0} |\n", mib(m.total()), mib(m.budget));
     let kv_full = sift_engine::kv::cache_bytes(&model.config, a.ctx_size.max(1), a.kv.k, a.kv.v);
     println!(
         "The KV cache grows a page of {} tokens at a time, taking its room from the column cache: {:.0} MiB at {} tokens (-ctk {} -ctv {}).\n",

@@ -403,11 +403,19 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let mem = &plan["memory"];
-    let used: u64 =
-        ["runtime", "resident_weights", "column_scales", "kv_and_scratch", "buffers", "cache_index", "cache"]
-            .iter()
-            .map(|k| mem[k].as_u64().unwrap())
-            .sum();
+    let used: u64 = [
+        "runtime",
+        "resident_weights",
+        "column_scales",
+        "kv_and_scratch",
+        "buffers",
+        "cache_index",
+        "cache_entries",
+        "cache",
+    ]
+    .iter()
+    .map(|k| mem[k].as_u64().unwrap())
+    .sum();
     assert!(used <= 130 << 20, "{plan}");
     assert!(plan["predicted_tok_s"].as_f64().unwrap() > 0.0 && plan["ratio"].as_f64().unwrap() <= 0.6);
     let o = sift(&["plan", "-m", p, "--memory", "10M", "--profile", "dip-a18"]);

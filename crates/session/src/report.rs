@@ -48,7 +48,7 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
         mib(p.kv_and_scratch + p.kv_growth),
         mib(p.kv_growth),
         mib(p.buffers),
-        mib(p.cache_index),
+        mib(p.cache_index + p.cache_entries),
         mib(p.cache),
         p.cache_fraction * 100.0
     ));

@@ -174,7 +174,7 @@ impl TieredStore {
         let cache_budget = if policy == Policy::None { 0 } else { inputs.budget - plan.fixed() };
         // Slots per op, and the arena layout.
         let layout = ArenaLayout::new(&index, cache_budget, opts.split);
-        plan.cache_index += layout.index_bytes();
+        plan.cache_entries = layout.index_bytes();
         let mut slots = layout.ops.iter();
         let ops: Vec<Vec<OpCache>> = index
             .layers
@@ -313,10 +313,7 @@ impl TieredStore {
     /// depend on where columns sit, so the text a run generates does not change. Returns the new
     /// plan; a budget below the fixed part is refused and nothing changes.
     pub fn set_budget(&mut self, budget: u64) -> Result<&MemoryPlan, TierError> {
-        // The slots' bookkeeping goes with the slots: fixed is what stays.
-        let slot_index =
-            self.ops.iter().flatten().map(|oc| oc.cache.slots() as u64).sum::<u64>() * UnitCache::BYTES_PER_SLOT as u64;
-        let fixed = self.plan.fixed() - slot_index.min(self.plan.cache_index);
+        let fixed = self.plan.fixed();
         if budget < fixed {
             return Err(TierError::Budget(format!(
                 "--memory {} is too small for this run: it needs at least {} before any cache; the budget stays {}",
@@ -386,7 +383,7 @@ impl TieredStore {
         }
         self.transient = transient_start..transient_start + transient_len;
         self.plan.budget = budget;
-        self.plan.cache_index = self.plan.cache_index - slot_index.min(self.plan.cache_index) + index_bytes;
+        self.plan.cache_entries = index_bytes;
         self.plan.set_cache(cache_bytes, self.index.column_bytes());
         Ok(&self.plan)
     }

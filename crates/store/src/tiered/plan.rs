@@ -116,8 +116,11 @@ pub struct MemoryPlan {
     pub kv_growth: u64,
     /// Transient area, prefill layer buffer, on-demand and preload buffers.
     pub buffers: u64,
-    /// The cache's bookkeeping: every unit's slot and policy state, every slot's entry.
+    /// The cache's bookkeeping for every unit (its slot and policy state), whatever the cache's
+    /// size: part of the fixed part.
     pub cache_index: u64,
+    /// The cache's bookkeeping entry of every slot: goes with the cache (taken from its bytes).
+    pub cache_entries: u64,
     /// Cache slots.
     pub cache: u64,
     /// Cache slots as a fraction of all column bytes.
@@ -125,7 +128,12 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// Everything but the cache.
+    /// Everything: the fixed part, the cache's slots and their entries.
+    pub fn total(&self) -> u64 {
+        self.fixed() + self.cache_entries + self.cache
+    }
+
+    /// Everything but the cache (its slots and their entries).
     pub fn fixed(&self) -> u64 {
         self.runtime
             + self.resident_weights
