@@ -40,7 +40,7 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut out = Vec::new();
     out.push(format!(
-        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + column scales {:.0} + KV/activations {:.0} (KV grown by {:.1} since the sequence began, taken from the cache) + buffers {:.0} + cache index {:.0} + cache {:.0} ({:.0}% of columns)",
+        "sift: memory budget {:.0} MiB = runtime {:.0} + resident weights {:.0} + column scales {:.0} + KV/activations {:.0} (KV grown by {:.1} since the sequence began, taken from the cache) + buffers {:.0} + cache index {:.0} + cache {:.0} ({:.0}% of columns); fixed part {:.1} (all but the cache's slots and their index entries)",
         mib(p.budget),
         mib(p.runtime),
         mib(p.resident_weights),
@@ -50,7 +50,8 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
         mib(p.buffers),
         mib(p.cache_index + p.cache_entries),
         mib(p.cache),
-        p.cache_fraction * 100.0
+        p.cache_fraction * 100.0,
+        mib(p.fixed())
     ));
     out.push(format!(
         "sift: cache {} | preload {}{} | io {} | hit rate {:.1}% | read {:.1} MiB (preload {:.1}, on demand {:.1}, prompt {:.1}) in {} reads of {:.1} KiB, {:.0} MB/s while busy",
