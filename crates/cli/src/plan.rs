@@ -56,9 +56,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
     let pack = crate::session::column_file(&a.model, a.pack_dir.as_deref())?;
-    let model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
-    let index = model.columns.as_ref().with_context(|| format!("{}: not a sift pack", pack.display()))?;
-    let budget = sift_session::parse_budget(&a.memory, index.gguf_len)?;
+    let mut model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
+    let gguf_len = model.columns.as_ref().with_context(|| format!("{}: not a sift pack", pack.display()))?.gguf_len;
+    let budget = sift_session::parse_budget(&a.memory, gguf_len)?;
     let trace = match &a.trace {
         Some(p) => {
             let t = Trace::read(p)?;
@@ -67,12 +67,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    // What a budgeted run counts as runtime: this process with the tokenizer built.
+    // What a budgeted run counts as runtime: this process with the tokenizer built (and the
+    // GGUF's copies of its tables given back, as a run does); the mapped files do not count.
     let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
+    sift_session::drop_tokenizer_tables(&mut model);
     let runtime = trace
         .as_ref()
         .map(|t| t.header.runtime_bytes)
-        .unwrap_or_else(|| sift_session::runtime_bytes(&[&pack, model.file.path()], model.file.gguf.data_offset));
+        .unwrap_or_else(|| sift_session::runtime_bytes(&[&pack, model.file.path()], 0));
     let eo = a.kv.apply(EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() });
     let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {

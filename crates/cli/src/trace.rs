@@ -50,7 +50,7 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
     let eo = so.engine_options();
     let (model, tok) = sift_session::load(&so.model, &eo, &so.memory)?;
     // What a budgeted run counts as runtime, measured as every budgeted run measures it.
-    let unbudgeted_runtime = sift_session::runtime_bytes(&[&so.model, model.file.path()], model.file.gguf.data_offset);
+    let unbudgeted_runtime = sift_session::runtime_bytes(&[&so.model, model.file.path()], 0);
     let mut session = crate::session::build(model, tok, &so)?;
     let tok = session.tok.clone();
     let engine = &mut session.engine;

@@ -55,6 +55,10 @@ pub enum GgufError {
     #[error("metadata key '{}' has invalid bool byte {value} at offset {offset} (expected 0 or 1); the file is corrupt", show(.key))]
     InvalidBool { key: String, value: u8, offset: u64 },
 
+    /// A string array with more text than one array holds.
+    #[error("metadata array '{}' holds more than 4 GiB of strings; the file is corrupt", show(.key))]
+    ArrayTooLarge { key: String },
+
     /// Arrays nested deeper than the limit.
     #[error("metadata key '{}' nests arrays deeper than {limit} levels; the file is corrupt", show(.key))]
     NestingTooDeep { key: String, limit: usize },

@@ -74,9 +74,10 @@ impl GgufFile {
     /// `fill(buf, ranges)` must copy the GGUF's bytes for each range into `buf` (the same offsets):
     /// it is called once for the header (`0..header_len`, the data offset, which the caller knows
     /// from the pack's table of contents), then once for the data of every tensor `resident`
-    /// accepts. Pages nobody filled are never touched, so they cost no memory; they are made
-    /// inaccessible (`PROT_NONE`), so code that reads a tensor that is not resident crashes
-    /// instead of computing with zeros. `check(gguf, resident bytes)` runs after the header is
+    /// accepts (in one call). Pages nobody filled are never touched, so they cost no memory; they
+    /// are made inaccessible (`PROT_NONE`), so code that reads a tensor that is not resident
+    /// crashes instead of computing with zeros. The header's pages are freed the same way once
+    /// it is parsed: the metadata lives on in [`Gguf`]. `check(gguf, resident bytes)` runs after the header is
     /// parsed and before any tensor is read; an `Err` refuses the load. Used to run a pack under a
     /// memory budget: the weights
     /// streamed from disk are read elsewhere, through the tiered store.
@@ -99,16 +100,17 @@ impl GgufFile {
         let mut anon = MmapOptions::new().len(len).map_anon().map_err(io_err)?;
         fill(&mut anon, std::slice::from_ref(&(0..header_len))).map_err(io_err)?;
         let gguf = Gguf::parse(&anon)?;
-        let mut keep: Vec<Range<usize>> = Vec::with_capacity(gguf.tensors.len() + 1);
-        keep.push(0..header_len);
+        // The header is parsed now and not read again: only the resident tensors are kept, and
+        // the header's pages are given back with the gaps.
+        let mut keep: Vec<Range<usize>> = Vec::with_capacity(gguf.tensors.len());
         for t in gguf.tensors.iter().filter(|t| resident(&gguf, t)) {
             let start = gguf.data_offset.saturating_add(t.offset) as usize;
             keep.push(start..start.saturating_add(t.n_bytes as usize).min(len));
         }
-        // Pages the resident part will touch (header and tensors rounded out to whole pages).
+        // Pages the resident part will touch (tensors rounded out to whole pages).
         let pages: u64 = keep.iter().map(|r| (r.len().div_ceil(4096) as u64 + 1) * 4096).sum();
         check(&gguf, pages).map_err(GgufError::Refused)?;
-        fill(&mut anon, &keep[1..]).map_err(io_err)?;
+        fill(&mut anon, &keep).map_err(io_err)?;
         let mmap = anon.make_read_only().map_err(io_err)?;
         protect_gaps(&mmap, &mut keep).map_err(io_err)?;
         Ok(GgufFile { gguf, mmap, range: 0..len, path, file_backed: false })
@@ -219,11 +221,19 @@ fn protect_gaps(map: &Mmap, keep: &mut [Range<usize>]) -> io::Result<()> {
         gaps.push(pos..end);
     }
     for g in gaps {
+        let (ptr, len) = ((base + g.start) as *mut libc::c_void, g.len());
         // SAFETY: `g` lies inside the mapping (page-aligned, the mapping is page-aligned and
         // rounded up to whole pages by the kernel); after this no code may read those bytes,
         // and none does: they hold no tensor the model reads (the caller's contract), and a
-        // stray read faults instead of returning data.
-        let rc = unsafe { libc::mprotect((base + g.start) as *mut libc::c_void, g.len(), libc::PROT_NONE) };
+        // stray read faults instead of returning data. MADV_DONTNEED on this private anonymous
+        // mapping frees the pages that were filled (the parsed header's).
+        let rc = unsafe {
+            if libc::madvise(ptr, len, libc::MADV_DONTNEED) != 0 {
+                -1
+            } else {
+                libc::mprotect(ptr, len, libc::PROT_NONE)
+            }
+        };
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }

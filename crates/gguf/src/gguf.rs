@@ -164,6 +164,15 @@ impl Gguf {
         self.get(key)?.as_array()
     }
 
+    /// Removes metadata `key` and returns its value: a caller that has built what it needs from a
+    /// large array (the tokenizer from its vocabulary and merges) gives the parsed copy back.
+    pub fn take_metadata(&mut self, key: &str) -> Option<MetaValue> {
+        let i = self.metadata.iter().position(|(k, _)| k == key)?;
+        let (_, value) = self.metadata.remove(i);
+        self.kv_index = self.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        Some(value)
+    }
+
     /// `general.architecture`, e.g. `"llama"`.
     pub fn architecture(&self) -> Option<&str> {
         self.get_str("general.architecture")
@@ -355,7 +364,11 @@ impl Parser<'_> {
             T_STRING => {
                 let mut s = StrArray::default();
                 for _ in 0..count {
-                    s.push(self.r.str(&what)?);
+                    let item = self.r.str(&what)?;
+                    if s.text_len() + item.len() > StrArray::MAX_TEXT {
+                        return Err(GgufError::ArrayTooLarge { key: key.to_string() });
+                    }
+                    s.push(item);
                 }
                 s.shrink_to_fit();
                 MetaArray::Strings(s)

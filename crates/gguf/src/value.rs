@@ -275,7 +275,8 @@ impl FromIterator<MetaValue> for MetaArray {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StrArray {
     text: String,
-    ends: Vec<usize>,
+    /// Byte offsets: the parser refuses an array past 4 GiB of text (`StrArray::MAX_TEXT`).
+    ends: Vec<u32>,
 }
 
 impl StrArray {
@@ -283,9 +284,19 @@ impl StrArray {
         StrArray { text: String::new(), ends: Vec::new() }
     }
 
+    /// Most bytes of text an array holds.
+    pub const MAX_TEXT: usize = u32::MAX as usize;
+
+    /// Appends `s`. Panics past [`StrArray::MAX_TEXT`] bytes in all (the GGUF parser checks first).
     pub fn push(&mut self, s: &str) {
         self.text.push_str(s);
-        self.ends.push(self.text.len());
+        let end = u32::try_from(self.text.len()).expect("a StrArray holds at most 4 GiB of text");
+        self.ends.push(end);
+    }
+
+    /// Bytes of text held.
+    pub fn text_len(&self) -> usize {
+        self.text.len()
     }
 
     pub fn len(&self) -> usize {
@@ -298,8 +309,8 @@ impl StrArray {
 
     /// String `i`.
     pub fn get(&self, i: usize) -> Option<&str> {
-        let end = *self.ends.get(i)?;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         self.text.get(start..end)
     }
 

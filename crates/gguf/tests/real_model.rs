@@ -138,3 +138,59 @@ fn qwen_optional() {
         );
     }
 }
+
+#[test]
+fn taking_a_metadata_array_leaves_the_others_found() {
+    let mut f = smollm();
+    let merges = f.gguf.take_metadata("tokenizer.ggml.merges").expect("the merges are there");
+    assert_eq!(merges.as_array().map(|a| a.len()), Some(48900));
+    assert_eq!(f.gguf.get("tokenizer.ggml.merges"), None);
+    assert_eq!(f.gguf.take_metadata("tokenizer.ggml.merges"), None);
+    assert_eq!(f.gguf.metadata.len(), 32);
+    // Keys after the removed one are still found through the index.
+    assert_eq!(f.gguf.get_u64("tokenizer.ggml.eos_token_id"), Some(2));
+    assert!(f.gguf.get_str("tokenizer.chat_template").is_some());
+    assert_eq!(f.gguf.get_u64("llama.block_count"), Some(30));
+}
+
+/// Resident bytes (kB in /proc/self/smaps) of the mapping that starts at `addr`.
+fn mapping_rss_kb(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((start, _)) = first.split_once('-').filter(|(s, e)| {
+            s.chars().all(|c| c.is_ascii_hexdigit()) && e.chars().all(|c| c.is_ascii_hexdigit())
+        }) {
+            inside = usize::from_str_radix(start, 16) == Ok(addr);
+        } else if inside && line.starts_with("Rss:") {
+            return line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+#[test]
+fn a_partial_copy_holds_its_resident_tensors_and_frees_the_parsed_header() {
+    let path = support::smollm_path();
+    let bytes = std::fs::read(&path).unwrap();
+    let header_len = 1_785_664; // SmolLM2's data offset (see smollm_tensor_table)
+    let fill = |buf: &mut [u8], ranges: &[std::ops::Range<usize>]| {
+        for r in ranges {
+            buf[r.clone()].copy_from_slice(&bytes[r.clone()]);
+        }
+        Ok(())
+    };
+    let norms = |_: &sift_gguf::Gguf, t: &sift_gguf::TensorInfo| t.name.ends_with("_norm.weight");
+    let f = GgufFile::from_parts(&path, bytes.len(), header_len, fill, norms, |_, _| Ok(())).unwrap();
+    // The kept tensors read back the file's bytes.
+    let norm = f.tensor_bytes("blk.3.ffn_norm.weight").unwrap();
+    let t = f.gguf.tensor("blk.3.ffn_norm.weight").unwrap();
+    let start = (f.gguf.data_offset + t.offset) as usize;
+    assert_eq!(norm, &bytes[start..start + norm.len()]);
+    // 61 norms of 576 f32 (2.3 KiB each) touch at most two pages each; the 1.7 MiB header is
+    // not among them.
+    let rss = mapping_rss_kb(f.bytes().as_ptr() as usize);
+    assert!(rss <= 61 * 8, "the partial copy holds {rss} kB");
+    assert_eq!(f.gguf.metadata.len(), 33, "the metadata lives on, parsed");
+}

@@ -114,9 +114,11 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
         );
     }
     let Some(spec) = &memory.memory else {
-        let model = sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
+        let mut model =
+            sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
         let tok = Tokenizer::from_gguf(&model.file.gguf)
             .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
+        drop_tokenizer_tables(&mut model);
         return Ok((model, tok));
     };
     let opts = memory.tiered_options()?;
@@ -133,7 +135,7 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
             .map_err(|e| e.to_string())?;
         if runtime + resident + kv > budget {
             return Err(format!(
-                "--memory {} is too small to run this model: the process with its tokenizer takes {}, the resident weights (output head, norms, tokenizer data) {} and the KV cache and activations {} before any cache or buffer; raise --memory, or lower -c / -b",
+                "--memory {} is too small to run this model: the process with its tokenizer takes {}, the resident weights (output head, norms) {} and the KV cache and activations {} before any cache or buffer; raise --memory, or lower -c / -b",
                 mib(budget),
                 mib(runtime),
                 mib(resident),
@@ -142,14 +144,25 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
         }
         Ok(())
     };
-    let model = open_budgeted_checked(path, &opts, precheck)
+    let mut model = open_budgeted_checked(path, &opts, precheck)
         .with_context(|| format!("cannot load model '{}'", path.display()))?;
     let tok = match tok.into_inner() {
         Some(t) => t,
         None => Tokenizer::from_gguf(&model.file.gguf)
             .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?,
     };
+    drop_tokenizer_tables(&mut model);
     Ok((model, tok))
+}
+
+/// Gives back the GGUF metadata's copies of the tables the tokenizer has built its own from
+/// (vocabulary, token types, scores, merges), which nothing reads again: a few MB that a
+/// budget would otherwise count twice.
+pub fn drop_tokenizer_tables(model: &mut Model) {
+    for key in Tokenizer::SOURCE_TABLES {
+        model.file.gguf.take_metadata(key);
+    }
+    crate::budget::trim_heap();
 }
 
 /// The engine with the selector `sparsity` asks for, and under a budget the tiered store attached.

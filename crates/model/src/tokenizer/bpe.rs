@@ -15,7 +15,7 @@ use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer
 use super::vocab::Vocab;
 use super::{bad, string_array, TokenizerError, KEY_TOKENS};
 
-const KEY_MERGES: &str = "tokenizer.ggml.merges";
+pub(super) const KEY_MERGES: &str = "tokenizer.ggml.merges";
 
 /// The GPT-2 regex (`LLAMA_VOCAB_PRE_TYPE_GPT2`), also the fallback for unknown pre-tokenizers.
 const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";

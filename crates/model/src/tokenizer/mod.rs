@@ -232,6 +232,12 @@ fn token_id(g: &Gguf, key: &str, default: Option<u32>, n_vocab: usize) -> Result
 }
 
 impl Tokenizer {
+    /// The metadata arrays a tokenizer copies its tables from. Once it is built, a process that
+    /// keeps the GGUF's metadata can give these back ([`Gguf::take_metadata`]): for Qwen2.5's
+    /// 152k-token vocabulary they hold about 5 MB the budget would otherwise count twice. The
+    /// model's configuration reads the vocabulary's size from them, so drop them only after it.
+    pub const SOURCE_TABLES: [&'static str; 4] = [KEY_TOKENS, KEY_TYPES, KEY_SCORES, bpe::KEY_MERGES];
+
     /// Builds the tokenizer of a GGUF model from its `tokenizer.ggml.*` metadata.
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer, TokenizerError> {
         let model = g

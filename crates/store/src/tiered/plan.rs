@@ -172,13 +172,12 @@ pub fn is_resident(gguf: &sift_gguf::Gguf, name: &str, resident_embeddings: bool
     !(name.starts_with("blk.") && STREAMED.iter().any(|s| name.ends_with(s)))
 }
 
-/// Bytes of the resident part of a budgeted model (header and resident tensors, page-rounded).
+/// Bytes of the resident part of a budgeted model: its resident tensors, page-rounded (the
+/// GGUF's header is freed once parsed, see `GgufFile::from_parts`).
 pub fn resident_bytes(model: &Model, resident_embeddings: bool) -> u64 {
     let g = &model.file.gguf;
     let page = |n: u64| n.div_ceil(4096) * 4096;
-    let header = page(g.data_offset);
-    header
-        + g.tensors
+    g.tensors
             .iter()
             .filter(|t| is_resident(g, &t.name, resident_embeddings))
             .map(|t| page(t.n_bytes) + 4096)
