@@ -12,7 +12,7 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
     let out = a.out.clone().unwrap_or_else(|| a.model.with_extension("sift"));
     anyhow::ensure!(out != a.model, "the output would overwrite the input; pass -o OUT.sift");
     let t0 = std::time::Instant::now();
-    let opts = PackOptions { cols, group: a.group };
+    let opts = PackOptions { cols, group: a.group, ..PackOptions::default() };
     let n = pack_model(&a.model, &out, &opts, |m| eprint!("\rpacking {m}   "))
         .with_context(|| format!("cannot pack '{}'", a.model.display()))?;
     eprintln!();

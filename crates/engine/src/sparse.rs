@@ -8,7 +8,7 @@
 //! Exact columns (`sift_quant::exact`) also read the op's scale plane, which stays in memory.
 
 use crate::pool::{SharedMut, ThreadPool};
-use sift_model::layout::ColumnTensor;
+use sift_model::layout::{ColumnTensor, UnitPositions};
 use sift_quant::{axpy_cols_batch, axpy_exact_batch, AxpyColsFn, ColFormat, ColMatrix, ExactAxpyFn, ExactMatrix, Isa};
 
 /// The kernel of one op's columns.
@@ -28,11 +28,15 @@ pub struct ColOp {
     /// The columns' and the scale plane's byte ranges in the pack file.
     pub range: std::ops::Range<usize>,
     pub scales_range: std::ops::Range<usize>,
+    /// Where each unit's column lies in the tensor, when the pack stores the op's site in a unit
+    /// order of its own (see `sift_model::layout::UnitOrderTensor`).
+    pub positions: Option<UnitPositions>,
     pub kernel: ColKernel,
 }
 
 impl ColOp {
-    pub fn new(t: &ColumnTensor) -> ColOp {
+    /// The op of column tensor `t`, whose units lie at `positions` (`None`: in the model's order).
+    pub fn new(t: &ColumnTensor, positions: Option<&UnitPositions>) -> ColOp {
         let kernel = match t.ty {
             ColFormat::Requant(c) => ColKernel::Requant(c.axpy_fn()),
             ColFormat::Exact(f) => ColKernel::Exact(sift_quant::axpy_exact_fn(f, Isa::detect())),
@@ -44,6 +48,7 @@ impl ColOp {
             col_bytes: t.col_bytes,
             range: t.range(),
             scales_range: t.scales_range(),
+            positions: positions.cloned(),
             kernel,
         }
     }
@@ -57,6 +62,7 @@ impl ColOp {
             col_bytes: ty.col_bytes(n_out),
             range,
             scales_range: 0..0,
+            positions: None,
             kernel: ColKernel::Requant(ty.axpy_fn()),
         }
     }
@@ -191,19 +197,40 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
         let (n_blocks, width) = (op.n_out / 32, op.n_out);
         if let ColFormat::Exact(fmt) = op.ty {
             // Exact columns: the one-token kernel per token over all outputs, tokens split
-            // across threads (each token's outputs are its own).
+            // across threads (each token's outputs are its own). Columns in a unit order of
+            // their own go through the sparse kernel, every unit active, found at its position.
             let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: j.data, scales: j.scales };
+            let all_units: Vec<u32> = if op.positions.is_some() { (0..op.n_in as u32).collect() } else { Vec::new() };
             let out = SharedMut::new(&mut j.out[..n * width]);
             pool.for_each(n, 1, &|range, _| {
                 for t in range {
                     // SAFETY: token t's outputs `t·width..(t + 1)·width` belong to item t only.
                     let y = unsafe { out.slice(t * width..(t + 1) * width) };
                     y.fill(0.0);
-                    axpy_exact_batch(&m, &x[t * op.n_in..(t + 1) * op.n_in], 1, 0..n_blocks, y, width);
+                    let xt = &x[t * op.n_in..(t + 1) * op.n_in];
+                    match &op.positions {
+                        Some(pos) => op.axpy(j.data, j.scales, pos, &all_units, xt, y),
+                        None => axpy_exact_batch(&m, xt, 1, 0..n_blocks, y, width),
+                    }
                 }
             });
             continue;
         }
+        // Re-quantized columns in a unit order of their own: the inputs put in that order.
+        let permuted: Vec<f32>;
+        let x = match &op.positions {
+            Some(pos) => {
+                let mut xp = vec![0f32; n * op.n_in];
+                for t in 0..n {
+                    for (u, &p) in pos.iter().enumerate() {
+                        xp[t * op.n_in + p as usize] = x[t * op.n_in + u];
+                    }
+                }
+                permuted = xp;
+                &permuted[..]
+            }
+            None => x,
+        };
         let bpc = blocks_per_chunk(n_blocks, pool.n_threads()).max(4);
         let n_chunks = n_blocks.div_ceil(bpc);
         let data = j.data;

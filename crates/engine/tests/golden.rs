@@ -54,7 +54,13 @@ fn pack() -> &'static Path {
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("smol.sift");
-            pack_model(&gguf(), &out, &PackOptions { cols: ColPolicy::Auto, group: 4 }, |_| {}).unwrap();
+            pack_model(
+                &gguf(),
+                &out,
+                &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() },
+                |_| {},
+            )
+            .unwrap();
             (dir, out)
         })
         .1

@@ -57,7 +57,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 fn make_pack(dir: &Path, policy: ColPolicy) -> PathBuf {
     let out = dir.join("m.sift");
-    pack_model(&gguf(), &out, &PackOptions { cols: policy, group: 4 }, |_| {}).unwrap();
+    pack_model(&gguf(), &out, &PackOptions { cols: policy, group: 4, ..PackOptions::default() }, |_| {}).unwrap();
     out
 }
 
@@ -149,7 +149,7 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
     // A real activation scale: a smooth pseudo-random vector.
     for (l, op) in [(0usize, OpKind::Gate), (7, OpKind::Q), (15, OpKind::Down), (29, OpKind::K)] {
         let t = cols.layers[l].op(op);
-        let cop = ColOp::new(t);
+        let cop = ColOp::new(t, None);
         let x: Vec<f32> =
             (0..t.n_in).map(|j| ((j * 7919 % 1000) as f32 / 500.0 - 1.0) * (1.0 + (j % 3) as f32)).collect();
         // Dequantized columns, f32: the reference.

@@ -26,7 +26,8 @@ fn pack() -> &'static Path {
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("smol.sift");
-            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4 }, |_| {}).unwrap();
+            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
+                .unwrap();
             (dir, out)
         })
         .1
@@ -129,6 +130,109 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
         }
         assert!(cached <= store.plan.cache && store.plan.fixed() + store.plan.cache <= store.plan.budget);
     }
+}
+
+/// The real model packed with every site's units in a shuffled order of its own (seeded).
+fn shuffled_pack() -> &'static Path {
+    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &PACK
+        .get_or_init(|| {
+            let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            let c = sift_model::Model::load(&src).unwrap().config;
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut shuffled = |n: usize| {
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                for i in (1..n).rev() {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    order.swap(i, (state >> 33) as usize % (i + 1));
+                }
+                Some(order)
+            };
+            let unit_orders = (0..c.n_layer)
+                .map(|_| [shuffled(c.n_embd), shuffled(c.n_embd_q()), shuffled(c.n_embd), shuffled(c.n_ff)])
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("shuffled.sift");
+            let opts = PackOptions { group: 4, unit_orders, ..PackOptions::default() };
+            pack_model(&src, &out, &opts, |_| {}).unwrap();
+            (dir, out)
+        })
+        .1
+}
+
+#[test]
+fn a_pack_in_its_own_unit_order_gives_the_same_tokens_and_logits() {
+    let prompt = prompt();
+    let mut mem = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut mem, 0.5);
+    let want = decode(&mut mem, &prompt, 8);
+    // The columns lie elsewhere in the file, each unit's column is the same bytes.
+    let (plain, shuffled) = (sift_store::open_model(pack()).unwrap(), sift_store::open_model(shuffled_pack()).unwrap());
+    let (a, b) = (plain.columns.as_ref().unwrap(), shuffled.columns.as_ref().unwrap());
+    let t = b.layers[3].op(OpKind::Down);
+    assert!(b.layers[3].positions(OpKind::Down).is_some() && a.layers[3].positions(OpKind::Down).is_none());
+    for u in [0u32, 1, 700, 1535] {
+        let col = |m: &sift_model::Model, i: &sift_store::PackIndex| {
+            let at = i.layers[3].column_offset(OpKind::Down, u) as usize;
+            m.pack_bytes()[at..at + t.col_bytes].to_vec()
+        };
+        assert_eq!(col(&plain, a), col(&shuffled, b), "unit {u}");
+    }
+    assert_ne!(b.layers[3].column_offset(OpKind::Down, 0), a.layers[3].column_offset(OpKind::Down, 0));
+    // In memory: one token on the active columns at their positions.
+    let mut e = Engine::new(shuffled, &eo());
+    topk(&mut e, 0.5);
+    let got = decode(&mut e, &prompt, 8);
+    assert!(got == want, "in memory: tokens {:?}, want {:?} (or logits differ)", got.0, want.0);
+    // Under a budget: reads at the positions, with and without preloading.
+    for preload in [0, 4] {
+        let opts = TieredOptions { policy: Policy::Lfu, preload, ..TieredOptions::default() };
+        let mut tiny = budgeted(shuffled_pack(), &opts, 1 << 20);
+        topk(&mut tiny, 0.5);
+        let got = decode(&mut tiny, &prompt, 8);
+        assert!(got == want, "budgeted, preload {preload}: tokens {:?}, want {:?} (or logits differ)", got.0, want.0);
+    }
+    // A batch on whole column tensors (`--all-columns`) reads every column at its position.
+    let all = EngineOptions { all_columns: true, ..eo() };
+    let logits = |path: &Path| {
+        let mut e = Engine::new(sift_store::open_model(path).unwrap(), &all);
+        e.truncate(0);
+        e.eval(&prompt, Logits::All).unwrap().to_vec()
+    };
+    assert!(logits(shuffled_pack()) == logits(pack()), "--all-columns logits differ");
+}
+
+#[test]
+fn a_damaged_or_invalid_unit_order_is_refused() {
+    let bytes = std::fs::read(shuffled_pack()).unwrap();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+    let (toc_off, toc_len) = (word(16), word(24));
+    let toc: serde_json::Value = serde_json::from_slice(&bytes[toc_off..toc_off + toc_len]).unwrap();
+    let order = &toc["orders"][5];
+    let off = order["offset"].as_u64().unwrap() as usize;
+    // One unit's entry changed: the section fails its checksum, in memory and under a budget.
+    let mut bad = bytes.clone();
+    bad[off + 8] ^= 1;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-order.sift");
+    std::fs::write(&path, &bad).unwrap();
+    for err in [
+        sift_store::open_model(&path).err().map(|e| e.to_string()),
+        open_budgeted(&path, &TieredOptions::default()).err().map(|e| e.to_string()),
+    ] {
+        let err = err.expect("a damaged unit order is refused");
+        let want = format!("layer {} site {} unit order fails its checksum", order["layer"], order["site"]);
+        assert!(err.contains(&want) && err.contains("sift pack"), "{err}");
+    }
+    // An order that is not a permutation is refused before anything is written.
+    let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let c = sift_model::Model::load(&src).unwrap().config;
+    let mut unit_orders: sift_store::UnitOrders = vec![Default::default(); c.n_layer];
+    unit_orders[2][3] = Some((0..c.n_ff as u32).map(|u| u.min(5)).collect());
+    let out = dir.path().join("never.sift");
+    let err = pack_model(&src, &out, &PackOptions { unit_orders, ..PackOptions::default() }, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("layer 2 site 3 unit order: unit 5 appears twice"), "{err}");
+    assert!(!out.exists() && !dir.path().join("never.sift.tmp").exists());
 }
 
 #[test]

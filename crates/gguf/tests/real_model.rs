@@ -159,9 +159,10 @@ fn mapping_rss_kb(addr: usize) -> u64 {
     let mut inside = false;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((start, _)) = first.split_once('-').filter(|(s, e)| {
-            s.chars().all(|c| c.is_ascii_hexdigit()) && e.chars().all(|c| c.is_ascii_hexdigit())
-        }) {
+        if let Some((start, _)) = first
+            .split_once('-')
+            .filter(|(s, e)| s.chars().all(|c| c.is_ascii_hexdigit()) && e.chars().all(|c| c.is_ascii_hexdigit()))
+        {
             inside = usize::from_str_radix(start, 16) == Ok(addr);
         } else if inside && line.starts_with("Rss:") {
             return line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);

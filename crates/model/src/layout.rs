@@ -1,7 +1,8 @@
 //! The layouts a sift pack adds to a model's weights, for activation sparsity: every
 //! sparsifiable op transposed into contiguous columns (one per input channel; exact columns keep
-//! the source's scales in a scale plane beside them), and optionally cross-layer interleaved
-//! records for preloading. Byte ranges index the whole pack file
+//! the source's scales in a scale plane beside them), optionally in a unit order of its own per
+//! selection site ([`UnitOrderTensor`]), and optionally cross-layer interleaved records for
+//! preloading. Byte ranges index the whole pack file
 //! ([`sift_gguf::GgufFile::file_bytes`]).
 
 use serde::{Deserialize, Serialize};
@@ -130,16 +131,65 @@ impl GroupTensor {
 /// The ops whose input is a layer's normed residual: the ones a cross-layer group interleaves.
 pub const GROUP_OPS: [OpKind; 5] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::Gate, OpKind::Up];
 
+/// The order in which one selection site's units (input channels) lie in the column tensors of
+/// its ops: a section of `n_units` little-endian `u32`s, entry `p` naming the unit whose column
+/// is the `p`-th of each of the site's ops. A site without one is in the model's order. Units
+/// that are active together, laid side by side, are read together (co-activation grouping);
+/// scale planes stay in the model's order, since the kernels find a column's scales by its unit.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UnitOrderTensor {
+    pub layer: usize,
+    /// The site (an index into [`SITE_OPS`]).
+    pub site: usize,
+    pub n_units: usize,
+    /// Byte range in the pack file.
+    pub offset: u64,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+/// Where each unit of a site lies in its ops' column tensors: entry `u` is the column position of
+/// unit `u` (the inverse of a [`UnitOrderTensor`]'s order), shared by the site's ops.
+pub type UnitPositions = std::sync::Arc<[u32]>;
+
+/// The inverse of `order` (position → unit) if it is a permutation of `0..order.len()`, else the
+/// reason it is not.
+pub fn unit_positions(order: &[u32]) -> Result<UnitPositions, String> {
+    let mut pos = vec![u32::MAX; order.len()];
+    for (p, &u) in order.iter().enumerate() {
+        match pos.get_mut(u as usize) {
+            None => return Err(format!("unit {u} at position {p} is past the site's {} units", order.len())),
+            Some(slot) if *slot != u32::MAX => return Err(format!("unit {u} appears twice")),
+            Some(slot) => *slot = p as u32,
+        }
+    }
+    Ok(pos.into())
+}
+
 /// The column tensors of one layer.
 #[derive(Clone, Debug)]
 pub struct LayerColumns {
     /// Indexed by [`OpKind`] order: q, k, v, o, gate, up, down.
     pub ops: Vec<ColumnTensor>,
+    /// Per site ([`SITE_OPS`] order), where its units lie when not in the model's order.
+    pub positions: [Option<UnitPositions>; 4],
 }
 
 impl LayerColumns {
     pub fn op(&self, op: OpKind) -> &ColumnTensor {
         &self.ops[op as usize]
+    }
+
+    /// Where `op`'s units lie in its column tensor (`None`: in the model's order).
+    pub fn positions(&self, op: OpKind) -> Option<&UnitPositions> {
+        self.positions[op.site_index()].as_ref()
+    }
+
+    /// Byte offset in the pack file of unit `u`'s column of `op`.
+    pub fn column_offset(&self, op: OpKind, u: u32) -> u64 {
+        let t = self.op(op);
+        let p = self.positions(op).map_or(u, |p| p[u as usize]);
+        t.offset + p as u64 * t.col_bytes as u64
     }
 }
 
@@ -169,6 +219,11 @@ impl PackIndex {
     /// Bytes of all scale planes (kept in memory under a budget).
     pub fn scale_bytes(&self) -> u64 {
         self.layers.iter().flat_map(|l| &l.ops).map(|t| t.scales_len).sum()
+    }
+
+    /// Bytes of the unit positions of the sites not in the model's order (kept in memory).
+    pub fn position_bytes(&self) -> u64 {
+        self.layers.iter().flat_map(|l| l.positions.iter().flatten()).map(|p| p.len() as u64 * 4).sum()
     }
 
     /// Layers per cross-layer group (0: the pack has none).

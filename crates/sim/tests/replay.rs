@@ -29,7 +29,8 @@ fn pack() -> &'static Path {
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
             let dir = tempfile::tempdir().unwrap();
             let out = dir.path().join("smol.sift");
-            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4 }, |_| {}).unwrap();
+            pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
+                .unwrap();
             (dir, out)
         })
         .1

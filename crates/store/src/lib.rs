@@ -15,7 +15,8 @@ pub mod source;
 pub mod tiered;
 
 pub use pack::{
-    open_model, open_partial, pack_model, read_toc, ColPolicy, PackError, PackOptions, PackToc, PACK_VERSION,
+    open_model, open_partial, pack_model, read_toc, ColPolicy, PackError, PackOptions, PackToc, UnitOrders,
+    PACK_VERSION,
 };
 pub use sift_model::layout::{ColumnTensor, LayerColumns, OpKind, PackIndex};
 pub use source::{SourceError, SourceGguf};

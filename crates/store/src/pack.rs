@@ -13,6 +13,9 @@
 //!         the GGUF's own integers, then (4 KiB aligned) the op's scale plane — the source's
 //!         block scales, so the columns hold the GGUF's weights value for value. Float sources
 //!         (or `--cols q4_1|q5_0|q8_0`) are re-quantized along the output dimension ([`ColType`]).
+//! ...     optionally, per layer and selection site whose units are not in the model's order,
+//!         4 KiB aligned: the unit order ([`UnitOrderTensor`]), n_units u32 (position → unit); the
+//!         columns of the site's ops lie in that order, their scale planes in the model's
 //! ...     optionally (`--group N`), per group of N layers, 4 KiB aligned: n_embd interleaved
 //!         records, record c holding column c of q, k, v, gate and up of every layer of the group
 //!         (unit → layer → op), for cross-layer preloading ([`GroupTensor`]); a second copy of
@@ -30,7 +33,10 @@
 use crate::source::{SourceError, SourceGguf};
 use serde::{Deserialize, Serialize};
 use sift_gguf::{GgufFile, MappedFile};
-use sift_model::layout::{ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, GROUP_OPS};
+use sift_model::layout::{
+    unit_positions, ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, UnitOrderTensor, GROUP_OPS,
+    SITE_OPS,
+};
 use sift_model::{Model, ModelError, QTensor};
 use sift_quant::{ColFormat, ColType, ExactFormat};
 use std::fs::File;
@@ -38,9 +44,11 @@ use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 pub const PACK_MAGIC: &[u8; 8] = b"SIFTPACK";
-/// The pack format this sift writes and reads (2: exact columns with scale planes, no neuron
-/// bundles, the source GGUF referred to rather than copied).
-pub const PACK_VERSION: u32 = 2;
+/// The pack format this sift writes (3: version 2 with optional unit orders; 2: exact columns
+/// with scale planes, no neuron bundles, the source GGUF referred to rather than copied).
+pub const PACK_VERSION: u32 = 3;
+/// The oldest pack format this sift reads (a version-2 pack has every site in the model's order).
+pub const PACK_VERSION_MIN: u32 = 2;
 const ALIGN: u64 = 4096;
 const HEADER_LEN: usize = 64;
 
@@ -51,7 +59,7 @@ pub enum PackError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a sift pack or a GGUF file (it starts with {magic:?}); pass a .gguf model or a pack made by `sift pack`")]
     Foreign { path: PathBuf, magic: String },
-    #[error("{path} is a stale pack: it has format version {found}, this sift reads version {PACK_VERSION}; run `sift pack` on the GGUF again")]
+    #[error("{path} is a stale pack: it has format version {found}, this sift reads versions {PACK_VERSION_MIN} to {PACK_VERSION}; run `sift pack` on the GGUF again")]
     Stale { path: PathBuf, found: u32 },
     #[error("{path} is truncated: the header says {expected} bytes, the file has {found}; run `sift pack` again")]
     Truncated { path: PathBuf, expected: u64, found: u64 },
@@ -68,9 +76,10 @@ pub enum PackError {
 }
 
 /// How column formats are chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ColPolicy {
     /// Exact columns for every quantized source format; float sources re-quantized to Q8_0.
+    #[default]
     Auto,
     /// Re-quantize every op to one format (lossy: a second rounding; kept for comparison).
     Fixed(ColType),
@@ -96,18 +105,18 @@ impl ColPolicy {
     }
 }
 
+/// Per layer, per selection site ([`SITE_OPS`] order): the order its units' columns are written
+/// in (position → unit, a permutation of the site's units), or `None` for the model's order.
+pub type UnitOrders = Vec<[Option<Vec<u32>>; 4]>;
+
 /// What `sift pack` writes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PackOptions {
     pub cols: ColPolicy,
     /// Layers per cross-layer interleaved group (0: no interleaved section).
     pub group: usize,
-}
-
-impl Default for PackOptions {
-    fn default() -> Self {
-        PackOptions { cols: ColPolicy::Auto, group: 0 }
-    }
+    /// The unit order of each site (empty: every site in the model's order).
+    pub unit_orders: UnitOrders,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -117,6 +126,9 @@ struct Toc {
     /// The GGUF's header length (its data offset).
     gguf_header_len: u64,
     columns: Vec<ColumnTensor>,
+    /// The sites whose units are not in the model's order (none in a version-2 pack).
+    #[serde(default)]
+    orders: Vec<UnitOrderTensor>,
     #[serde(default)]
     groups: Vec<GroupTensor>,
 }
@@ -213,7 +225,7 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"));
     let version = u32_at(8);
-    if version != PACK_VERSION {
+    if !(PACK_VERSION_MIN..=PACK_VERSION).contains(&version) {
         return Err(PackError::Stale { path: path.into(), found: version });
     }
     let (toc_off, toc_len, toc_crc, total) = (u64_at(16), u64_at(24), u32_at(32), u64_at(36));
@@ -275,7 +287,8 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
     let toc = pack_toc.toc;
     let c = &model.config;
     let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
-    let mut layers: Vec<LayerColumns> = (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new() }).collect();
+    let mut layers: Vec<LayerColumns> =
+        (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), positions: Default::default() }).collect();
     for t in &toc.columns {
         let lw = model
             .layers
@@ -304,6 +317,7 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
     if layers.iter().any(|l| l.ops.len() != 7) {
         return Err(toc_err("some layer lacks column tensors".into()));
     }
+    read_unit_orders(path, &toc.orders, pack_toc.total, &mut layers)?;
     let mut next_layer = 0;
     for g in &toc.groups {
         let mut off = 0;
@@ -336,6 +350,79 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
         gguf_len: toc.source.size,
         gguf_header_len: toc.gguf_header_len,
     })
+}
+
+/// Reads, checks and inverts the unit orders of a pack into `layers` (plain reads: the orders are
+/// small, and a pack opened under a budget is not mapped).
+fn read_unit_orders(
+    path: &Path,
+    orders: &[UnitOrderTensor],
+    total: u64,
+    layers: &mut [LayerColumns],
+) -> Result<(), PackError> {
+    use std::os::unix::fs::FileExt;
+    if orders.is_empty() {
+        return Ok(());
+    }
+    let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
+    let file = File::open(path).map_err(io(path))?;
+    for t in orders {
+        let what = format!("layer {} site {} unit order", t.layer, t.site);
+        let lc = layers.get_mut(t.layer).ok_or_else(|| toc_err(format!("{what}: no such layer")))?;
+        let n_units = SITE_OPS.get(t.site).map(|ops| lc.op(ops[0]).n_in);
+        if n_units != Some(t.n_units) || t.len != t.n_units as u64 * 4 {
+            return Err(toc_err(format!("{what}: shape does not match the model")));
+        }
+        if lc.positions[t.site].is_some() {
+            return Err(toc_err(format!("{what} is given twice")));
+        }
+        section_end(path, &what, t.offset, t.len, total)?;
+        let mut bytes = vec![0u8; t.len as usize];
+        file.read_exact_at(&mut bytes, t.offset).map_err(io(path))?;
+        if crc32fast::hash(&bytes) != t.crc32 {
+            return Err(PackError::Corrupt { path: path.into(), what });
+        }
+        let order: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let positions = unit_positions(&order).map_err(|e| toc_err(format!("{what} is not a permutation: {e}")))?;
+        lc.positions[t.site] = Some(positions);
+    }
+    Ok(())
+}
+
+/// Checks that `orders` fits the model (per layer, per site: a permutation of its units) before a
+/// pack is written with them.
+fn check_unit_orders(src: &Path, model: &Model, orders: &UnitOrders) -> Result<(), PackError> {
+    let c = &model.config;
+    if !orders.is_empty() && orders.len() != c.n_layer {
+        return Err(PackError::Toc {
+            path: src.into(),
+            msg: format!("unit orders for {} layers, the model has {}", orders.len(), c.n_layer),
+        });
+    }
+    let dims = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
+    for (l, sites) in orders.iter().enumerate() {
+        for (site, order) in sites.iter().enumerate() {
+            let Some(order) = order else { continue };
+            let bad = |msg: String| PackError::Toc {
+                path: src.into(),
+                msg: format!("layer {l} site {site} unit order: {msg}"),
+            };
+            if order.len() != dims[site] {
+                return Err(bad(format!("{} units, the site has {}", order.len(), dims[site])));
+            }
+            unit_positions(order).map_err(bad)?;
+        }
+    }
+    Ok(())
+}
+
+/// `data`'s columns (`cb` bytes each) rearranged so that position `p` holds column `order[p]`.
+fn reorder_columns(data: &[u8], cb: usize, order: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    for &u in order {
+        out.extend_from_slice(&data[u as usize * cb..(u as usize + 1) * cb]);
+    }
+    out
 }
 
 /// Dequantizes `w` and writes its columns (transposed, re-quantized to `ty`).
@@ -374,6 +461,7 @@ pub fn pack_model(
 ) -> Result<u64, PackError> {
     let model = Model::load(src)?;
     let c = model.config.clone();
+    check_unit_orders(src, &model, &opts.unit_orders)?;
     if c.n_embd % 32 != 0 || c.n_embd_kv() % 32 != 0 || c.n_ff % 32 != 0 || c.n_embd_q() % 32 != 0 {
         return Err(PackError::Toc {
             path: src.into(),
@@ -415,6 +503,7 @@ pub fn pack_model(
     }
     let source = SourceGguf::of(src, hasher.finalize()).map_err(io(src))?;
     let mut columns = Vec::new();
+    let mut orders = Vec::new();
     let mut groups = Vec::new();
     // The current group's in-op columns, for the interleaved section: (layer, op, bytes).
     let mut group_cols: Vec<(usize, OpKind, usize, Vec<u8>)> = Vec::new();
@@ -424,7 +513,11 @@ pub fn pack_model(
             let ty = opts.cols.choose(wt);
             let (data, scales) = op_columns(&model, wt, ty);
             model.file.release(wt.range.clone());
-            let (offset, len, crc32) = section(&mut w, &mut pos, &data)?;
+            let order = opts.unit_orders.get(l).and_then(|o| o[op.site_index()].as_deref());
+            let (offset, len, crc32) = match order {
+                Some(order) => section(&mut w, &mut pos, &reorder_columns(&data, ty.col_bytes(wt.rows), order))?,
+                None => section(&mut w, &mut pos, &data)?,
+            };
             let (scales_offset, scales_len, scales_crc32) = section(&mut w, &mut pos, &scales)?;
             columns.push(ColumnTensor {
                 layer: l,
@@ -443,6 +536,12 @@ pub fn pack_model(
             if opts.group > 0 && GROUP_OPS.contains(&op) {
                 group_cols.push((l, op, ty.col_bytes(wt.rows), data));
             }
+        }
+        for (site, order) in opts.unit_orders.get(l).into_iter().flatten().enumerate() {
+            let Some(order) = order else { continue };
+            let bytes: Vec<u8> = order.iter().flat_map(|u| u.to_le_bytes()).collect();
+            let (offset, len, crc32) = section(&mut w, &mut pos, &bytes)?;
+            orders.push(UnitOrderTensor { layer: l, site, n_units: order.len(), offset, len, crc32 });
         }
         let group_full = (l + 1) % opts.group.max(1) == 0 || l + 1 == c.n_layer;
         if opts.group > 0 && group_full {
@@ -474,7 +573,8 @@ pub fn pack_model(
         }
         progress(&format!("layer {}/{}", l + 1, c.n_layer));
     }
-    let toc = Toc { version: PACK_VERSION, source, gguf_header_len: model.file.gguf.data_offset, columns, groups };
+    let toc =
+        Toc { version: PACK_VERSION, source, gguf_header_len: model.file.gguf.data_offset, columns, orders, groups };
     let toc_bytes = serde_json::to_vec(&toc).map_err(|e| PackError::Toc { path: tmp.clone(), msg: e.to_string() })?;
     let toc_off = align_up(pos);
     pad_to(&mut w, &mut pos, toc_off)?;

@@ -213,7 +213,7 @@ impl CrossLayerPrefetcher {
                         break 'outer;
                     }
                     bytes += oc.col_bytes;
-                    ranges.push((oc.file_off + u as u64 * oc.col_bytes as u64, oc.col_bytes));
+                    ranges.push((oc.column_offset(u), oc.col_bytes));
                     layout.push((pi, u));
                 }
             }

@@ -40,12 +40,14 @@ impl WeightSource for MappedRows {
 pub struct MappedColumns {
     cols: Vec<Vec<ColOp>>,
     all_columns: bool,
+    /// The active units' column positions, for a site in a unit order of its own.
+    positions: Vec<u32>,
 }
 
 impl MappedColumns {
     /// `None` when `model` has no column layout (not a pack).
     pub fn new(model: &Model, all_columns: bool) -> Option<MappedColumns> {
-        Some(MappedColumns { cols: column_ops(model)?, all_columns })
+        Some(MappedColumns { cols: column_ops(model)?, all_columns, positions: Vec::new() })
     }
 }
 
@@ -69,18 +71,29 @@ impl WeightSource for MappedColumns {
         let ops = site_col_ops(&self.cols[l], site);
         let file = model.pack_bytes();
         Ok(Some(match active {
-            Some(units) if n == 1 => SiteWeights::Columns {
-                units,
-                parts: ops
-                    .iter()
-                    .map(|op| ColumnPart {
-                        op,
-                        data: &file[op.range.clone()],
-                        idx: units,
-                        scales: &file[op.scales_range.clone()],
-                    })
-                    .collect(),
-            },
+            Some(units) if n == 1 => {
+                // The ops of a site share its unit order.
+                let idx: &[u32] = match &ops[0].positions {
+                    Some(pos) => {
+                        self.positions.clear();
+                        self.positions.extend(units.iter().map(|&u| pos[u as usize]));
+                        &self.positions
+                    }
+                    None => units,
+                };
+                SiteWeights::Columns {
+                    units,
+                    parts: ops
+                        .iter()
+                        .map(|op| ColumnPart {
+                            op,
+                            data: &file[op.range.clone()],
+                            idx,
+                            scales: &file[op.scales_range.clone()],
+                        })
+                        .collect(),
+                }
+            }
             _ if self.all_columns => SiteWeights::ColumnTensors { file, ops },
             _ => SiteWeights::Rows { file: model.file.bytes(), layer: &model.layers[l], gather: true },
         }))

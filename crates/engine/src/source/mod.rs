@@ -113,7 +113,10 @@ pub trait WeightSource: Send {
 
 /// The kernel-ready column ops of every layer of a pack (q, k, v, o, gate, up, down).
 fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
-    model.columns.as_ref().map(|p| p.layers.iter().map(|l| l.ops.iter().map(ColOp::new).collect()).collect())
+    model
+        .columns
+        .as_ref()
+        .map(|p| p.layers.iter().map(|l| l.ops.iter().map(|t| ColOp::new(t, l.positions(t.op))).collect()).collect())
 }
 
 /// The column ops of `site` among a layer's seven.

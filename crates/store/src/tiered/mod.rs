@@ -38,7 +38,7 @@ use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAn
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use plan::{mib, ArenaLayout, Buffers};
-use sift_model::layout::{OpKind, PackIndex};
+use sift_model::layout::{OpKind, PackIndex, UnitPositions};
 use sift_model::{Model, QTensor};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -70,7 +70,17 @@ pub(crate) struct OpCache {
     /// Byte offset of slot 0 in the arena.
     base: usize,
     /// Byte offset of the op's column tensor in the pack.
-    pub(crate) file_off: u64,
+    file_off: u64,
+    /// Where each unit's column lies in the tensor, when its site has a unit order of its own.
+    positions: Option<UnitPositions>,
+}
+
+impl OpCache {
+    /// Byte offset in the pack of unit `u`'s column.
+    pub(crate) fn column_offset(&self, u: u32) -> u64 {
+        let p = self.positions.as_ref().map_or(u, |p| p[u as usize]);
+        self.file_off + p as u64 * self.col_bytes as u64
+    }
 }
 
 /// The columns one [`TieredStore::fetch`] made available, per op in the order asked.
@@ -169,7 +179,8 @@ impl TieredStore {
     ) -> Result<TieredStore, TierError> {
         let interleaved = opts.preload > 0 && index.group_size() == opts.preload;
         let buffers = Buffers::new(model, &index, opts, inputs.budget);
-        let mut plan = MemoryPlan::without_cache(model, opts, inputs, &buffers, index.scale_bytes())?;
+        let mut plan =
+            MemoryPlan::without_cache(model, opts, inputs, &buffers, index.scale_bytes() + index.position_bytes())?;
         let policy = opts.policy;
         let cache_budget = if policy == Policy::None { 0 } else { inputs.budget - plan.fixed() };
         // Slots per op, and the arena layout.
@@ -189,6 +200,7 @@ impl TieredStore {
                         n_units: t.n_in,
                         base,
                         file_off: t.offset,
+                        positions: lc.positions(t.op).cloned(),
                     })
                     .collect()
             })
@@ -417,8 +429,7 @@ impl TieredStore {
         // Read the pinned columns now.
         let mut units: Vec<u32> = (0..oc.n_units as u32).filter(|&u| oc.cache.contains(u)).collect();
         units.sort_unstable();
-        let ranges: Vec<(u64, usize)> =
-            units.iter().map(|&u| (oc.file_off + u as u64 * oc.col_bytes as u64, oc.col_bytes)).collect();
+        let ranges: Vec<(u64, usize)> = units.iter().map(|&u| (oc.column_offset(u), oc.col_bytes)).collect();
         let dests: Vec<usize> =
             units.iter().map(|&u| oc.base + oc.cache.slot_of(u).expect("pinned") as usize * oc.col_bytes).collect();
         self.read_into_arena(&ranges, &dests, false)
@@ -592,7 +603,7 @@ impl TieredStore {
                         continue;
                     }
                 }
-                ranges.push((oc.file_off + u as u64 * cb as u64, cb));
+                ranges.push((oc.column_offset(u), cb));
                 dests.push(dst);
             }
         }

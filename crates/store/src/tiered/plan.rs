@@ -178,10 +178,10 @@ pub fn resident_bytes(model: &Model, resident_embeddings: bool) -> u64 {
     let g = &model.file.gguf;
     let page = |n: u64| n.div_ceil(4096) * 4096;
     g.tensors
-            .iter()
-            .filter(|t| is_resident(g, &t.name, resident_embeddings))
-            .map(|t| page(t.n_bytes) + 4096)
-            .sum::<u64>()
+        .iter()
+        .filter(|t| is_resident(g, &t.name, resident_embeddings))
+        .map(|t| page(t.n_bytes) + 4096)
+        .sum::<u64>()
 }
 
 /// Smallest size of the buffers a site's weights stream through (the transient area, the
