@@ -79,9 +79,11 @@
 
 #![forbid(unsafe_code)]
 
+mod optimum;
 pub mod policy;
 mod unit_cache;
 
+pub use optimum::min_misses;
 pub use policy::{ActiveFlowLfu, BeladyOracle, LruPolicy, NoCache, ReplacementPolicy, StaticHotSet, TamPolicy};
 pub use unit_cache::UnitCache;
 

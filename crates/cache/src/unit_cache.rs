@@ -326,7 +326,7 @@ impl UnitCache {
     // ---- internals ----
 
     /// Errors with the first unit of `units` at or past `n_units`.
-    fn check_units(&self, units: &[u32]) -> Result<(), UnitOutOfRange> {
+    pub(crate) fn check_units(&self, units: &[u32]) -> Result<(), UnitOutOfRange> {
         match units.iter().find(|&&u| u as usize >= self.n_units) {
             Some(&unit) => Err(UnitOutOfRange { unit, n_units: self.n_units }),
             None => Ok(()),

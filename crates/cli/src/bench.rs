@@ -1,7 +1,7 @@
 //! `sift bench`: llama-bench's tests and output shapes (markdown table or JSON array).
 
 use crate::args::BenchArgs;
-use sift_engine::bench::{bench_pp, bench_tg, BenchResult};
+use sift_engine::bench::{bench_pp, bench_tg_measured, BenchResult};
 use sift_engine::EngineOptions;
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -13,6 +13,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             a.kv.apply(EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() });
         crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
     };
+    // The device profile the bound takes the disk's bandwidth from (as the planner does).
+    let profile = || sift_session::profile::resolve_profile(a.memory.profile.as_deref());
     let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
     let model = &session.engine.model;
     let size = model.weight_bytes();
@@ -31,6 +33,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let engine = &mut session.engine;
         let mut tests: Vec<BenchResult> = Vec::new();
+        let mut telemetry = std::collections::HashMap::new();
         for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
             tests.push(bench_pp(engine, p, a.reps)?);
             if md {
@@ -38,11 +41,28 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         for &n in a.n_gen.iter().filter(|&&n| n > 0) {
-            if let Some(s) = engine.store_mut() {
-                s.reset_stats();
-            }
+            // Under a budget: the counters and the activation log cover the measured runs only.
+            let log = sift_session::report::record_decode(engine)?;
+            let mut restart = |e: &mut sift_engine::Engine| {
+                if let Some(s) = e.store_mut() {
+                    s.reset_stats();
+                }
+                if let Some(l) = &log {
+                    l.clear().ok();
+                }
+            };
+            restart(engine);
             let t0 = std::time::Instant::now();
-            tests.push(bench_tg(engine, n, a.reps)?);
+            let r = bench_tg_measured(engine, n, a.reps, &mut restart)?;
+            let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
+            tests.push(r);
+            if let Some(l) = &log {
+                let tm = sift_session::report::decode_telemetry(engine, l, decode_s, &profile()?)?;
+                if md {
+                    eprintln!("sift: decode {}", tm.line());
+                }
+                telemetry.insert(tests.len() - 1, tm);
+            }
             if md {
                 print_row(&desc, size, params, t, tests.last().expect("just pushed"));
                 for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
@@ -51,7 +71,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let store = sift_session::report::stats_json(engine);
-        rows.extend(tests.into_iter().map(|r| (t, r, store.clone())));
+        rows.extend(tests.into_iter().enumerate().map(|(i, r)| {
+            let mut st = store.clone();
+            if let (Some(st), Some(tm)) = (st.as_mut(), telemetry.remove(&i)) {
+                st["decode"] = serde_json::to_value(tm).unwrap_or_default();
+            }
+            (t, r, st)
+        }));
     }
     if md {
         println!(

@@ -123,12 +123,13 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
             trace.n_tokens(),
             a.trace.display()
         );
-        println!("| budget | policy | preload | selector | cache | hit rate | read/token | preload/token | tok/s | compute s | stall s |");
-        println!("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| budget | policy | preload | selector | cache | hit rate (bytes) | read/token | preload/token | must read/token | amplification | tok/s | bound tok/s | % of bound | compute s | stall s |");
+        println!("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &reports {
             let per = |b: u64| b as f64 / r.tokens.max(1) as f64 / (1 << 20) as f64;
+            let t = &r.telemetry;
             println!(
-                "| {:.0} MiB | {} | {} | {} | {:.0} MiB ({:.0}%) | {:.1}% | {:.1} MiB | {:.1} MiB | {:.2} | {:.2} | {:.2} |",
+                "| {:.0} MiB | {} | {} | {} | {:.0} MiB ({:.0}%) | {:.1}% ({:.1}%) | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.2} | {:.2} | {:.2} | {:.0}% | {:.2} | {:.2} |",
                 r.budget as f64 / (1 << 20) as f64,
                 r.policy,
                 r.preload,
@@ -136,9 +137,14 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
                 r.plan.cache as f64 / (1 << 20) as f64,
                 r.plan.cache_fraction * 100.0,
                 r.hit_rate * 100.0,
+                t.hit_rate_bytes * 100.0,
                 per(r.stats.bytes_read()),
                 per(r.stats.bytes_preload),
+                t.bound.must_read_per_token / (1 << 20) as f64,
+                t.read_amplification,
                 r.tok_s,
+                t.bound.tok_s,
+                t.pct_of_bound,
                 r.compute_s,
                 r.stall_s
             );

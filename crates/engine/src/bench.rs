@@ -75,6 +75,17 @@ pub fn bench_pp(engine: &mut Engine, n_prompt: usize, reps: usize) -> Result<Ben
 
 /// Text generation: `n_gen` single-token steps from an empty context.
 pub fn bench_tg(engine: &mut Engine, n_gen: usize, reps: usize) -> Result<BenchResult, EvalError> {
+    bench_tg_measured(engine, n_gen, reps, &mut |_| {})
+}
+
+/// [`bench_tg`], calling `after_warmup` between the warm-up run and the measured ones (to reset
+/// counters so that they cover the measured runs only).
+pub fn bench_tg_measured(
+    engine: &mut Engine,
+    n_gen: usize,
+    reps: usize,
+    after_warmup: &mut dyn FnMut(&mut Engine),
+) -> Result<BenchResult, EvalError> {
     let toks = tokens(n_gen, engine.config().n_vocab, 0xbe9c);
     let run = |engine: &mut Engine, n: usize| -> Result<u64, EvalError> {
         engine.truncate(0);
@@ -85,6 +96,7 @@ pub fn bench_tg(engine: &mut Engine, n_gen: usize, reps: usize) -> Result<BenchR
         Ok(t.elapsed().as_nanos() as u64)
     };
     run(engine, n_gen.min(16))?;
+    after_warmup(engine);
     let samples = (0..reps.max(1)).map(|_| run(engine, n_gen)).collect::<Result<Vec<_>, _>>()?;
     Ok(BenchResult::from_samples(0, n_gen, samples))
 }

@@ -2,7 +2,41 @@
 //! and the server's stats, as lines for humans) and the live budget changes applied.
 
 use sift_engine::{BudgetChange, Engine};
+use sift_sim::bound::{must_read_bytes, ActivationLog, DecodeTelemetry, ReadBound};
+use sift_sim::profile::DeviceProfile;
 use sift_store::tiered::TierStats;
+
+/// Starts recording a budgeted engine's decode for its bound: an [`ActivationLog`] set as the
+/// engine's tracer (nothing without a store). Give it to [`decode_telemetry`] after the decode.
+pub fn record_decode(engine: &mut Engine) -> anyhow::Result<Option<ActivationLog>> {
+    if engine.store().is_none() {
+        return Ok(None);
+    }
+    let dims = engine.site_dims();
+    let log = ActivationLog::new(dims.n_layer, dims.units)?;
+    engine.set_tracer(Some(Box::new(log.clone())));
+    Ok(Some(log))
+}
+
+/// A budgeted decode beside its bound (see [`sift_sim::bound`]): the tokens `log` recorded in
+/// `decode_s` seconds, the store's counters over the same tokens, the bound from Belady's
+/// must-read bytes at `profile`'s best disk bandwidth and the run's compute time (the decode
+/// less its stalls). Stops the recording.
+pub fn decode_telemetry(
+    engine: &mut Engine,
+    log: &ActivationLog,
+    decode_s: f64,
+    profile: &DeviceProfile,
+) -> anyhow::Result<DecodeTelemetry> {
+    engine.set_tracer(None);
+    let store = engine.store().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a memory budget"))?;
+    let index = engine.model.columns.as_ref().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a column file"))?;
+    let must_read = must_read_bytes(index, store, |l, si| log.steps(l, si))?;
+    let stats = store.stats();
+    let compute_s = (decode_s - stats.stall_ns as f64 * 1e-9).max(0.0);
+    let bound = ReadBound::new(log.tokens(), must_read, profile.disk.best_bw(), compute_s);
+    Ok(DecodeTelemetry::new(bound, decode_s, stats))
+}
 
 /// The store's plan and counters as JSON (for `-o json`).
 pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {

@@ -9,9 +9,12 @@
 //! - [`replay`]: the simulator (`sift simulate`): a trace replayed through the very cache and
 //!   prefetch code the engine runs ([`sift_store::tiered::TieredStore`] in simulated mode), on a device
 //!   profile's clock.
+//! - [`bound`]: the physical bound of a budgeted decode (Belady's must-read bytes at the disk's
+//!   best bandwidth, or the compute) and a run's telemetry beside it.
 //! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
 //!   memory budget.
 
+pub mod bound;
 pub mod planner;
 pub mod probe;
 pub mod profile;

@@ -221,6 +221,11 @@ impl DiskTable {
     }
 
     /// The deepest queue that helps: a batch of more reads runs at this queue depth.
+    /// The best bandwidth of any measured point (bytes/s).
+    pub fn best_bw(&self) -> f64 {
+        self.points.iter().map(|p| p.bw).fold(0.0, f64::max)
+    }
+
     pub fn max_qd(&self) -> usize {
         self.max_qd
     }

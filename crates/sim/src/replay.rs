@@ -23,6 +23,7 @@
 //!
 //! [`UnitCache`]: sift_store::cache::UnitCache
 
+use crate::bound::{must_read_bytes, DecodeTelemetry, ReadBound};
 use crate::profile::DeviceProfile;
 use crate::trace::{Event, Trace, TraceHeader};
 use sift_engine::{Engine, EngineOptions};
@@ -82,6 +83,8 @@ pub struct SimReport {
     pub plan: MemoryPlan,
     /// Active column bytes per token (what the kernels read).
     pub active_bytes_per_token: f64,
+    /// The decode beside its bound (Belady's must-read at the profile's best disk bandwidth).
+    pub telemetry: DecodeTelemetry,
 }
 
 /// The plan inputs a budgeted run like the recorded one has: its budget, runtime and KV/scratch
@@ -208,6 +211,8 @@ pub fn simulate(
     let mut active_bytes = 0u64;
     let mut tokens = 0usize;
     let mut online_sel: Vec<u32>;
+    // Every token's active units per layer and site, for the bound.
+    let mut used: Vec<[Vec<Vec<u32>>; 4]> = (0..c.n_layer).map(|_| Default::default()).collect();
     for ev in &trace.events {
         match ev {
             Event::Reset => {
@@ -235,6 +240,7 @@ pub fn simulate(
                             &ahead[tokens][l][si]
                         };
                         let act = if act.len() == dims[si] { &all[si][..] } else { act };
+                        used[l][si].push(act.to_vec());
                         // In parts, as the engine does when the misses outgrow the transient area.
                         let mut done = 0;
                         while done < act.len() {
@@ -269,6 +275,10 @@ pub fn simulate(
     let decode_ns = store.sim_now() - t_start;
     let stats = store.stats().clone();
     let decode_s = decode_ns * 1e-9;
+    let must_read = must_read_bytes(&index, &store, |l, si| Ok(std::mem::take(&mut used[l][si])))
+        .map_err(|e| SimError::Invalid(e.to_string()))?;
+    let bound = ReadBound::new(tokens, must_read, profile.disk.best_bw(), compute_ns * 1e-9);
+    let telemetry = DecodeTelemetry::new(bound, decode_s, &stats);
     Ok(SimReport {
         label,
         policy: policy.name().into(),
@@ -284,6 +294,7 @@ pub fn simulate(
         stats,
         plan: store.plan.clone(),
         active_bytes_per_token: if tokens > 0 { active_bytes as f64 / tokens as f64 } else { 0.0 },
+        telemetry,
     })
 }
 

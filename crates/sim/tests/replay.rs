@@ -1,11 +1,13 @@
 //! The simulator against the real engine on the real SmolLM2-135M pack: a trace recorded under a
 //! memory budget replays to exactly the hits, misses and preload hits the engine counted;
-//! Belady's policy is never beaten by lfu, lru, tam or static on the same trace; the planner's plans fit
+//! Belady's policy is never beaten by lfu, lru, tam or static on the same trace; the read bound
+//! of a live run and of its simulated trace agree, and is what the optimal cache misses; the planner's plans fit
 //! their budgets; damaged or foreign traces are refused with a clear error.
 
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
 use sift_model::tokenizer::Tokenizer;
+use sift_sim::bound::{must_read_bytes, ActivationLog, DecodeTelemetry, ReadBound};
 use sift_sim::planner::{plan, PlanRequest};
 use sift_sim::profile::DeviceProfile;
 use sift_sim::replay::{simulate, Replay, SimOptions};
@@ -141,6 +143,73 @@ fn replaying_a_recorded_trace_reproduces_the_engines_hits_exactly() {
         assert_eq!(r.stats.preload_hits, real.preload_hits, "{policy:?} preload {preload}: preload hits");
         assert_eq!(r.stats.bytes_preload, real.bytes_preload, "{policy:?} preload {preload}: preload bytes");
         assert!(r.tok_s > 0.0 && r.decode_s > 0.0 && r.compute_s <= r.decode_s + 1e-9);
+    }
+}
+
+/// A budgeted engine (LFU, no preload, `cache` bytes of cache) at topk 0.5.
+fn budgeted_engine(cache: u64) -> Engine {
+    let opts = TieredOptions { policy: Policy::Lfu, preload: 0, ..TieredOptions::default() };
+    let budget = budget_for(&opts, cache);
+    let model = open_budgeted(pack(), &opts).unwrap();
+    let kv = Engine::kv_and_scratch_bytes(&model, &eo());
+    let store =
+        TieredStore::new(&model, pack(), &opts, &PlanInputs { budget, runtime: 0, kv_and_scratch: kv }).unwrap();
+    let mut engine = Engine::new(model, &eo());
+    engine.attach_store(store).unwrap();
+    topk(&mut engine, 0.5);
+    engine
+}
+
+#[test]
+fn the_bound_is_what_the_best_cache_must_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapped = sift_store::open_model(pack()).unwrap();
+    for cache in [3u64 << 20, 1 << 30] {
+        // A live run, its decode logged.
+        let mut engine = budgeted_engine(cache);
+        let log = ActivationLog::new(engine.config().n_layer, engine.site_dims().units).unwrap();
+        engine.set_tracer(Some(Box::new(log.clone())));
+        for p in prompts() {
+            engine.truncate(0);
+            let mut logits = engine.eval(&p, Logits::Last).unwrap().to_vec();
+            for _ in 0..10 {
+                let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+                logits = engine.eval(&[next], Logits::Last).unwrap().to_vec();
+            }
+        }
+        engine.set_tracer(None);
+        assert_eq!(log.tokens(), 20);
+        let store = engine.store().unwrap();
+        let stats = store.stats().clone();
+        let index = engine.model.columns.as_ref().unwrap();
+        let must = must_read_bytes(index, store, |l, si| log.steps(l, si)).unwrap();
+        if cache == 1 << 30 {
+            // Room for every column: the only misses, for LFU and for the optimum, are first uses.
+            assert_eq!(must, stats.miss_bytes);
+        } else {
+            assert!(
+                must > 0 && must < stats.miss_bytes,
+                "must read {must} of the run's {} missed bytes",
+                stats.miss_bytes
+            );
+        }
+        // The same decode recorded as a trace and simulated gives the same bound.
+        let path = dir.path().join(format!("{cache}.trace"));
+        let mut twin = budgeted_engine(cache);
+        record(&mut twin, &path, 10);
+        let trace = Trace::read(&path).unwrap();
+        let budget = budget_for(&TieredOptions { policy: Policy::Lfu, preload: 0, ..TieredOptions::default() }, cache);
+        let r = simulate(&mapped, pack(), &trace, &profile(), sim_opts(budget, Policy::Lfu, 0)).unwrap();
+        assert_eq!(r.telemetry.bound.must_read_per_token * 20.0, must as f64);
+        assert_eq!(r.stats.miss_bytes, stats.miss_bytes);
+        // The bound: the slower of reading the must-read bytes at the best bandwidth and computing.
+        let b = ReadBound::new(20, must, 1e9, 0.02);
+        let per_token = (must as f64 / 20.0 / 1e9).max(0.001);
+        assert!((b.tok_s - 1.0 / per_token).abs() < 1e-9 * b.tok_s);
+        let t = DecodeTelemetry::new(b.clone(), 2.0, &stats);
+        assert!((t.tok_s - 10.0).abs() < 1e-12 && (t.pct_of_bound - 1000.0 / b.tok_s).abs() < 1e-9);
+        assert!(t.read_amplification >= 1.0, "reads are whole pages: amplification {}", t.read_amplification);
+        assert!((0.0..=1.0).contains(&t.hit_rate_bytes));
     }
 }
 

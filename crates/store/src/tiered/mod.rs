@@ -552,6 +552,8 @@ impl TieredStore {
             }
             self.stats.hits += self.hits.len() as u64;
             self.stats.misses += self.misses.len() as u64;
+            self.stats.hit_bytes += (self.hits.len() * oc.col_bytes) as u64;
+            self.stats.miss_bytes += (self.misses.len() * oc.col_bytes) as u64;
             let slots = oc
                 .cache
                 .admit(&self.misses, &self.hits)

@@ -10,6 +10,9 @@ pub struct TierStats {
     /// Active columns found in the cache / not.
     pub hits: u64,
     pub misses: u64,
+    /// The bytes of those columns.
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
     /// Misses served from the preload buffer, and misses of ops whose layer had a preload.
     pub preload_hits: u64,
     pub preload_misses: u64,
@@ -33,6 +36,10 @@ pub struct TierStats {
 impl TierStats {
     pub fn hit_rate(&self) -> f64 {
         ratio(self.hits, self.hits + self.misses)
+    }
+    /// The hit rate weighted by the columns' bytes.
+    pub fn hit_rate_bytes(&self) -> f64 {
+        ratio(self.hit_bytes, self.hit_bytes + self.miss_bytes)
     }
     pub fn preload_precision(&self) -> f64 {
         ratio(self.preload_used, self.preload_parts)
