@@ -42,10 +42,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         for &n in a.n_gen.iter().filter(|&&n| n > 0) {
             // Under a budget: the counters and the activation log cover the measured runs only.
+            // The bound's optimal cache starts from what the store holds after the warm-up.
             let log = sift_session::report::record_decode(engine)?;
+            let mut start = None;
             let mut restart = |e: &mut sift_engine::Engine| {
+                let n_layer = e.config().n_layer;
                 if let Some(s) = e.store_mut() {
                     s.reset_stats();
+                    start = Some(sift_sim::bound::CacheContent::of(s, n_layer));
                 }
                 if let Some(l) = &log {
                     l.clear().ok();
@@ -56,8 +60,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let r = bench_tg_measured(engine, n, a.reps, &mut restart)?;
             let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
             tests.push(r);
-            if let Some(l) = &log {
-                let tm = sift_session::report::decode_telemetry(engine, l, decode_s, &profile()?)?;
+            if let (Some(l), Some(start)) = (&log, &start) {
+                let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &profile()?)?;
                 if md {
                     eprintln!("sift: decode {}", tm.line());
                 }

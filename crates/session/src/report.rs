@@ -2,7 +2,7 @@
 //! and the server's stats, as lines for humans) and the live budget changes applied.
 
 use sift_engine::{BudgetChange, Engine};
-use sift_sim::bound::{must_read_bytes, ActivationLog, DecodeTelemetry, ReadBound};
+use sift_sim::bound::{must_read_bytes, ActivationLog, CacheContent, ComputeModel, DecodeTelemetry, ReadBound};
 use sift_sim::profile::DeviceProfile;
 use sift_store::tiered::TierStats;
 
@@ -20,22 +20,30 @@ pub fn record_decode(engine: &mut Engine) -> anyhow::Result<Option<ActivationLog
 
 /// A budgeted decode beside its bound (see [`sift_sim::bound`]): the tokens `log` recorded in
 /// `decode_s` seconds, the store's counters over the same tokens, the bound from Belady's
-/// must-read bytes at `profile`'s best disk bandwidth and the run's compute time (the decode
-/// less its stalls). Stops the recording.
+/// must-read bytes (from the cache's content `start` when the decode began) at `profile`'s best disk bandwidth and the compute time of the same tokens
+/// with every weight in memory by `profile`'s cost model. Stops the recording.
 pub fn decode_telemetry(
     engine: &mut Engine,
     log: &ActivationLog,
+    start: &CacheContent,
     decode_s: f64,
     profile: &DeviceProfile,
 ) -> anyhow::Result<DecodeTelemetry> {
     engine.set_tracer(None);
     let store = engine.store().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a memory budget"))?;
     let index = engine.model.columns.as_ref().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a column file"))?;
-    let must_read = must_read_bytes(index, store, |l, si| log.steps(l, si))?;
-    let stats = store.stats();
-    let compute_s = (decode_s - stats.stall_ns as f64 * 1e-9).max(0.0);
-    let bound = ReadBound::new(log.tokens(), must_read, profile.disk.best_bw(), compute_s);
-    Ok(DecodeTelemetry::new(bound, decode_s, stats))
+    let cost = ComputeModel::new(&engine.model, index, profile);
+    let positions = log.positions();
+    let mut compute_ns = cost.token_ns() * positions.len() as f64;
+    let must_read = must_read_bytes(index, store, start, |l, si| {
+        let steps = log.steps(l, si)?;
+        for (a, &pos) in steps.iter().zip(&positions) {
+            compute_ns += cost.site_ns(l, si, a.len(), pos as usize);
+        }
+        Ok(steps)
+    })?;
+    let bound = ReadBound::new(log.tokens(), must_read, profile.disk.best_bw(), compute_ns * 1e-9);
+    Ok(DecodeTelemetry::new(bound, decode_s, store.stats()))
 }
 
 /// The store's plan and counters as JSON (for `-o json`).

@@ -3,10 +3,11 @@
 //! A decoded token must read at least the active columns the best possible cache would not
 //! hold. Per (layer, op), with that op's share of the cache (its slots, as the run's memory plan
 //! gave them; the units of one op have one size), Belady's optimum
-//! ([`sift_store::cache::min_misses`], from an empty cache as a run starts) gives the fewest
-//! misses over the token sequence; times the op's column bytes, summed over ops, that is the
-//! *must-read* bytes. With the disk's best bandwidth from the device profile and the run's
-//! compute time in memory, no run with this cache split can do better than
+//! ([`sift_store::cache::min_misses`], from the cache's content when the decode starts:
+//! [`CacheContent`]) gives the fewest misses over the token sequence; times the op's column bytes, summed over ops, that is the
+//! *must-read* bytes. With the disk's best bandwidth from the device profile and the compute
+//! time of the same tokens with every weight in memory ([`ComputeModel`], the profile's cost
+//! model, as the simulator charges it), no run with this cache split can do better than
 //!
 //! ```text
 //! bound tok/s = 1 / max(compute per token, must-read per token / best bandwidth)
@@ -17,8 +18,10 @@
 //! amplification (all bytes read during decode over the bytes of the missed columns that were
 //! used), hit rates by count and by bytes, stall and compute time.
 
+use crate::profile::DeviceProfile;
 use sift_engine::trace::Tracer;
-use sift_model::layout::{PackIndex, SITE_OPS};
+use sift_model::layout::{OpKind, PackIndex, SITE_OPS};
+use sift_model::Model;
 use sift_sparsity::Site;
 use sift_store::cache::{min_misses, UnitOutOfRange};
 use sift_store::tiered::{TierStats, TieredStore};
@@ -56,6 +59,43 @@ impl ReadBound {
     }
 }
 
+/// A decode's compute time with every weight in memory, by a device profile's cost model (what
+/// the simulator charges): per layer and site, the column kernels over the active columns' bytes
+/// (the profile's throughput per column type) and a pool dispatch, attention over the KV cache
+/// after q/k/v at memory bandwidth; per token, the dense output head.
+pub struct ComputeModel<'a> {
+    profile: &'a DeviceProfile,
+    index: &'a PackIndex,
+    /// Bytes of one position's K (or V) row, all heads.
+    kv_row: u64,
+    head_ns: f64,
+}
+
+impl<'a> ComputeModel<'a> {
+    pub fn new(model: &Model, index: &'a PackIndex, profile: &'a DeviceProfile) -> ComputeModel<'a> {
+        let head_ns = profile.dense_ns(model.output.ty, (model.output.row_bytes * model.output.rows) as u64);
+        ComputeModel { profile, index, kv_row: model.config.n_embd_kv() as u64 * 4, head_ns }
+    }
+
+    /// Layer `l`'s site `si` with `n_active` active units, for a token at position `pos`.
+    pub fn site_ns(&self, l: usize, si: usize, n_active: usize, pos: usize) -> f64 {
+        let mut ns = self.profile.dispatch_ns();
+        for &op in SITE_OPS[si] {
+            let t = self.index.layers[l].op(op);
+            ns += self.profile.columns_ns(t.ty.cost_class(), (n_active * t.col_bytes) as u64);
+        }
+        if si == Site::AttnIn.index() {
+            ns += self.profile.mem_read_ns(2 * (pos as u64 + 1) * self.kv_row) + self.profile.dispatch_ns();
+        }
+        ns
+    }
+
+    /// What every token costs besides its layers: the output head.
+    pub fn token_ns(&self) -> f64 {
+        self.head_ns + self.profile.dispatch_ns()
+    }
+}
+
 /// Why a bound could not be computed.
 #[derive(Debug, thiserror::Error)]
 pub enum BoundError {
@@ -65,12 +105,29 @@ pub enum BoundError {
     Unit(#[from] UnitOutOfRange),
 }
 
+/// The units in a store's cache, per layer and op (q, k, v, o, gate, up, down): where the
+/// optimal cache of the bound starts from.
+pub struct CacheContent(Vec<Vec<Vec<u32>>>);
+
+impl CacheContent {
+    /// What `store` holds now.
+    pub fn of(store: &TieredStore, n_layer: usize) -> CacheContent {
+        CacheContent((0..n_layer).map(|l| OpKind::ALL.iter().map(|&op| store.cached_units(l, op)).collect()).collect())
+    }
+
+    /// An empty cache (a run's start).
+    pub fn empty(n_layer: usize) -> CacheContent {
+        CacheContent(vec![vec![Vec::new(); OpKind::ALL.len()]; n_layer])
+    }
+}
+
 /// Bytes the optimal cache must read over a decode: per layer and op, Belady's fewest misses for
-/// the op's slots in `store` times its column bytes. `active(l, site)` gives that site's active
-/// units per decoded token, in order (each sorted, unique).
+/// the op's slots in `store` from the units `start` holds, times its column bytes. `active(l,
+/// site)` gives that site's active units per decoded token, in order (each sorted, unique).
 pub fn must_read_bytes(
     index: &PackIndex,
     store: &TieredStore,
+    start: &CacheContent,
     mut active: impl FnMut(usize, usize) -> std::io::Result<Vec<Vec<u32>>>,
 ) -> Result<u64, BoundError> {
     let mut bytes = 0u64;
@@ -80,7 +137,8 @@ pub fn must_read_bytes(
             for &op in ops.iter() {
                 let t = lc.op(op);
                 let (slots, _) = store.occupancy(l, op);
-                bytes += min_misses(&steps, t.n_in, slots)? * t.col_bytes as u64;
+                let warm = start.0.get(l).and_then(|ops| ops.get(op as usize)).map_or(&[][..], |u| &u[..]);
+                bytes += min_misses(&steps, t.n_in, slots, warm)? * t.col_bytes as u64;
             }
         }
     }
@@ -164,6 +222,8 @@ struct LogInner {
     record: Vec<u8>,
     recording: bool,
     tokens: usize,
+    /// Each recorded token's position (the one in progress last).
+    positions: Vec<u32>,
     file: std::io::BufWriter<std::fs::File>,
     error: Option<std::io::Error>,
 }
@@ -186,6 +246,7 @@ impl ActivationLog {
             record: vec![0; at * n_layer],
             recording: false,
             tokens: 0,
+            positions: Vec::new(),
             file,
             error: None,
         }))))
@@ -206,8 +267,16 @@ impl ActivationLog {
         let mut g = self.inner();
         g.recording = false;
         g.tokens = 0;
+        g.positions.clear();
         g.file.seek(std::io::SeekFrom::Start(0))?;
         Ok(())
+    }
+
+    /// Each recorded token's position in its sequence.
+    pub fn positions(&self) -> Vec<u32> {
+        let mut g = self.inner();
+        g.end_token();
+        g.positions.clone()
     }
 
     /// Per decoded token, the active units of layer `l`'s site `si` (ascending).
@@ -241,7 +310,10 @@ impl LogInner {
         let r = self.file.seek(std::io::SeekFrom::Start(at)).and_then(|_| self.file.write_all(&self.record));
         match r {
             Ok(()) => self.tokens += 1,
-            Err(e) => self.error = Some(e),
+            Err(e) => {
+                self.positions.pop();
+                self.error = Some(e);
+            }
         }
     }
 }
@@ -251,11 +323,12 @@ impl Tracer for ActivationLog {
         self.inner().end_token();
     }
 
-    fn token(&mut self, _pos: usize) {
+    fn token(&mut self, pos: usize) {
         let mut g = self.inner();
         g.end_token();
         g.record.fill(0);
         g.recording = true;
+        g.positions.push(pos as u32);
     }
 
     fn layer(&mut self, _layer: usize, _residual: &[f32]) {}

@@ -23,7 +23,7 @@
 //!
 //! [`UnitCache`]: sift_store::cache::UnitCache
 
-use crate::bound::{must_read_bytes, DecodeTelemetry, ReadBound};
+use crate::bound::{must_read_bytes, CacheContent, ComputeModel, DecodeTelemetry, ReadBound};
 use crate::profile::DeviceProfile;
 use crate::trace::{Event, Trace, TraceHeader};
 use sift_engine::{Engine, EngineOptions};
@@ -197,9 +197,10 @@ pub fn simulate(
         }
     }
     store.reset_stats();
+    // The bound's optimal cache starts from what this one holds now (the warm fill, if any).
+    let start = CacheContent::of(&store, c.n_layer);
     // Compute costs.
-    let kv_row = c.n_embd_kv() as u64 * 4;
-    let head_ns = profile.dense_ns(model.output.ty, (model.output.row_bytes * model.output.rows) as u64);
+    let cost = ComputeModel::new(model, &index, profile);
     let mut embd_row = vec![0f32; c.n_embd];
     let mut mask = Vec::new();
     let mut all: [Vec<u32>; 4] = Default::default();
@@ -247,22 +248,15 @@ pub fn simulate(
                             done +=
                                 store.fetch(l, SITE_OPS[si], &act[done..], sift_engine::sparse::COLUMN_PIECE)?.taken;
                         }
-                        let mut ns = profile.dispatch_ns();
                         for &op in SITE_OPS[si] {
-                            let t = index.layers[l].op(op);
-                            let bytes = (act.len() * t.col_bytes) as u64;
-                            active_bytes += bytes;
-                            ns += profile.columns_ns(t.ty.cost_class(), bytes);
+                            active_bytes += (act.len() * index.layers[l].op(op).col_bytes) as u64;
                         }
-                        if site == Site::AttnIn {
-                            // Attention over the KV cache after q/k/v.
-                            ns += profile.mem_read_ns(2 * (*pos as u64 + 1) * kv_row) + profile.dispatch_ns();
-                        }
+                        let ns = cost.site_ns(l, si, act.len(), *pos);
                         store.sim_advance(ns);
                         compute_ns += ns;
                     }
                 }
-                let ns = head_ns + profile.dispatch_ns();
+                let ns = cost.token_ns();
                 store.sim_advance(ns);
                 compute_ns += ns;
                 if let Some(s) = online.as_mut() {
@@ -275,7 +269,7 @@ pub fn simulate(
     let decode_ns = store.sim_now() - t_start;
     let stats = store.stats().clone();
     let decode_s = decode_ns * 1e-9;
-    let must_read = must_read_bytes(&index, &store, |l, si| Ok(std::mem::take(&mut used[l][si])))
+    let must_read = must_read_bytes(&index, &store, &start, |l, si| Ok(std::mem::take(&mut used[l][si])))
         .map_err(|e| SimError::Invalid(e.to_string()))?;
     let bound = ReadBound::new(tokens, must_read, profile.disk.best_bw(), compute_ns * 1e-9);
     let telemetry = DecodeTelemetry::new(bound, decode_s, &stats);

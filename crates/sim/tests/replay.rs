@@ -7,7 +7,7 @@
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
 use sift_model::tokenizer::Tokenizer;
-use sift_sim::bound::{must_read_bytes, ActivationLog, DecodeTelemetry, ReadBound};
+use sift_sim::bound::{must_read_bytes, ActivationLog, CacheContent, DecodeTelemetry, ReadBound};
 use sift_sim::planner::{plan, PlanRequest};
 use sift_sim::profile::DeviceProfile;
 use sift_sim::replay::{simulate, Replay, SimOptions};
@@ -182,7 +182,8 @@ fn the_bound_is_what_the_best_cache_must_read() {
         let store = engine.store().unwrap();
         let stats = store.stats().clone();
         let index = engine.model.columns.as_ref().unwrap();
-        let must = must_read_bytes(index, store, |l, si| log.steps(l, si)).unwrap();
+        let empty = CacheContent::empty(engine.config().n_layer);
+        let must = must_read_bytes(index, store, &empty, |l, si| log.steps(l, si)).unwrap();
         if cache == 1 << 30 {
             // Room for every column: the only misses, for LFU and for the optimum, are first uses.
             assert_eq!(must, stats.miss_bytes);
