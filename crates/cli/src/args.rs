@@ -169,6 +169,10 @@ pub struct GenerateArgs {
     /// Wrap the prompt as one user turn with the model's chat template
     #[arg(long = "chat-template")]
     pub chat: bool,
+    /// Under --memory: also report the decode against its bound (must-read bytes at the disk's
+    /// best bandwidth, read amplification, hit rate by bytes; see docs/simulator.md)
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
 }
 
 #[derive(Args)]

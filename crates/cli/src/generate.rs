@@ -34,6 +34,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         out.flush()?;
     }
     let Session { engine, live, .. } = &mut session;
+    // The bound's optimal cache starts, as this run's, empty.
+    let log = if a.verbose { sift_session::report::record_decode(engine)? } else { None };
+    let start = sift_sim::bound::CacheContent::empty(engine.config().n_layer);
     let g = generate(engine, &tok, &tokens, &opts, |piece| {
         if let Some(l) = live {
             l.poll();
@@ -44,6 +47,11 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     print_speed(&g);
+    if let Some(log) = &log {
+        let profile = sift_session::profile::resolve_profile(a.memory.profile.as_deref())?;
+        let tm = sift_session::report::decode_telemetry(&mut session.engine, log, &start, g.gen_secs, &profile)?;
+        eprintln!("sift: decode {}", tm.line());
+    }
     crate::session::print_budget_log(&mut session);
     crate::session::print_stats(&session, t0.elapsed().as_secs_f64());
     Ok(())

@@ -311,11 +311,13 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
         args.extend_from_slice(extra);
         sift(&args)
     };
-    let (free, tight) = (greedy(&[]), greedy(&["--memory", "150%", "--cache-policy", "tam", "--preload", "1"]));
+    let (free, tight) = (greedy(&[]), greedy(&["--memory", "150%", "--cache-policy", "tam", "--preload", "1", "-v"]));
     assert!(tight.status.success(), "{}", text(&tight.stderr));
     assert_eq!(text(&free.stdout), text(&tight.stdout));
     let err = text(&tight.stderr);
     assert!(err.contains("memory budget") && err.contains("hit rate") && err.contains("preload precision"), "{err}");
+    // -v: the decode against its bound.
+    assert!(err.contains("% of the bound") && err.contains("amplification") && err.contains("by bytes"), "{err}");
     let o = greedy(&["--memory", "20M"]);
     assert!(!o.status.success() && text(&o.stderr).contains("too small to run"), "{}", text(&o.stderr));
     let o = greedy(&["--memory", "lots"]);

@@ -165,12 +165,13 @@ pub struct DecodeTelemetry {
 
 impl DecodeTelemetry {
     /// A decode of `bound.tokens` tokens in `decode_s` seconds with counters `stats` (counted over
-    /// that decode only).
+    /// that decode, and prompt batches whose reads and stalls are told apart: `bytes_prefill`,
+    /// `stall_prefill_ns`).
     pub fn new(bound: ReadBound, decode_s: f64, stats: &TierStats) -> DecodeTelemetry {
         let n = bound.tokens.max(1) as f64;
         let tok_s = if decode_s > 0.0 { bound.tokens as f64 / decode_s } else { 0.0 };
         let read = (stats.bytes_ondemand + stats.bytes_preload) as f64;
-        let stall_s = stats.stall_ns as f64 * 1e-9;
+        let stall_s = stats.stall_ns.saturating_sub(stats.stall_prefill_ns) as f64 * 1e-9;
         DecodeTelemetry {
             tok_s,
             pct_of_bound: if bound.tok_s > 0.0 { 100.0 * tok_s / bound.tok_s } else { 0.0 },

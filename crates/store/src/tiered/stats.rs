@@ -22,8 +22,9 @@ pub struct TierStats {
     pub reads: u64,
     /// Time the slow tier spent reading (loader thread).
     pub io_ns: u64,
-    /// Time the compute thread waited for reads.
+    /// Time the compute thread waited for reads, and of it, for a prompt batch's rows.
     pub stall_ns: u64,
+    pub stall_prefill_ns: u64,
     /// Predicted (layer, op, channel) parts brought in by preloading and not cached, and how
     /// many of them the token then used.
     pub preload_parts: u64,
@@ -89,6 +90,9 @@ pub(crate) fn account(stats: &mut TierStats, done: &LoadDone, stall_ns: u64, kin
     match kind {
         Kind::Preload => stats.bytes_preload += done.bytes,
         Kind::OnDemand => stats.bytes_ondemand += done.bytes,
-        Kind::Prefill => stats.bytes_prefill += done.bytes,
+        Kind::Prefill => {
+            stats.bytes_prefill += done.bytes;
+            stats.stall_prefill_ns += stall_ns;
+        }
     }
 }
