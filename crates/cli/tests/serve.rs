@@ -566,4 +566,15 @@ fn serve_changes_the_memory_budget_of_a_pack_live() {
     // The budget changes what stays cached, not the text.
     assert_eq!(completion(a, PROMPTS[0], 16), before);
     assert!(metric(a, "sift_bytes_read_total") > 0.0);
+    // Timings as llama-server gives them, and the decode against its bound.
+    let r = post(a, "/v1/completions", &json!({"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0}));
+    let t = &r.json()["timings"];
+    assert_eq!(t["predicted_n"], 8, "{t}");
+    assert!(t["prompt_n"].as_u64().unwrap() > 0 && t["predicted_per_second"].as_f64().unwrap() > 0.0, "{t}");
+    let d = &t["decode"];
+    let (tok_s, bound) = (d["tok_s"].as_f64().unwrap(), d["bound"]["tok_s"].as_f64().unwrap());
+    assert!(tok_s > 0.0 && bound > 0.0 && d["read_amplification"].as_f64().is_some(), "{t}");
+    assert!((0.0..=1.0).contains(&d["hit_rate_bytes"].as_f64().unwrap()), "{t}");
+    assert!((metric(a, "sift_decode_bound_tokens_per_second") - bound).abs() <= 1e-6 * bound);
+    assert!(metric(a, "sift_decode_bytes_read_per_token") >= 0.0);
 }

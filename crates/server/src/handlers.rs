@@ -9,7 +9,7 @@ use crate::openai::{
     Limits, TokenLogprob,
 };
 use crate::stream::{sse, usage, CancelGuard, ResponseMeta};
-use crate::worker::{Event, Job, Msg, WorkerHandle};
+use crate::worker::{Event, Job, Msg, Timings, WorkerHandle};
 use crate::ServerConfig;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -130,6 +130,7 @@ struct Choice {
     text: String,
     logprobs: Vec<TokenLogprob>,
     finish: Option<&'static str>,
+    timings: Timings,
 }
 
 async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiError> {
@@ -179,9 +180,10 @@ async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiErr
                 c.text.push_str(&text);
                 c.logprobs.extend(logprobs);
             }
-            Some(Event::Done { index, finish, n_gen }) => {
+            Some(Event::Done { index, finish, n_gen, timings }) => {
                 choices[index].finish = Some(finish);
                 choices[index].n_gen = n_gen;
+                choices[index].timings = timings;
                 done += 1;
             }
             Some(Event::Error(e)) => return Err(e),
@@ -191,6 +193,7 @@ async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiErr
     drop(guard);
     let n_prompt: usize = choices.iter().map(|c| c.n_prompt).sum();
     let n_gen: usize = choices.iter().map(|c| c.n_gen).sum();
+    let timings = Timings::sum(choices.iter().map(|c| &c.timings));
     let body = match meta.endpoint {
         Endpoint::Completions => json!({
             "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
@@ -201,6 +204,7 @@ async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiErr
                 "finish_reason": c.finish,
             })).collect::<Vec<_>>(),
             "usage": usage(n_prompt, n_gen),
+            "timings": timings,
         }),
         Endpoint::Chat => json!({
             "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
@@ -211,6 +215,7 @@ async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiErr
                 "finish_reason": c.finish,
             })).collect::<Vec<_>>(),
             "usage": usage(n_prompt, n_gen),
+            "timings": timings,
         }),
     };
     Ok(Json(body).into_response())

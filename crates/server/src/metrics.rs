@@ -55,6 +55,17 @@ pub struct MemoryGauges {
     pub rss_bytes: u64,
 }
 
+/// The last budgeted decode against its bound (`sift_sim::bound`), for /metrics.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeGauges {
+    pub tok_s: f64,
+    pub bound_tok_s: f64,
+    pub bytes_read_per_token: f64,
+    pub must_read_per_token: f64,
+    pub read_amplification: f64,
+    pub hit_rate_bytes: f64,
+}
+
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -67,6 +78,7 @@ pub struct Metrics {
     pub running: AtomicU64,
     hist: Mutex<Hists>,
     memory: Mutex<MemoryGauges>,
+    decode: Mutex<DecodeGauges>,
 }
 
 #[derive(Debug)]
@@ -92,6 +104,7 @@ impl Default for Metrics {
                 duration: Histogram::new(&TTFT_BUCKETS),
             }),
             memory: Mutex::new(MemoryGauges::default()),
+            decode: Mutex::new(DecodeGauges::default()),
         }
     }
 }
@@ -129,6 +142,20 @@ impl Metrics {
         }
     }
 
+    /// Publishes the last budgeted decode's figures against its bound.
+    pub fn set_decode(&self, t: &sift_sim::bound::DecodeTelemetry) {
+        if let Ok(mut d) = self.decode.lock() {
+            *d = DecodeGauges {
+                tok_s: t.tok_s,
+                bound_tok_s: t.bound.tok_s,
+                bytes_read_per_token: t.bytes_read_per_token,
+                must_read_per_token: t.bound.must_read_per_token,
+                read_amplification: t.read_amplification,
+                hit_rate_bytes: t.hit_rate_bytes,
+            };
+        }
+    }
+
     pub fn memory(&self) -> MemoryGauges {
         self.memory.lock().map(|m| m.clone()).unwrap_or_default()
     }
@@ -158,6 +185,34 @@ impl Metrics {
         metric("sift_resident_bytes", "gauge", "Resident memory of the server process (VmRSS)", rss as f64);
         metric("sift_cache_hit_rate", "gauge", "Column cache hit rate under --memory", m.hit_rate);
         metric("sift_bytes_read_total", "counter", "Bytes read from the slow tier under --memory", m.bytes_read as f64);
+        let d = self.decode.lock().map(|d| d.clone()).unwrap_or_default();
+        let last = "of the last request's decode under --memory";
+        metric("sift_decode_tokens_per_second", "gauge", &format!("Tokens per second {last}"), d.tok_s);
+        metric(
+            "sift_decode_bound_tokens_per_second",
+            "gauge",
+            &format!("The bound (must-read bytes at the disk's best bandwidth, or compute) {last}"),
+            d.bound_tok_s,
+        );
+        metric(
+            "sift_decode_bytes_read_per_token",
+            "gauge",
+            &format!("Bytes read per token {last}"),
+            d.bytes_read_per_token,
+        );
+        metric(
+            "sift_decode_must_read_per_token",
+            "gauge",
+            &format!("Bytes the optimal cache must read per token {last}"),
+            d.must_read_per_token,
+        );
+        metric(
+            "sift_decode_read_amplification",
+            "gauge",
+            &format!("Bytes read over the bytes of the missed columns used {last}"),
+            d.read_amplification,
+        );
+        metric("sift_decode_hit_rate_bytes", "gauge", &format!("Cache hit rate by bytes {last}"), d.hit_rate_bytes);
         if let Ok(h) = self.hist.lock() {
             h.ttft.write(&mut out, "sift_time_to_first_token_seconds", "Time from request to first generated token");
             h.itl.write(&mut out, "sift_inter_token_latency_seconds", "Time between generated tokens");

@@ -116,9 +116,11 @@ impl State {
                 self.offset += text.len();
                 self.out.push_back(data(&c));
             }
-            Some(Event::Done { finish, n_gen, .. }) => {
+            Some(Event::Done { finish, n_gen, timings, .. }) => {
                 let text = (self.meta.endpoint == Endpoint::Completions).then_some("");
-                let c = self.meta.chunk(text, false, None, Some(finish));
+                let mut c = self.meta.chunk(text, false, None, Some(finish));
+                // As llama-server: the last chunk carries the timings.
+                c["timings"] = serde_json::to_value(&timings).unwrap_or_default();
                 self.out.push_back(data(&c));
                 if self.meta.include_usage {
                     let u = json!({

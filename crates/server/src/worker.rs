@@ -18,7 +18,10 @@ use sift_engine::sparsity::Phase;
 use sift_engine::{GenerateOptions, Logits};
 use sift_model::chat::ChatTemplate;
 use sift_model::tokenizer::Tokenizer;
+use sift_session::report::DecodeProbe;
 use sift_session::{Session, SessionOptions};
+use sift_sim::bound::DecodeTelemetry;
+use sift_sim::profile::DeviceProfile;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -38,10 +41,64 @@ pub enum Event {
     Prompt { index: usize, n_prompt: usize, echo_text: String, echo: Vec<TokenLogprob> },
     /// New text of choice `index`, with the log-probabilities of the tokens that produced it.
     Text { index: usize, text: String, logprobs: Vec<TokenLogprob> },
-    /// Choice `index` finished: "stop" (EOS or a stop string) or "length".
-    Done { index: usize, finish: &'static str, n_gen: usize },
+    /// Choice `index` finished: "stop" (EOS or a stop string) or "length", with its timings.
+    Done { index: usize, finish: &'static str, n_gen: usize, timings: Timings },
     /// The job failed (no further events).
     Error(ApiError),
+}
+
+/// How long a choice took, as llama-server reports it (`timings` in its responses), and under
+/// `--memory` its decode against the bound (see `sift_sim::bound`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Timings {
+    /// Prompt tokens reused from the previous request's KV cache, and those evaluated.
+    pub cache_n: usize,
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_token_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_token_ms: f64,
+    pub predicted_per_second: f64,
+    /// Under `--memory`: tok/s against the bound, bytes read per token, read amplification, hit
+    /// rates by count and bytes, stall and compute time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeTelemetry>,
+}
+
+impl Timings {
+    fn new(cache_n: usize, prompt_n: usize, prompt_s: f64, predicted_n: usize, predicted_s: f64) -> Timings {
+        let per = |n: usize, s: f64| (1e3 * s / n.max(1) as f64, if s > 0.0 { n as f64 / s } else { 0.0 });
+        let (prompt_per_token_ms, prompt_per_second) = per(prompt_n, prompt_s);
+        let (predicted_per_token_ms, predicted_per_second) = per(predicted_n, predicted_s);
+        Timings {
+            cache_n,
+            prompt_n,
+            prompt_ms: prompt_s * 1e3,
+            prompt_per_token_ms,
+            prompt_per_second,
+            predicted_n,
+            predicted_ms: predicted_s * 1e3,
+            predicted_per_token_ms,
+            predicted_per_second,
+            decode: None,
+        }
+    }
+
+    /// The timings of several choices as one: counts and times added.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Timings>) -> Timings {
+        let (mut c, mut pn, mut ps, mut gn, mut gs, mut decode) = (0, 0, 0.0, 0, 0.0, None);
+        for t in all {
+            c += t.cache_n;
+            pn += t.prompt_n;
+            ps += t.prompt_ms * 1e-3;
+            gn += t.predicted_n;
+            gs += t.predicted_ms * 1e-3;
+            decode = t.decode.clone().or(decode);
+        }
+        Timings { decode, ..Timings::new(c, pn, ps, gn, gs) }
+    }
 }
 
 /// A generation job.
@@ -165,6 +222,14 @@ pub fn spawn(
     let queued = Arc::new(AtomicUsize::new(0));
     let abort = Arc::new(AtomicBool::new(false));
     let (q2, a2) = (queued.clone(), abort.clone());
+    let profile = match sift_session::profile::resolve_profile(opts.memory.profile.as_deref()) {
+        Ok(p) => Some(p),
+        Err(e) if opts.memory.memory.is_some() => {
+            eprintln!("sift: no device profile ({e}); responses will not report the decode's bound");
+            None
+        }
+        Err(_) => None,
+    };
     let thread = std::thread::Builder::new().name("sift-worker".into()).spawn(move || {
         let loaded = match open(&opts) {
             Ok(l) => l,
@@ -194,6 +259,7 @@ pub fn spawn(
             queued: q2,
             abort: a2,
             logits: Vec::new(),
+            profile,
         };
         w.publish();
         let _ = ready_tx.send(Ok(info));
@@ -225,6 +291,9 @@ struct Worker {
     queued: Arc<AtomicUsize>,
     abort: Arc<AtomicBool>,
     logits: Vec<f32>,
+    /// The device profile a budgeted decode's bound takes the disk's bandwidth and the compute
+    /// model from (`--profile`).
+    profile: Option<DeviceProfile>,
 }
 
 /// Why a job stopped early.
@@ -508,7 +577,12 @@ impl Worker {
             ))));
         }
         let k = req.logprobs;
+        let t_prompt = Instant::now();
+        // The prompt's tokens reused from the KV cache (as `prompt` counts them).
+        let cached_before = self.cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+        let cached_before = cached_before.min(tokens.len().saturating_sub(2));
         let echo = self.prompt(job, &tokens, k)?;
+        let prompt_s = t_prompt.elapsed().as_secs_f64();
         Metrics::inc(&self.metrics.prompt_tokens, tokens.len() as u64);
         let echo_text = if req.echo { prompt_text } else { String::new() };
         if job.events.send(Event::Prompt { index, n_prompt: tokens.len(), echo_text, echo }).is_err() {
@@ -521,6 +595,15 @@ impl Worker {
             ignore_eos: req.ignore_eos,
             sampler: req.sampler.clone(),
         };
+        // Under --memory the decode is measured against its bound (a tracer left by a cancelled
+        // request is replaced).
+        self.l.session.engine.set_tracer(None);
+        let probe = match &self.profile {
+            Some(_) => DecodeProbe::start(&mut self.l.session.engine)
+                .map_err(|e| Stop::Failed(ApiError::internal(e.to_string())))?,
+            None => None,
+        };
+        let t_decode = Instant::now();
         // Sampling, stop strings and UTF-8-safe pieces: the engine's one generation step.
         let mut g = Generator::new(&opts, &tokens);
         let mut pending: Vec<TokenLogprob> = Vec::new();
@@ -577,7 +660,19 @@ impl Worker {
             return Err(Stop::Cancelled);
         }
         let n_gen = g.n_sampled();
-        if job.events.send(Event::Done { index, finish, n_gen }).is_err() {
+        let decode_s = t_decode.elapsed().as_secs_f64();
+        let cache_n = cached_before.min(tokens.len());
+        let mut timings = Timings::new(cache_n, tokens.len() - cache_n, prompt_s, n_gen, decode_s);
+        if let (Some(p), Some(profile)) = (probe, &self.profile) {
+            match p.finish(&mut self.l.session.engine, decode_s, profile) {
+                Ok(t) => {
+                    self.metrics.set_decode(&t);
+                    timings.decode = Some(t);
+                }
+                Err(e) => eprintln!("sift: the decode's bound: {e}"),
+            }
+        }
+        if job.events.send(Event::Done { index, finish, n_gen, timings }).is_err() {
             return Err(Stop::Cancelled);
         }
         Ok(())

@@ -29,6 +29,49 @@ pub fn decode_telemetry(
     decode_s: f64,
     profile: &DeviceProfile,
 ) -> anyhow::Result<DecodeTelemetry> {
+    decode_telemetry_since(engine, log, start, None, decode_s, profile)
+}
+
+/// A decode measured against its bound while the store's counters go on counting (the server):
+/// [`DecodeProbe::start`] before the decode, [`DecodeProbe::finish`] after it.
+pub struct DecodeProbe {
+    log: ActivationLog,
+    start: CacheContent,
+    stats: TierStats,
+}
+
+impl DecodeProbe {
+    /// Starts recording (nothing without a store): the activation log, the cache's content and a
+    /// copy of the counters.
+    pub fn start(engine: &mut Engine) -> anyhow::Result<Option<DecodeProbe>> {
+        let Some(log) = record_decode(engine)? else {
+            return Ok(None);
+        };
+        let store = engine.store().ok_or_else(|| anyhow::anyhow!("no store"))?;
+        let start = CacheContent::of(store, engine.config().n_layer);
+        Ok(Some(DecodeProbe { log, start, stats: store.stats().clone() }))
+    }
+
+    /// The decode since [`DecodeProbe::start`], `decode_s` seconds long, against its bound.
+    pub fn finish(
+        self,
+        engine: &mut Engine,
+        decode_s: f64,
+        profile: &DeviceProfile,
+    ) -> anyhow::Result<DecodeTelemetry> {
+        decode_telemetry_since(engine, &self.log, &self.start, Some(&self.stats), decode_s, profile)
+    }
+}
+
+/// [`decode_telemetry`] with the counters taken since `before` (all of them: `None`).
+fn decode_telemetry_since(
+    engine: &mut Engine,
+    log: &ActivationLog,
+    start: &CacheContent,
+    before: Option<&TierStats>,
+    decode_s: f64,
+    profile: &DeviceProfile,
+) -> anyhow::Result<DecodeTelemetry> {
     engine.set_tracer(None);
     let store = engine.store().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a memory budget"))?;
     let index = engine.model.columns.as_ref().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a column file"))?;
@@ -43,7 +86,11 @@ pub fn decode_telemetry(
         Ok(steps)
     })?;
     let bound = ReadBound::new(log.tokens(), must_read, profile.disk.best_bw(), compute_ns * 1e-9);
-    Ok(DecodeTelemetry::new(bound, decode_s, store.stats()))
+    let stats = match before {
+        Some(b) => store.stats().since(b),
+        None => store.stats().clone(),
+    };
+    Ok(DecodeTelemetry::new(bound, decode_s, &stats))
 }
 
 /// The store's plan and counters as JSON (for `-o json`).

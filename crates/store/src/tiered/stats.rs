@@ -35,6 +35,29 @@ pub struct TierStats {
 }
 
 impl TierStats {
+    /// What was counted since `earlier` (a copy of these counters taken before).
+    pub fn since(&self, earlier: &TierStats) -> TierStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        TierStats {
+            hits: d(self.hits, earlier.hits),
+            misses: d(self.misses, earlier.misses),
+            hit_bytes: d(self.hit_bytes, earlier.hit_bytes),
+            miss_bytes: d(self.miss_bytes, earlier.miss_bytes),
+            preload_hits: d(self.preload_hits, earlier.preload_hits),
+            preload_misses: d(self.preload_misses, earlier.preload_misses),
+            bytes_preload: d(self.bytes_preload, earlier.bytes_preload),
+            bytes_ondemand: d(self.bytes_ondemand, earlier.bytes_ondemand),
+            bytes_prefill: d(self.bytes_prefill, earlier.bytes_prefill),
+            reads: d(self.reads, earlier.reads),
+            io_ns: d(self.io_ns, earlier.io_ns),
+            stall_ns: d(self.stall_ns, earlier.stall_ns),
+            stall_prefill_ns: d(self.stall_prefill_ns, earlier.stall_prefill_ns),
+            preload_parts: d(self.preload_parts, earlier.preload_parts),
+            preload_used: d(self.preload_used, earlier.preload_used),
+            partial_fetches: d(self.partial_fetches, earlier.partial_fetches),
+        }
+    }
+
     pub fn hit_rate(&self) -> f64 {
         ratio(self.hits, self.hits + self.misses)
     }
