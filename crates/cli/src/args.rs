@@ -397,4 +397,9 @@ pub struct PackArgs {
     /// (a second copy of the q/k/v/gate/up columns; 0: none)
     #[arg(long, default_value_t = 0)]
     pub group: usize,
+    /// Store each site's units hottest first, as counted in an activation trace of this model
+    /// (`sift trace`), instead of in the model's order. Experimental: the baseline for
+    /// co-activation grouping; it measured more bytes read than the model's order (docs/benchmarks.md)
+    #[arg(long = "unit-order", value_name = "TRACE")]
+    pub unit_order: Option<PathBuf>,
 }

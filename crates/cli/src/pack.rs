@@ -12,7 +12,19 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
     let out = a.out.clone().unwrap_or_else(|| a.model.with_extension("sift"));
     anyhow::ensure!(out != a.model, "the output would overwrite the input; pass -o OUT.sift");
     let t0 = std::time::Instant::now();
-    let opts = PackOptions { cols, group: a.group, ..PackOptions::default() };
+    let unit_orders = match &a.unit_order {
+        Some(path) => {
+            let trace = sift_sim::trace::Trace::read(path)?;
+            anyhow::ensure!(
+                trace.n_tokens() > 0,
+                "the trace '{}' has no decoded tokens to order units by; record one with `sift trace -n N`",
+                path.display()
+            );
+            sift_sim::grouping::frequency_orders(&trace)
+        }
+        None => Vec::new(),
+    };
+    let opts = PackOptions { cols, group: a.group, unit_orders };
     let n = pack_model(&a.model, &out, &opts, |m| eprint!("\rpacking {m}   "))
         .with_context(|| format!("cannot pack '{}'", a.model.display()))?;
     eprintln!();

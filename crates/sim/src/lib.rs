@@ -11,10 +11,12 @@
 //!   profile's clock.
 //! - [`bound`]: the physical bound of a budgeted decode (Belady's must-read bytes at the disk's
 //!   best bandwidth, or the compute) and a run's telemetry beside it.
+//! - [`grouping`]: unit orders for the column file from a trace (hottest units first).
 //! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
 //!   memory budget.
 
 pub mod bound;
+pub mod grouping;
 pub mod planner;
 pub mod probe;
 pub mod profile;
