@@ -243,16 +243,18 @@ pub fn simulate(
                         let act = if act.len() == dims[si] { &all[si][..] } else { act };
                         used[l][si].push(act.to_vec());
                         // In parts, as the engine does when the misses outgrow the transient area.
+                        // Each part is computed as it comes, while later parts are read.
+                        let ns = cost.site_ns(l, si, act.len(), *pos);
                         let mut done = 0;
                         while done < act.len() {
-                            done +=
+                            let taken =
                                 store.fetch(l, SITE_OPS[si], &act[done..], sift_engine::sparse::COLUMN_PIECE)?.taken;
+                            done += taken;
+                            store.sim_advance(ns * taken as f64 / act.len() as f64);
                         }
                         for &op in SITE_OPS[si] {
                             active_bytes += (act.len() * index.layers[l].op(op).col_bytes) as u64;
                         }
-                        let ns = cost.site_ns(l, si, act.len(), *pos);
-                        store.sim_advance(ns);
                         compute_ns += ns;
                     }
                 }

@@ -6,7 +6,8 @@
 //! The device runs one job at a time, as the real [`Loader`](crate::io::Loader) thread does:
 //! queued preload jobs start in submission order when the device is free; an on-demand read
 //! ([`TierIo::read_now`]) starts after the job running (if any) and before the queued ones, and
-//! the compute thread waits for it. [`SimIo`] is the store's [`TierIo`]: it moves no bytes, and
+//! the compute thread waits for it; on-demand parts queued with [`TierIo::submit_urgent`]
+//! start the same way, in their order. [`SimIo`] is the store's [`TierIo`]: it moves no bytes, and
 //! the copies the store would make are charged to the clock at [`IoCost::copy_ns`].
 
 use crate::io::{AlignedBuf, LoadDone, ReadReq, TierIo};
@@ -29,8 +30,10 @@ pub struct SimIo {
     now: f64,
     /// When the device finishes the last job it started.
     free_at: f64,
-    /// Submitted and not yet started: (tag, submitted at, duration, job).
+    /// Submitted and not yet started: (tag, submitted at, duration, job); urgent ones start
+    /// first.
     queue: VecDeque<(u64, f64, f64, LoadDone)>,
+    urgent: VecDeque<(u64, f64, f64, LoadDone)>,
     /// Started: (tag, finishes at, job).
     started: Vec<(u64, f64, LoadDone)>,
 }
@@ -38,7 +41,7 @@ pub struct SimIo {
 impl SimIo {
     /// A device whose reads and copies take the times `cost` gives; the clock starts at 0.
     pub fn new(cost: Box<dyn IoCost>) -> SimIo {
-        SimIo { cost, now: 0.0, free_at: 0.0, queue: VecDeque::new(), started: Vec::new() }
+        SimIo { cost, now: 0.0, free_at: 0.0, queue: VecDeque::new(), urgent: VecDeque::new(), started: Vec::new() }
     }
 
     /// The device's timing.
@@ -48,12 +51,14 @@ impl SimIo {
 
     /// Starts queued jobs whose start time (device free, job submitted) is at or before `t`.
     fn settle(&mut self, t: f64) {
-        while let Some(&(_, submitted, dur, _)) = self.queue.front() {
+        loop {
+            let q = if self.urgent.is_empty() { &mut self.queue } else { &mut self.urgent };
+            let Some(&(_, submitted, dur, _)) = q.front() else { break };
             let start = self.free_at.max(submitted);
             if start > t {
                 break;
             }
-            let (tag, _, _, done) = self.queue.pop_front().expect("front exists");
+            let (tag, _, _, done) = q.pop_front().expect("front exists");
             self.free_at = start + dur;
             self.started.push((tag, self.free_at, done));
         }
@@ -76,6 +81,14 @@ impl TierIo for SimIo {
         let (dur, done) = self.job(tag, buf, &reqs);
         self.settle(self.now);
         self.queue.push_back((tag, self.now, dur, done));
+        self.settle(self.now);
+    }
+
+    /// Queues a job at the current time, ahead of the queued preloads.
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+        let (dur, done) = self.job(tag, buf, &reqs);
+        self.settle(self.now);
+        self.urgent.push_back((tag, self.now, dur, done));
         self.settle(self.now);
     }
 
@@ -106,6 +119,11 @@ impl TierIo for SimIo {
     /// An on-demand read: runs after the job in progress, before queued ones; the caller waits.
     fn read_now(&mut self, buf: AlignedBuf, reqs: Vec<ReadReq>) -> (LoadDone, u64) {
         self.settle(self.now);
+        // Urgent jobs queued earlier run first.
+        while let Some((tag, submitted, dur, done)) = self.urgent.pop_front() {
+            self.free_at = self.free_at.max(submitted) + dur;
+            self.started.push((tag, self.free_at, done));
+        }
         let (dur, done) = self.job(0, buf, &reqs);
         let start = self.now.max(self.free_at);
         self.free_at = start + dur;

@@ -102,6 +102,17 @@ impl Loader {
         self.shared.work.notify_one();
     }
 
+    /// Queues a job ahead of the jobs queued with [`Loader::submit`] (non-blocking), after the
+    /// urgent ones already queued: on-demand reads streamed in parts.
+    pub fn submit_urgent(&self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+        let key = Key::Tag(tag);
+        let mut st = lock(&self.shared.state);
+        *st.outstanding.entry(key).or_default() += 1;
+        st.urgent.push_back((key, LoadJob { tag, buf, reqs }));
+        drop(st);
+        self.shared.work.notify_one();
+    }
+
     /// Blocks until job `tag` completes and returns it. If no job with this tag is queued,
     /// running or finished (and not yet taken), returns at once with an `InvalidInput` error and
     /// an empty buffer.
@@ -225,6 +236,10 @@ impl TierIo for Loader {
 
     fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
         Loader::submit(self, tag, buf, reqs);
+    }
+
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+        Loader::submit_urgent(self, tag, buf, reqs);
     }
 
     fn wait(&mut self, tag: u64) -> (LoadDone, u64) {

@@ -22,6 +22,11 @@ pub trait TierIo: Send {
     /// Queues a job reading `reqs` into `buf` (non-blocking); [`TierIo::wait`] takes it back.
     fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>);
 
+    /// Queues a job as [`TierIo::submit`] does, but ahead of every queued job that was not
+    /// itself submitted this way (on-demand reads streamed in parts: they run in their order,
+    /// after the job in progress and before queued preloads).
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>);
+
     /// Waits for job `tag`: the job and the nanoseconds waited. With no such job, returns at
     /// once with an `InvalidInput` error and an empty buffer.
     fn wait(&mut self, tag: u64) -> (LoadDone, u64);

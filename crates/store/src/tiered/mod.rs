@@ -21,6 +21,7 @@
 //! pack for one, [`open_budgeted`] (`open`); the counters, [`TierStats`] (`stats`); this module,
 //! the store itself.
 
+mod ondemand;
 mod open;
 mod plan;
 mod stats;
@@ -37,6 +38,7 @@ use crate::cache::{Policy, UnitCache, NO_SLOT};
 use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, TierIo};
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
+use ondemand::{cut_parts, ColumnRead, OnDemandReads, IN_FLIGHT, PART_BUF};
 use plan::{mib, ArenaLayout, Buffers};
 use sift_model::layout::{OpKind, PackIndex, UnitPositions};
 use sift_model::{Model, QTensor};
@@ -48,8 +50,8 @@ use std::path::{Path, PathBuf};
 const MAX_GAP: usize = 4 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
-/// Bytes of the buffer on-demand reads land in (larger batches run in several rounds).
-const ONDEMAND_BUF: usize = 2 << 20;
+/// Bytes of the buffers on-demand reads land in: [`IN_FLIGHT`] parts of a site at once.
+const ONDEMAND_BUF: usize = IN_FLIGHT * PART_BUF;
 
 /// Problems of the tiered store.
 #[derive(Debug, thiserror::Error)]
@@ -91,8 +93,10 @@ pub struct Fetched<'a> {
     arena: &'a [u8],
     /// Per op: the byte offset of its slot 0 in the arena.
     bases: Vec<usize>,
-    /// Per op: each active unit's column index, counted from the op's base.
+    /// Per op: each active unit's column index, counted from the op's base, for the prefix the
+    /// site's fetch took; this part is `units` of it.
     idx: &'a [Vec<u32>],
+    units: Range<usize>,
     /// Per op: its scale plane (empty for re-quantized columns).
     scales: Vec<&'a [u8]>,
 }
@@ -101,7 +105,7 @@ impl<'a> Fetched<'a> {
     /// The `k`-th op's columns: the arena from the op's base, each active unit's column in it,
     /// and the op's scale plane.
     pub fn op(&self, k: usize) -> (&'a [u8], &'a [u32], &'a [u8]) {
-        (&self.arena[self.bases[k]..], &self.idx[k], self.scales[k])
+        (&self.arena[self.bases[k]..], &self.idx[k][self.units.clone()], self.scales[k])
     }
 }
 
@@ -123,7 +127,11 @@ pub struct TieredStore {
     policy: Policy,
     split: CacheSplit,
     prefetch: CrossLayerPrefetcher,
-    ondemand: Option<AlignedBuf>,
+    /// The current site's on-demand reads, streamed in parts.
+    ondemand: OnDemandReads,
+    /// Reads that failed where no caller could be told (see [`TieredStore::reset_context`]):
+    /// the next fetch reports it.
+    failed: Option<std::io::Error>,
     /// Kernel indices of the ops of the current site (index into the arena from each op's base).
     idx: Vec<Vec<u32>>,
     /// Scratch for one op's fetch.
@@ -223,7 +231,8 @@ impl TieredStore {
             policy,
             split: opts.split,
             prefetch: CrossLayerPrefetcher::new(model, opts.preload, opts.margin, interleaved, buffers.preload),
-            ondemand: Some(AlignedBuf::new(ONDEMAND_BUF)),
+            ondemand: OnDemandReads::new(),
+            failed: None,
             idx: Vec::new(),
             misses: Vec::new(),
             hits: Vec::new(),
@@ -309,6 +318,9 @@ impl TieredStore {
 
     /// A new conversation: context-level counters restart (cached columns stay).
     pub fn reset_context(&mut self) {
+        if let Err(e) = self.ondemand.finish(self.io.as_mut(), &mut self.arena, &mut self.stats) {
+            self.failed = Some(e);
+        }
         for per in &mut self.ops {
             for oc in per {
                 oc.cache.reset_context();
@@ -325,6 +337,7 @@ impl TieredStore {
     /// depend on where columns sit, so the text a run generates does not change. Returns the new
     /// plan; a budget below the fixed part is refused and nothing changes.
     pub fn set_budget(&mut self, budget: u64) -> Result<&MemoryPlan, TierError> {
+        self.finish_reads()?;
         let fixed = self.plan.fixed();
         if budget < fixed {
             return Err(TierError::Budget(format!(
@@ -420,6 +433,7 @@ impl TieredStore {
 
     /// Pins a hot set per (layer, op) (`static` policy; a warm start for the others).
     pub fn set_hot(&mut self, layer: usize, op: OpKind, ranking: &[u32]) -> Result<(), TierError> {
+        self.finish_reads()?;
         let oc = &mut self.ops[layer][op as usize];
         oc.cache.set_hot(ranking).map_err(|e| {
             TierError::Unsupported(format!(
@@ -432,7 +446,7 @@ impl TieredStore {
         let ranges: Vec<(u64, usize)> = units.iter().map(|&u| (oc.column_offset(u), oc.col_bytes)).collect();
         let dests: Vec<usize> =
             units.iter().map(|&u| oc.base + oc.cache.slot_of(u).expect("pinned") as usize * oc.col_bytes).collect();
-        self.read_into_arena(&ranges, &dests, false)
+        self.read_into_arena(&ranges, &dests)
     }
 
     /// Reads the token-embedding row `id` (when the table stays on disk) into `out` as f32.
@@ -508,6 +522,34 @@ impl TieredStore {
         active: &[u32],
         align: usize,
     ) -> Result<Fetched<'_>, TierError> {
+        if let Some(source) = self.failed.take() {
+            return Err(TierError::Io { path: self.path.clone(), source });
+        }
+        if !self.ondemand.continues(layer, ops, active) {
+            self.finish_reads()?;
+            self.start_site(layer, ops, active, align)?;
+        }
+        let units = match self.ondemand.serve(self.io.as_mut(), &mut self.arena, &mut self.stats) {
+            Some(r) => r.map_err(|source| TierError::Io { path: self.path.clone(), source })?,
+            None => unreachable!("a site was just started"),
+        };
+        let bases = ops.iter().map(|&op| self.ops[layer][op as usize].base).collect();
+        let scales = ops.iter().map(|&op| &self.scales[self.scale_ranges[layer][op as usize].clone()]).collect();
+        Ok(Fetched { taken: units.len(), arena: &self.arena, bases, idx: &self.idx, units, scales })
+    }
+
+    /// Waits for the on-demand reads still in flight and lands their columns, so that the arena
+    /// holds what the cache says it holds.
+    fn finish_reads(&mut self) -> Result<(), TierError> {
+        self.ondemand
+            .finish(self.io.as_mut(), &mut self.arena, &mut self.stats)
+            .map_err(|source| TierError::Io { path: self.path.clone(), source })
+    }
+
+    /// Starts a site's fetch: takes the longest prefix of `active` whose misses fit the
+    /// transient area, decides hits, admissions and where every column of it sits, copies the
+    /// columns the prefetcher holds, and hands the rest to the on-demand reads, in parts.
+    fn start_site(&mut self, layer: usize, ops: &[OpKind], active: &[u32], align: usize) -> Result<(), TierError> {
         let taken = self.fitting_prefix(layer, ops, active, align)?;
         if taken < active.len() {
             self.stats.partial_fetches += 1;
@@ -530,9 +572,8 @@ impl TieredStore {
         };
         self.idx.resize_with(ops.len(), Vec::new);
         let mut cursor = self.transient.start;
-        // Reads this site needs: (file offset, len) and where each lands in the arena.
-        let mut ranges: Vec<(u64, usize)> = Vec::new();
-        let mut dests: Vec<usize> = Vec::new();
+        // Columns to read: where each is in the active list, the file and the arena.
+        let mut reads: Vec<ColumnRead> = Vec::new();
         // Bytes copied (or, when the tier moves no bytes, not) from the preload buffer.
         let mut preload_copied = 0usize;
         let moves_bytes = self.io.moves_bytes();
@@ -562,6 +603,7 @@ impl TieredStore {
             let cb = oc.col_bytes;
             let t0 = (cursor - oc.base).div_ceil(cb);
             let mut t_next = t0;
+            // Each miss: its unit, its column index from the op's base, its position in `active`.
             let mut slot_of_miss = Vec::with_capacity(self.misses.len());
             for (&u, &s) in self.misses.iter().zip(&slots) {
                 let i = if s == NO_SLOT {
@@ -570,7 +612,7 @@ impl TieredStore {
                 } else {
                     s
                 };
-                slot_of_miss.push((u, i));
+                slot_of_miss.push((u, i, 0usize));
             }
             cursor = oc.base + t_next * cb;
             assert!(cursor <= self.transient.end, "transient area sized for the largest site");
@@ -578,9 +620,10 @@ impl TieredStore {
             let idx = &mut self.idx[k];
             idx.clear();
             let mut mi = 0;
-            for &u in active {
+            for (pos, &u) in active.iter().enumerate() {
                 if mi < slot_of_miss.len() && slot_of_miss[mi].0 == u {
                     idx.push(slot_of_miss[mi].1);
+                    slot_of_miss[mi].2 = pos;
                     mi += 1;
                 } else {
                     idx.push(oc.cache.slot_of(u).expect("hit is cached"));
@@ -591,7 +634,7 @@ impl TieredStore {
             if pre.is_some() {
                 self.stats.preload_misses += slot_of_miss.len() as u64;
             }
-            for &(u, i) in &slot_of_miss {
+            for &(u, i, pos) in &slot_of_miss {
                 let dst = oc.base + i as usize * cb;
                 if let Some(ready) = pre {
                     if let Some(at) = self.prefetch.offset(ready, layer, op, u) {
@@ -605,19 +648,15 @@ impl TieredStore {
                         continue;
                     }
                 }
-                ranges.push((oc.column_offset(u), cb));
-                dests.push(dst);
+                reads.push(ColumnRead { pos, offset: oc.column_offset(u), len: cb, dest: dst });
             }
         }
         if preload_copied > 0 {
             self.io.charge_copy(preload_copied);
         }
-        if !ranges.is_empty() {
-            self.read_into_arena(&ranges, &dests, true)?;
-        }
-        let bases = ops.iter().map(|&op| self.ops[layer][op as usize].base).collect();
-        let scales = ops.iter().map(|&op| &self.scales[self.scale_ranges[layer][op as usize].clone()]).collect();
-        Ok(Fetched { taken, arena: &self.arena, bases, idx: &self.idx, scales })
+        let parts = cut_parts(reads, active.len(), align);
+        self.ondemand.start(self.io.as_mut(), layer, ops, active, parts);
+        Ok(())
     }
 
     /// How many units of `active` one fetch can take: missing columns that the policy does not
@@ -648,35 +687,34 @@ impl TieredStore {
         Ok(active.len())
     }
 
-    /// Reads `ranges` (file offset, len) into the arena at `dests`, on demand (waiting).
-    fn read_into_arena(&mut self, ranges: &[(u64, usize)], dests: &[usize], ondemand: bool) -> Result<(), TierError> {
+    /// Reads `ranges` (file offset, len) into the arena at `dests` and waits (the pinned
+    /// columns of a warm start), through a buffer of its own.
+    fn read_into_arena(&mut self, ranges: &[(u64, usize)], dests: &[usize]) -> Result<(), TierError> {
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         order.sort_by_key(|&i| ranges[i].0);
+        let mut buf = AlignedBuf::new(PART_BUF);
         let mut start = 0;
         while start < order.len() {
-            // As many ranges as fit in the on-demand buffer.
+            // As many ranges as fit in the buffer: worst case a range costs its length, a merged
+            // gap and two alignment pages.
             let mut end = start;
             let mut bytes = 0;
-            // Worst case a range costs its length, a merged gap and two alignment pages.
             let cost = |len: usize| len + MAX_GAP + 2 * 4096;
-            while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= ONDEMAND_BUF) {
+            while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= PART_BUF) {
                 bytes += cost(ranges[order[end]].1);
                 end += 1;
             }
             let batch: Vec<(u64, usize)> = order[start..end].iter().map(|&i| ranges[i]).collect();
             let (reqs, starts, need) = plan_reads(&batch, MAX_GAP, MAX_READ);
-            let buf = match self.ondemand.take() {
-                Some(buf) if buf.len() >= need => buf,
-                _ => AlignedBuf::new(need.max(ONDEMAND_BUF)),
-            };
+            if buf.len() < need {
+                buf = AlignedBuf::new(need);
+            }
             let n_reqs = reqs.len() as u64;
             let (done, stall) = self.io.read_now(buf, reqs);
-            account(&mut self.stats, &done, stall, if ondemand { Kind::OnDemand } else { Kind::Prefill }, n_reqs);
-            let LoadDone { buf, result, .. } = done;
-            if let Err(source) = result {
-                self.ondemand = Some(buf);
-                return Err(TierError::Io { path: self.path.clone(), source });
-            }
+            account(&mut self.stats, &done, stall, Kind::Prefill, n_reqs);
+            let LoadDone { buf: back, result, .. } = done;
+            buf = back;
+            result.map_err(|source| TierError::Io { path: self.path.clone(), source })?;
             let bytes: usize = order[start..end].iter().map(|&i| ranges[i].1).sum();
             if self.io.moves_bytes() {
                 for (k, &i) in order[start..end].iter().enumerate() {
@@ -685,7 +723,6 @@ impl TieredStore {
                 }
             }
             self.io.charge_copy(bytes);
-            self.ondemand = Some(buf);
             start = end;
         }
         Ok(())
