@@ -79,10 +79,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adaptive;
 mod optimum;
 pub mod policy;
 mod unit_cache;
 
+pub use adaptive::{Bottleneck, LambdaBounds, LambdaController, LambdaStep};
 pub use optimum::min_misses;
 pub use policy::{ActiveFlowLfu, BeladyOracle, LruPolicy, NoCache, ReplacementPolicy, StaticHotSet, TamPolicy};
 pub use unit_cache::UnitCache;
@@ -115,6 +117,10 @@ pub enum Policy {
     Lru,
     /// KAIROX Temporal Activation Momentum with decay `lambda` (in `[0, 1)`) and margin `eps`.
     Tam { lambda: f32, eps: f32 },
+    /// TAM whose λ starts at `lambda` and then follows each layer's stall type (KAIROX §7,
+    /// [`adaptive`]); the cache's owner feeds the controller and sets λ
+    /// ([`UnitCache::set_lambda`]).
+    AdaptiveTam { lambda: f32, eps: f32 },
     /// Offline hot set pinned by [`UnitCache::set_hot`]; never admits or evicts.
     Static,
     /// No cache.
@@ -127,14 +133,17 @@ pub enum Policy {
 impl Policy {
     /// TAM with KAIROX's defaults (λ = 0.8, ε = 0.05).
     pub const TAM_DEFAULT: Policy = Policy::Tam { lambda: TAM_DEFAULT_LAMBDA, eps: TAM_DEFAULT_EPS };
+    /// Adaptive TAM from KAIROX's defaults.
+    pub const TAM_ADAPTIVE_DEFAULT: Policy = Policy::AdaptiveTam { lambda: TAM_DEFAULT_LAMBDA, eps: TAM_DEFAULT_EPS };
 
-    /// Parses `lfu`, `lru`, `tam` (default λ, ε), `static`, `none` or `belady` (ASCII
-    /// case-insensitive).
+    /// Parses `lfu`, `lru`, `tam` (default λ, ε), `tam-adaptive`, `static`, `none` or `belady`
+    /// (ASCII case-insensitive).
     pub fn parse(s: &str) -> Option<Policy> {
         match s.trim().to_ascii_lowercase().as_str() {
             "lfu" => Some(Policy::Lfu),
             "lru" => Some(Policy::Lru),
             "tam" => Some(Policy::TAM_DEFAULT),
+            "tam-adaptive" | "adaptive-tam" => Some(Policy::TAM_ADAPTIVE_DEFAULT),
             "static" => Some(Policy::Static),
             "none" => Some(Policy::None),
             "belady" => Some(Policy::Belady),
@@ -148,16 +157,18 @@ impl Policy {
             Policy::Lfu => "lfu",
             Policy::Lru => "lru",
             Policy::Tam { .. } => "tam",
+            Policy::AdaptiveTam { .. } => "tam-adaptive",
             Policy::Static => "static",
             Policy::None => "none",
             Policy::Belady => "belady",
         }
     }
 
-    /// TAM's admission threshold `τ_load = (1 − λ) + ε`; `None` for other policies.
+    /// TAM's admission threshold `τ_load = (1 − λ) + ε` (adaptive TAM: at its starting λ);
+    /// `None` for other policies.
     pub fn tam_threshold(&self) -> Option<f32> {
         match *self {
-            Policy::Tam { lambda, eps } => Some((1.0 - lambda) + eps),
+            Policy::Tam { lambda, eps } | Policy::AdaptiveTam { lambda, eps } => Some((1.0 - lambda) + eps),
             _ => None,
         }
     }

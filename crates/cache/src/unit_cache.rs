@@ -178,6 +178,14 @@ impl UnitCache {
         }
     }
 
+    /// TAM (fixed or adaptive): sets the momentum decay λ from now on (see
+    /// [`TamPolicy::set_lambda`](crate::TamPolicy::set_lambda)); other policies ignore it.
+    pub fn set_lambda(&mut self, lambda: f32) {
+        if let PolicyState::Tam(t) = &mut self.state {
+            t.set_lambda(lambda, self.clock);
+        }
+    }
+
     /// Belady: how many [`record`](Self::record) calls from now until `unit` is next active
     /// (1 = the next call), or `None` if never again (or no future is set, or another policy).
     pub fn next_use(&self, unit: u32) -> Option<u32> {

@@ -173,8 +173,13 @@ pub struct MemoryOptions {
     #[arg(long = "pack-dir", value_name = "DIR")]
     pub pack_dir: Option<PathBuf>,
     /// Cache policy of the column cache: lfu (context-level counts), lru, tam (temporal activation
-    /// momentum), static (hot set from --calib pinned), none
-    #[arg(long = "cache-policy", default_value = "lfu", value_parser = ["lfu", "lru", "tam", "static", "none"])]
+    /// momentum), tam-adaptive (TAM whose λ follows each layer's stalls, from --tam-lambda),
+    /// static (hot set from --calib pinned), none
+    #[arg(
+        long = "cache-policy",
+        default_value = "lfu",
+        value_parser = ["lfu", "lru", "tam", "tam-adaptive", "static", "none"]
+    )]
     pub cache_policy: String,
     /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only;
     /// default: the planner's choice)
@@ -225,8 +230,12 @@ impl MemoryOptions {
     pub fn tiered_options(&self) -> anyhow::Result<TieredOptions> {
         let policy = match Policy::parse(&self.cache_policy) {
             Some(Policy::Tam { .. }) => Policy::Tam { lambda: self.tam_lambda, eps: self.tam_eps },
+            Some(Policy::AdaptiveTam { .. }) => Policy::AdaptiveTam { lambda: self.tam_lambda, eps: self.tam_eps },
             Some(p) => p,
-            None => anyhow::bail!("unknown --cache-policy '{}'", self.cache_policy),
+            None => anyhow::bail!(
+                "unknown --cache-policy '{}': use lfu, lru, tam, tam-adaptive, static, belady or none",
+                self.cache_policy
+            ),
         };
         anyhow::ensure!(
             (0.0..1.0).contains(&self.tam_lambda) && self.tam_eps >= 0.0,

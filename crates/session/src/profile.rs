@@ -30,11 +30,12 @@ pub fn resolve_profile(spec: Option<&str>) -> anyhow::Result<DeviceProfile> {
     }
 }
 
-/// A cache policy by name (`tam` takes `lambda` and `eps`).
+/// A cache policy by name (`tam` takes `lambda` and `eps`; `tam-adaptive` starts at `lambda`).
 pub fn parse_policy(s: &str, lambda: f32, eps: f32) -> anyhow::Result<Policy> {
     match Policy::parse(s) {
         Some(Policy::Tam { .. }) => Ok(Policy::Tam { lambda, eps }),
+        Some(Policy::AdaptiveTam { .. }) => Ok(Policy::AdaptiveTam { lambda, eps }),
         Some(p) => Ok(p),
-        None => anyhow::bail!("unknown policy '{s}': use lfu, lru, tam, static, belady or none"),
+        None => anyhow::bail!("unknown policy '{s}': use lfu, lru, tam, tam-adaptive, static, belady or none"),
     }
 }

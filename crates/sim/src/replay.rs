@@ -85,6 +85,9 @@ pub struct SimReport {
     pub active_bytes_per_token: f64,
     /// The decode beside its bound (Belady's must-read at the profile's best disk bandwidth).
     pub telemetry: DecodeTelemetry,
+    /// Adaptive TAM: λ per layer and step as the controller moved it (empty for other policies).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lambda: Vec<sift_store::cache::LambdaStep>,
 }
 
 /// The plan inputs a budgeted run like the recorded one has: its budget, runtime and KV/scratch
@@ -290,6 +293,7 @@ pub fn simulate(
         stats,
         plan: store.plan.clone(),
         active_bytes_per_token: if tokens > 0 { active_bytes as f64 / tokens as f64 } else { 0.0 },
+        lambda: store.lambda_history(),
         telemetry,
     })
 }

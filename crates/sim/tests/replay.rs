@@ -307,3 +307,48 @@ fn damaged_or_foreign_traces_are_refused() {
     let e = t.header.check_model(&other, &model).unwrap_err();
     assert!(matches!(e, TraceError::WrongModel { .. }), "{e}");
 }
+
+/// Adaptive TAM on a replayed trace: with a small cache on a slow disk every layer waits for
+/// reads, so λ climbs from its start (more inertia, fewer loads); on a disk so fast that nothing
+/// is waited for, every layer is compute-bound, so λ falls (the cache follows recent
+/// activations). KAIROX's rule (§7), whatever it does to the hit rate.
+#[test]
+fn adaptive_tam_follows_the_stall_type_of_each_layer() {
+    use sift_sim::profile::{DiskPoint, DiskTable};
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::new(sift_store::open_model(pack()).unwrap(), &eo());
+    topk(&mut engine, 0.5);
+    let n_layer = engine.config().n_layer;
+    let path = dir.path().join("adaptive.trace");
+    record(&mut engine, &path, 12);
+    let trace = Trace::read(&path).unwrap();
+    let mapped = sift_store::open_model(pack()).unwrap();
+    let budget = budget_for(&TieredOptions::default(), 1 << 20);
+    let start = 0.8;
+    // The last λ each layer reached.
+    let last_lambdas = |profile: &DeviceProfile| {
+        let r = simulate(&mapped, pack(), &trace, profile, sim_opts(budget, Policy::TAM_ADAPTIVE_DEFAULT, 0)).unwrap();
+        assert!(!r.lambda.is_empty(), "adaptive TAM records its steps");
+        let mut last = vec![start; n_layer];
+        for s in &r.lambda {
+            last[s.layer as usize] = s.lambda;
+        }
+        (last, r)
+    };
+    let (io_bound, r) = last_lambdas(&profile());
+    assert!(r.stall_s > r.compute_s, "a 1 MiB cache on this disk waits for reads");
+    let raised = io_bound.iter().filter(|&&l| l > start).count();
+    assert!(raised * 4 >= n_layer * 3, "λ rose in {raised} of {n_layer} layers: {io_bound:?}");
+    assert!(io_bound.iter().all(|&l| l <= 0.95 + 1e-6));
+    let mut fast = profile();
+    let points = [4096u64, 1 << 20, 4 << 20]
+        .into_iter()
+        .flat_map(|size| [1usize, 64].map(|qd| DiskPoint { size, qd, bw: 1e14, lat_ns: 1.0 }))
+        .collect();
+    fast.disk = DiskTable::new(64, points).unwrap();
+    let (compute_bound, r) = last_lambdas(&fast);
+    assert!(r.stall_s < 0.01 * r.compute_s, "stalls {} s", r.stall_s);
+    let lowered = compute_bound.iter().filter(|&&l| l < start).count();
+    assert!(lowered * 4 >= n_layer * 3, "λ fell in {lowered} of {n_layer} layers: {compute_bound:?}");
+    assert!(compute_bound.iter().all(|&l| l >= 0.5 - 1e-6));
+}

@@ -11,6 +11,7 @@
 //! | `lfu` | [`ActiveFlowLfu`] | ActiveFlow §4.2, context-level LFU with strict admission |
 //! | `lru` | [`LruPolicy`] | the strawman of KAIROX §3.2 |
 //! | `tam` | [`TamPolicy`] | KAIROX §6, Temporal Activation Momentum |
+//! | `tam-adaptive` | [`TamPolicy`], λ moved by [`crate::adaptive`] | KAIROX §7, Algorithm 1 |
 //! | `static` | [`StaticHotSet`] | PowerInfer-style offline hot set |
 //! | `none` | [`NoCache`] | no cache |
 //! | `belady` | [`BeladyOracle`] | Belady's MIN with bypass (simulation only) |
@@ -144,7 +145,9 @@ impl PolicyState {
         match policy {
             Policy::Lfu => PolicyState::Lfu(ActiveFlowLfu::new(n_units)),
             Policy::Lru => PolicyState::Lru(LruPolicy::new(n_units)),
-            Policy::Tam { lambda, eps } => PolicyState::Tam(TamPolicy::new(n_units, lambda, eps)),
+            Policy::Tam { lambda, eps } | Policy::AdaptiveTam { lambda, eps } => {
+                PolicyState::Tam(TamPolicy::new(n_units, lambda, eps))
+            }
             Policy::Static => PolicyState::Static(StaticHotSet::new(n_units)),
             Policy::None => PolicyState::None(NoCache),
             Policy::Belady => PolicyState::Belady(BeladyOracle::new(n_units)),

@@ -652,7 +652,7 @@ fn randomized_invariants() {
                         }
                     }
                 }
-                Policy::Lfu | Policy::Tam { .. } | Policy::Belady => {
+                Policy::Lfu | Policy::Tam { .. } | Policy::AdaptiveTam { .. } | Policy::Belady => {
                     for &a in &admitted {
                         assert!(c.eligible(c.score(a)), "{policy:?} admitted {a} at {}", c.score(a));
                         for &v in &evicted {

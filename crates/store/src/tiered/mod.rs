@@ -21,6 +21,7 @@
 //! pack for one, [`open_budgeted`] (`open`); the counters, [`TierStats`] (`stats`); this module,
 //! the store itself.
 
+mod lambda;
 mod ondemand;
 mod open;
 mod plan;
@@ -38,6 +39,7 @@ use crate::cache::{Policy, UnitCache, NO_SLOT};
 use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, TierIo};
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
+use lambda::LambdaFeed;
 use ondemand::{cut_parts, ColumnRead, OnDemandReads, IN_FLIGHT, PART_BUF};
 use plan::{mib, ArenaLayout, Buffers};
 use sift_model::layout::{OpKind, PackIndex, UnitPositions};
@@ -132,6 +134,8 @@ pub struct TieredStore {
     /// Reads that failed where no caller could be told (see [`TieredStore::reset_context`]):
     /// the next fetch reports it.
     failed: Option<std::io::Error>,
+    /// Adaptive TAM's λ controller and its measurement of each layer.
+    lambda: Option<LambdaFeed>,
     /// Kernel indices of the ops of the current site (index into the arena from each op's base).
     idx: Vec<Vec<u32>>,
     /// Scratch for one op's fetch.
@@ -233,6 +237,7 @@ impl TieredStore {
             prefetch: CrossLayerPrefetcher::new(model, opts.preload, opts.margin, interleaved, buffers.preload),
             ondemand: OnDemandReads::new(),
             failed: None,
+            lambda: LambdaFeed::new(policy, index.layers.len()),
             idx: Vec::new(),
             misses: Vec::new(),
             hits: Vec::new(),
@@ -255,6 +260,12 @@ impl TieredStore {
 
     pub fn policy(&self) -> Policy {
         self.policy
+    }
+
+    /// Adaptive TAM: λ per layer and step as the controller moved it (oldest first); empty for
+    /// other policies.
+    pub fn lambda_history(&self) -> Vec<sift_cache::LambdaStep> {
+        self.lambda.as_ref().map(|f| f.history()).unwrap_or_default()
     }
 
     pub fn preload_layers(&self) -> usize {
@@ -320,6 +331,9 @@ impl TieredStore {
     pub fn reset_context(&mut self) {
         if let Err(e) = self.ondemand.finish(self.io.as_mut(), &mut self.arena, &mut self.stats) {
             self.failed = Some(e);
+        }
+        if let Some(f) = self.lambda.as_mut() {
+            f.reset();
         }
         for per in &mut self.ops {
             for oc in per {
@@ -506,6 +520,14 @@ impl TieredStore {
     /// Called at the start of layer `l` of a decoded token with the residual entering it: the
     /// cross-layer prefetcher may start reading the next group's columns.
     pub fn begin_layer(&mut self, l: usize, x: &[f32]) {
+        if let Some(f) = self.lambda.as_mut() {
+            let now = self.io.clock_ns().unwrap_or_else(|| f.wall_ns());
+            for (layer, lambda) in f.begin_layer(l, now, self.stats.stall_ns) {
+                for oc in &mut self.ops[layer] {
+                    oc.cache.set_lambda(lambda);
+                }
+            }
+        }
         self.prefetch.begin_layer(l, x, self.io.as_mut(), &self.ops, &self.index);
     }
 
@@ -599,6 +621,9 @@ impl TieredStore {
                 .cache
                 .admit(&self.misses, &self.hits)
                 .map_err(|e| TierError::Unsupported(format!("fetch of layer {layer} {op:?}: {e}")))?;
+            if let Some(f) = self.lambda.as_mut() {
+                f.loaded(layer, slots.iter().filter(|&&s| s != NO_SLOT).count());
+            }
             // Transient indices start at the first multiple of col_bytes past the cursor.
             let cb = oc.col_bytes;
             let t0 = (cursor - oc.base).div_ceil(cb);
