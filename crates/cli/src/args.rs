@@ -397,9 +397,12 @@ pub struct PackArgs {
     /// (a second copy of the q/k/v/gate/up columns; 0: none)
     #[arg(long, default_value_t = 0)]
     pub group: usize,
-    /// Store each site's units hottest first, as counted in an activation trace of this model
-    /// (`sift trace`), instead of in the model's order. Experimental: the baseline for
-    /// co-activation grouping; it measured more bytes read than the model's order (docs/benchmarks.md)
+    /// Store each site's units in an order learnt from an activation trace of this model
+    /// (`sift trace`) instead of the model's: see --grouping. Experimental (docs/benchmarks.md)
     #[arg(long = "unit-order", value_name = "TRACE")]
     pub unit_order: Option<PathBuf>,
+    /// How --unit-order orders units: coactivation (units active on the same tokens side by side,
+    /// KAIROX §5) or frequency (hottest first, the baseline)
+    #[arg(long = "grouping", default_value = "coactivation", value_parser = ["coactivation", "frequency"])]
+    pub grouping: String,
 }

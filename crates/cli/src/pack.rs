@@ -20,7 +20,14 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
                 "the trace '{}' has no decoded tokens to order units by; record one with `sift trace -n N`",
                 path.display()
             );
-            sift_sim::grouping::frequency_orders(&trace)
+            match a.grouping.as_str() {
+                "frequency" => sift_sim::grouping::frequency_orders(&trace),
+                _ => {
+                    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    eprintln!("grouping units by co-activation over {} traced tokens", trace.n_tokens());
+                    sift_sim::grouping::coactivation_orders(&trace, threads)
+                }
+            }
         }
         None => Vec::new(),
     };

@@ -57,7 +57,8 @@ pub struct SimulateArgs {
     /// Override the context size the trace recorded (it sizes the KV cache in the plan)
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
-    /// Write results.csv, hitrate.svg and tps.svg into this directory
+    /// Write results.csv, hitrate.svg, tps.svg and reads.svg into this directory (with
+    /// tam-adaptive: lambda-N.svg and loads-N.svg, λ and loads per token of run N)
     #[arg(long = "sweep")]
     pub sweep: Option<PathBuf>,
     /// Output format: md or json
@@ -152,7 +153,10 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.sweep {
         write_sweep(dir, &reports)?;
-        eprintln!("sift: wrote {}/results.csv, hitrate.svg, tps.svg", dir.display());
+        eprintln!(
+            "sift: wrote {}/results.csv, hitrate.svg, tps.svg, reads.svg (and lambda-N.svg, loads-N.svg for tam-adaptive)",
+            dir.display()
+        );
     }
     Ok(())
 }
@@ -214,7 +218,46 @@ fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
         log_y: false,
         series: series(&|r| r.tok_s),
     };
+    let reads = Chart {
+        title: "Bytes read per token vs cache size (simulated)".into(),
+        x_label: "cache (MiB)".into(),
+        y_label: "MiB read per token".into(),
+        log_y: false,
+        series: series(&|r| r.telemetry.bytes_read_per_token / (1 << 20) as f64),
+    };
     std::fs::write(dir.join("hitrate.svg"), hit.to_svg())?;
     std::fs::write(dir.join("tps.svg"), tps.to_svg())?;
+    std::fs::write(dir.join("reads.svg"), reads.to_svg())?;
+    // Adaptive TAM: λ and loads over the decode, for a few layers of each adaptive run.
+    for (i, r) in reports.iter().filter(|r| !r.lambda.is_empty()).enumerate() {
+        let n_layer = r.lambda.iter().map(|s| s.layer + 1).max().unwrap_or(1);
+        let layers = [0, n_layer / 2, n_layer.saturating_sub(2)];
+        let per_layer = |f: &dyn Fn(&sift_store::cache::LambdaStep) -> f64| -> Vec<Series> {
+            layers
+                .iter()
+                .map(|&l| Series {
+                    name: format!("layer {l}"),
+                    points: r.lambda.iter().filter(|s| s.layer == l).map(|s| (f64::from(s.step), f(s))).collect(),
+                })
+                .collect()
+        };
+        let budget = r.budget as f64 / (1 << 20) as f64;
+        let lambda = Chart {
+            title: format!("Adaptive TAM: λ per decoded token ({budget:.0} MiB budget)"),
+            x_label: "decoded token".into(),
+            y_label: "λ".into(),
+            log_y: false,
+            series: per_layer(&|s| f64::from(s.lambda)),
+        };
+        let loads = Chart {
+            title: format!("Adaptive TAM: columns loaded into the cache per token ({budget:.0} MiB budget)"),
+            x_label: "decoded token".into(),
+            y_label: "columns loaded".into(),
+            log_y: false,
+            series: per_layer(&|s| f64::from(s.loads)),
+        };
+        std::fs::write(dir.join(format!("lambda-{i}.svg")), lambda.to_svg())?;
+        std::fs::write(dir.join(format!("loads-{i}.svg")), loads.to_svg())?;
+    }
     Ok(())
 }

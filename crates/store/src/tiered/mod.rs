@@ -40,7 +40,7 @@ use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAn
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use lambda::LambdaFeed;
-use ondemand::{cut_parts, ColumnRead, OnDemandReads, IN_FLIGHT, PART_BUF};
+use ondemand::{cut_parts, whole, ColumnRead, OnDemandReads, IN_FLIGHT, PART_BUF};
 use plan::{mib, ArenaLayout, Buffers};
 use sift_model::layout::{OpKind, PackIndex, UnitPositions};
 use sift_model::{Model, QTensor};
@@ -679,7 +679,11 @@ impl TieredStore {
         if preload_copied > 0 {
             self.io.charge_copy(preload_copied);
         }
-        let parts = cut_parts(reads, active.len(), align);
+        // Parts are prefixes of the active list. Where the site's units lie in an order of their
+        // own, a prefix's columns are spread over the whole tensor and reading it apart from the
+        // rest would split runs the reads merge: the site is read as one part.
+        let in_unit_order = ops.iter().all(|&op| self.ops[layer][op as usize].positions.is_none());
+        let parts = if in_unit_order { cut_parts(reads, active.len(), align) } else { whole(reads, active.len()) };
         self.ondemand.start(self.io.as_mut(), layer, ops, active, parts);
         Ok(())
     }

@@ -10,7 +10,7 @@
 //! computes each part as it comes, while the later parts are read.
 
 use super::{account, Kind, TierStats, MAX_GAP, MAX_READ};
-use crate::io::{plan_reads, AlignedBuf, LoadDone, TierIo};
+use crate::io::{plan_reads, AlignedBuf, LoadDone, ReadReq, TierIo};
 use sift_model::layout::OpKind;
 use std::collections::VecDeque;
 use std::io;
@@ -87,13 +87,61 @@ pub(super) fn cut_parts(mut reads: Vec<ColumnRead>, n_active: usize, align: usiz
     parts
 }
 
-/// A part whose reads are queued or running.
-struct InFlight {
+/// The prefix of `n_active` units whose missing columns are `reads` as one part.
+pub(super) fn whole(reads: Vec<ColumnRead>, n_active: usize) -> Vec<Part> {
+    vec![Part { units: 0..n_active, reads }]
+}
+
+/// One job of reads: a part's reads, or a share of them that fits one buffer.
+struct Job {
     part: usize,
-    tag: u64,
-    /// Where each of the part's reads lands in the job's buffer.
+    reads: Vec<ColumnRead>,
+    reqs: Vec<ReadReq>,
+    /// Where each of `reads` lands in the job's buffer.
     starts: Vec<usize>,
-    n_reqs: u64,
+    need: usize,
+}
+
+/// A part's reads as jobs: merged into aligned reads, then shared out in file order into jobs
+/// whose reads fit [`PART_BUF`] (a single read larger than that is a job of its own).
+fn jobs_of(part: usize, reads: &[ColumnRead]) -> Vec<Job> {
+    let mut reads = reads.to_vec();
+    reads.sort_by_key(|r| r.offset);
+    let ranges: Vec<(u64, usize)> = reads.iter().map(|r| (r.offset, r.len)).collect();
+    let (reqs, starts, _) = plan_reads(&ranges, MAX_GAP, MAX_READ);
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut i = 0; // next read
+    let mut k = 0; // next request
+    while k < reqs.len() {
+        // Requests k..k_end: as many as fit one buffer, at least one.
+        let base = reqs[k].buf_offset;
+        let mut k_end = k + 1;
+        while k_end < reqs.len() && reqs[k_end].buf_offset + reqs[k_end].len - base <= PART_BUF {
+            k_end += 1;
+        }
+        let end = reqs[k_end - 1].buf_offset + reqs[k_end - 1].len;
+        let i0 = i;
+        while i < reads.len() && starts[i] < end {
+            i += 1;
+        }
+        let job_reqs: Vec<ReadReq> =
+            reqs[k..k_end].iter().map(|r| ReadReq { buf_offset: r.buf_offset - base, ..*r }).collect();
+        jobs.push(Job {
+            part,
+            reads: reads[i0..i].to_vec(),
+            reqs: job_reqs,
+            starts: starts[i0..i].iter().map(|&s| s - base).collect(),
+            need: end - base,
+        });
+        k = k_end;
+    }
+    jobs
+}
+
+/// A job whose reads are queued or running.
+struct InFlight {
+    job: Job,
+    tag: u64,
 }
 
 /// The site being streamed.
@@ -103,8 +151,9 @@ struct Site {
     /// The fetched prefix of the active units.
     units: Vec<u32>,
     parts: Vec<Part>,
-    next_submit: usize,
     next_serve: usize,
+    /// Jobs not submitted yet, in part order.
+    jobs: VecDeque<Job>,
     inflight: VecDeque<InFlight>,
 }
 
@@ -129,80 +178,80 @@ impl OnDemandReads {
         s.layer == layer && s.ops == ops && active.len() >= rest.len() && &active[..rest.len()] == rest
     }
 
-    /// Starts streaming a site's prefix `units` in `parts` (from [`cut_parts`]): queues the
-    /// first parts' reads.
+    /// Starts streaming a site's prefix `units` in `parts` (from [`cut_parts`] or [`whole`]):
+    /// queues the first jobs' reads.
     pub(super) fn start(&mut self, io: &mut dyn TierIo, layer: usize, ops: &[OpKind], units: &[u32], parts: Vec<Part>) {
         debug_assert!(self.site.is_none(), "the previous site was finished");
+        let jobs = parts.iter().enumerate().flat_map(|(p, part)| jobs_of(p, &part.reads)).collect();
         self.site = Some(Site {
             layer,
             ops: ops.to_vec(),
             units: units.to_vec(),
             parts,
-            next_submit: 0,
             next_serve: 0,
+            jobs,
             inflight: VecDeque::new(),
         });
         self.fill(io);
     }
 
-    /// Queues parts' reads while fewer than [`IN_FLIGHT`] are queued or running.
+    /// Queues jobs while fewer than [`IN_FLIGHT`] are queued or running.
     fn fill(&mut self, io: &mut dyn TierIo) {
         let Some(s) = self.site.as_mut() else { return };
-        while s.inflight.len() < IN_FLIGHT && s.next_submit < s.parts.len() {
-            let part = s.next_submit;
-            s.next_submit += 1;
-            let reads = &s.parts[part].reads;
-            if reads.is_empty() {
-                continue;
-            }
-            let ranges: Vec<(u64, usize)> = reads.iter().map(|r| (r.offset, r.len)).collect();
-            let (reqs, starts, need) = plan_reads(&ranges, MAX_GAP, MAX_READ);
-            let buf = match self.free.iter().position(|b| b.len() >= need) {
+        while s.inflight.len() < IN_FLIGHT {
+            let Some(job) = s.jobs.pop_front() else { break };
+            let buf = match self.free.iter().position(|b| b.len() >= job.need) {
                 Some(i) => self.free.swap_remove(i),
-                None => AlignedBuf::new(need.max(PART_BUF)),
+                None => AlignedBuf::new(job.need.max(PART_BUF)),
             };
             let tag = self.next_tag;
             self.next_tag += 1;
-            let n_reqs = reqs.len() as u64;
-            io.submit_urgent(tag, buf, reqs);
-            s.inflight.push_back(InFlight { part, tag, starts, n_reqs });
+            io.submit_urgent(tag, buf, job.reqs.clone());
+            s.inflight.push_back(InFlight { job, tag });
         }
     }
 
-    /// Hands out the next part of the site being streamed: waits for its reads, copies its
-    /// columns into `arena` (when the tier moves bytes) and queues later parts' reads. Returns
-    /// the part's units (positions in the prefix); `None` when no site is being streamed.
+    /// Hands out the next part of the site being streamed: waits for its jobs, copies its
+    /// columns into `arena` (when the tier moves bytes) and queues later jobs. Returns the part's
+    /// units (positions in the prefix); `None` when no site is being streamed.
     pub(super) fn serve(
         &mut self,
         io: &mut dyn TierIo,
         arena: &mut [u8],
         stats: &mut TierStats,
     ) -> Option<io::Result<Range<usize>>> {
-        let s = self.site.as_mut()?;
+        let s = self.site.as_ref()?;
         if s.next_serve == s.parts.len() {
             self.site = None;
             return None;
         }
         let p = s.next_serve;
-        s.next_serve += 1;
         let mut result = Ok(());
-        if s.inflight.front().is_some_and(|f| f.part == p) {
+        loop {
+            self.fill(io);
+            let s = self.site.as_mut().expect("site being served");
+            if s.inflight.front().is_none_or(|f| f.job.part != p) {
+                break;
+            }
             let f = s.inflight.pop_front().expect("front exists");
             let (done, stall) = io.wait(f.tag);
-            account(stats, &done, stall, Kind::OnDemand, f.n_reqs);
+            account(stats, &done, stall, Kind::OnDemand, f.job.reqs.len() as u64);
             let LoadDone { buf, result: r, .. } = done;
-            let reads = &s.parts[p].reads;
             if r.is_ok() && io.moves_bytes() {
-                for (c, &at) in reads.iter().zip(&f.starts) {
+                for (c, &at) in f.job.reads.iter().zip(&f.job.starts) {
                     arena[c.dest..c.dest + c.len].copy_from_slice(&buf[at..at + c.len]);
                 }
             }
-            io.charge_copy(reads.iter().map(|c| c.len).sum());
+            io.charge_copy(f.job.reads.iter().map(|c| c.len).sum());
             if buf.len() == PART_BUF {
                 self.free.push(buf);
             }
-            result = r;
+            if result.is_ok() {
+                result = r;
+            }
         }
+        let s = self.site.as_mut().expect("site being served");
+        s.next_serve += 1;
         let units = s.parts[p].units.clone();
         if result.is_err() {
             // This part's error is the one reported; the rest is waited for (nothing may stay
@@ -210,8 +259,6 @@ impl OnDemandReads {
             let _ = self.finish(io, arena, stats);
         } else if s.next_serve == s.parts.len() {
             self.site = None;
-        } else {
-            self.fill(io);
         }
         Some(result.map(|()| units))
     }
