@@ -10,8 +10,9 @@
 //! start the same way, in their order. [`SimIo`] is the store's [`TierIo`]: it moves no bytes, and
 //! the copies the store would make are charged to the clock at [`IoCost::copy_ns`].
 
-use crate::io::{AlignedBuf, LoadDone, ReadReq, TierIo};
-use std::collections::VecDeque;
+use crate::io::{AlignedBuf, LoadDone, Progress, ReadReq, TierIo};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// The timing of a simulated slow tier and of memory copies, for a store replaying a trace
 /// (`sift simulate`); `sift_sim::profile::DeviceProfile` implements it from a device profile.
@@ -36,12 +37,26 @@ pub struct SimIo {
     urgent: VecDeque<(u64, f64, f64, LoadDone)>,
     /// Started: (tag, finishes at, job).
     started: Vec<(u64, f64, LoadDone)>,
+    /// Streamed jobs: per tag, the share of the job's time by which each prefix of its requests
+    /// has arrived (requests finish in order, in proportion to their bytes); and when each
+    /// started job began.
+    shares: HashMap<u64, Vec<f64>>,
+    began: HashMap<u64, f64>,
 }
 
 impl SimIo {
     /// A device whose reads and copies take the times `cost` gives; the clock starts at 0.
     pub fn new(cost: Box<dyn IoCost>) -> SimIo {
-        SimIo { cost, now: 0.0, free_at: 0.0, queue: VecDeque::new(), urgent: VecDeque::new(), started: Vec::new() }
+        SimIo {
+            cost,
+            now: 0.0,
+            free_at: 0.0,
+            queue: VecDeque::new(),
+            urgent: VecDeque::new(),
+            started: Vec::new(),
+            shares: HashMap::new(),
+            began: HashMap::new(),
+        }
     }
 
     /// The device's timing.
@@ -59,6 +74,9 @@ impl SimIo {
                 break;
             }
             let (tag, _, _, done) = q.pop_front().expect("front exists");
+            if self.shares.contains_key(&tag) {
+                self.began.insert(tag, start);
+            }
             self.free_at = start + dur;
             self.started.push((tag, self.free_at, done));
         }
@@ -85,7 +103,17 @@ impl TierIo for SimIo {
     }
 
     /// Queues a job at the current time, ahead of the queued preloads.
-    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>, progress: Option<Arc<Progress>>) {
+        if progress.is_some() {
+            let total: usize = reqs.iter().map(|r| r.len).sum::<usize>().max(1);
+            let mut at = 0usize;
+            let mut shares = vec![0.0];
+            for r in &reqs {
+                at += r.len;
+                shares.push(at as f64 / total as f64);
+            }
+            self.shares.insert(tag, shares);
+        }
         let (dur, done) = self.job(tag, buf, &reqs);
         self.settle(self.now);
         self.urgent.push_back((tag, self.now, dur, done));
@@ -99,6 +127,8 @@ impl TierIo for SimIo {
         match self.started.iter().position(|j| j.0 == tag) {
             Some(i) => {
                 let (_, end, done) = self.started.swap_remove(i);
+                self.shares.remove(&tag);
+                self.began.remove(&tag);
                 let stall = (end - self.now).max(0.0);
                 self.now = self.now.max(end);
                 (done, stall as u64)
@@ -116,12 +146,29 @@ impl TierIo for SimIo {
         }
     }
 
+    /// Waits until the job's first `n` requests have arrived: the job's start plus their share of
+    /// its time.
+    fn wait_progress(&mut self, tag: u64, _progress: &Progress, n: usize) -> (bool, u64) {
+        self.settle(f64::INFINITY);
+        let Some(&(_, end, _)) = self.started.iter().find(|j| j.0 == tag) else { return (false, 0) };
+        let (Some(shares), Some(&start)) = (self.shares.get(&tag), self.began.get(&tag)) else { return (false, 0) };
+        let share = shares.get(n).or(shares.last()).copied().unwrap_or(1.0);
+        let at = start + (end - start) * share;
+        let stall = (at - self.now).max(0.0);
+        self.now = self.now.max(at);
+        (true, stall as u64)
+    }
+
     /// An on-demand read: runs after the job in progress, before queued ones; the caller waits.
     fn read_now(&mut self, buf: AlignedBuf, reqs: Vec<ReadReq>) -> (LoadDone, u64) {
         self.settle(self.now);
         // Urgent jobs queued earlier run first.
         while let Some((tag, submitted, dur, done)) = self.urgent.pop_front() {
-            self.free_at = self.free_at.max(submitted) + dur;
+            let start = self.free_at.max(submitted);
+            if self.shares.contains_key(&tag) {
+                self.began.insert(tag, start);
+            }
+            self.free_at = start + dur;
             self.started.push((tag, self.free_at, done));
         }
         let (dur, done) = self.job(0, buf, &reqs);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{lock, AlignedBuf, ReadReq, SlowTier, TierIo};
+use super::{lock, AlignedBuf, Progress, ReadReq, SlowTier, TierIo};
 
 /// A batch of reads for the [`Loader`]: `tag` identifies it (e.g. a layer group).
 #[derive(Debug)]
@@ -18,6 +18,9 @@ pub struct LoadJob {
     pub tag: u64,
     pub buf: AlignedBuf,
     pub reqs: Vec<ReadReq>,
+    /// Told how many leading requests are complete as they complete, and finished when the job
+    /// ends (a streamed job; see [`Progress`]).
+    pub progress: Option<Arc<Progress>>,
 }
 
 /// A finished [`LoadJob`]: its buffer back, the result, and how long the tier took.
@@ -89,7 +92,7 @@ impl Loader {
     /// Queues a job (non-blocking). Several jobs may share a tag; [`Loader::wait`] then returns
     /// them in completion order.
     pub fn submit(&self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
-        self.submit_job(LoadJob { tag, buf, reqs });
+        self.submit_job(LoadJob { tag, buf, reqs, progress: None });
     }
 
     /// Queues a job (non-blocking).
@@ -103,12 +106,12 @@ impl Loader {
     }
 
     /// Queues a job ahead of the jobs queued with [`Loader::submit`] (non-blocking), after the
-    /// urgent ones already queued: on-demand reads streamed in parts.
-    pub fn submit_urgent(&self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
+    /// urgent ones already queued: on-demand reads, streamed through `progress`.
+    pub fn submit_urgent(&self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>, progress: Option<Arc<Progress>>) {
         let key = Key::Tag(tag);
         let mut st = lock(&self.shared.state);
         *st.outstanding.entry(key).or_default() += 1;
-        st.urgent.push_back((key, LoadJob { tag, buf, reqs }));
+        st.urgent.push_back((key, LoadJob { tag, buf, reqs, progress }));
         drop(st);
         self.shared.work.notify_one();
     }
@@ -134,7 +137,7 @@ impl Loader {
         st.next_now += 1;
         let key = Key::Now(id);
         *st.outstanding.entry(key).or_default() += 1;
-        st.urgent.push_back((key, LoadJob { tag: id, buf, reqs }));
+        st.urgent.push_back((key, LoadJob { tag: id, buf, reqs, progress: None }));
         drop(st);
         self.shared.work.notify_one();
         self.wait_key(key, id)
@@ -194,10 +197,16 @@ fn loader_main(shared: &Shared, mut tier: Box<dyn SlowTier>) {
                 st = shared.work.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let LoadJob { tag, mut buf, reqs } = job;
+        let LoadJob { tag, mut buf, reqs, progress } = job;
         let t0 = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| tier.read_batch(&mut buf, &reqs)))
-            .unwrap_or_else(|_| Err(io::Error::other(format!("slow tier {} panicked", tier.name()))));
+        let result = catch_unwind(AssertUnwindSafe(|| match &progress {
+            Some(p) => tier.read_batch_progress(&mut buf, &reqs, p),
+            None => tier.read_batch(&mut buf, &reqs),
+        }))
+        .unwrap_or_else(|_| Err(io::Error::other(format!("slow tier {} panicked", tier.name()))));
+        if let Some(p) = &progress {
+            p.finish(result.is_ok());
+        }
         let busy_ns = t0.elapsed().as_nanos() as u64;
         let bytes = reqs.iter().map(|r| r.len as u64).sum();
         let mut st = lock(&shared.state);
@@ -238,8 +247,14 @@ impl TierIo for Loader {
         Loader::submit(self, tag, buf, reqs);
     }
 
-    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {
-        Loader::submit_urgent(self, tag, buf, reqs);
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>, progress: Option<Arc<Progress>>) {
+        Loader::submit_urgent(self, tag, buf, reqs, progress);
+    }
+
+    fn wait_progress(&mut self, _tag: u64, progress: &Progress, n: usize) -> (bool, u64) {
+        let t0 = Instant::now();
+        let ok = progress.wait_for(n);
+        (ok, t0.elapsed().as_nanos() as u64)
     }
 
     fn wait(&mut self, tag: u64) -> (LoadDone, u64) {

@@ -29,13 +29,15 @@
 //! [`std::io::ErrorKind::UnexpectedEof`] error naming the file and offset. Requests in one batch must
 //! not overlap in the buffer.
 //!
-//! Modules: [`AlignedBuf`] (`buf`); [`ReadReq`] and [`plan_reads`] (`plan`); the tiers, with
+//! Modules: [`AlignedBuf`] (`buf`); [`ReadReq`] and [`plan_reads`] (`plan`); [`Progress`] of a
+//! job read in a stream (`progress`); the tiers, with
 //! [`TierKind`] and [`open_slow_tier`] (`tier`); the [`Loader`] thread (`loader`); [`TierIo`]
 //! (`tier_io`).
 
 mod buf;
 mod loader;
 mod plan;
+mod progress;
 #[cfg(test)]
 mod test_util;
 mod tier;
@@ -44,6 +46,7 @@ mod tier_io;
 pub use buf::AlignedBuf;
 pub use loader::{LoadDone, LoadJob, Loader};
 pub use plan::{plan_reads, ReadReq};
+pub use progress::Progress;
 pub use tier::{
     open_slow_tier, MemTier, PackAndSource, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS,
     DEFAULT_QUEUE_DEPTH, MAX_PIECE,

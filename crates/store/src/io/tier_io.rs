@@ -3,7 +3,8 @@
 //! [`Loader`](super::Loader) thread, on the wall clock) or to a simulated device
 //! ([`SimIo`](crate::simulated::SimIo), which moves no bytes and keeps a virtual clock).
 
-use super::{AlignedBuf, LoadDone, ReadReq};
+use super::{AlignedBuf, LoadDone, Progress, ReadReq};
+use std::sync::Arc;
 
 /// The slow tier of a [`TieredStore`](crate::tiered::TieredStore): where its reads go and how
 /// long they take.
@@ -23,9 +24,15 @@ pub trait TierIo: Send {
     fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>);
 
     /// Queues a job as [`TierIo::submit`] does, but ahead of every queued job that was not
-    /// itself submitted this way (on-demand reads streamed in parts: they run in their order,
-    /// after the job in progress and before queued preloads).
-    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>);
+    /// itself submitted this way (on-demand reads: they run in their order, after the job in
+    /// progress and before queued preloads). With `progress`, the job's leading requests can be
+    /// waited for ([`TierIo::wait_progress`]) before the whole job ends.
+    fn submit_urgent(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>, progress: Option<Arc<Progress>>);
+
+    /// Waits until the first `n` requests of job `tag` (submitted with `progress`) are complete:
+    /// whether they are (false: the job failed first; [`TierIo::wait`] then tells why) and the
+    /// nanoseconds waited. The job stays to be taken back with [`TierIo::wait`].
+    fn wait_progress(&mut self, tag: u64, progress: &Progress, n: usize) -> (bool, u64);
 
     /// Waits for job `tag`: the job and the nanoseconds waited. With no such job, returns at
     /// once with an `InvalidInput` error and an empty buffer.

@@ -40,7 +40,7 @@ use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAn
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use lambda::LambdaFeed;
-use ondemand::{cut_parts, whole, ColumnRead, OnDemandReads, IN_FLIGHT, PART_BUF};
+use ondemand::{cut_parts, whole, ColumnRead, OnDemandReads, IN_FLIGHT, JOB_BUF};
 use plan::{mib, ArenaLayout, Buffers};
 use sift_model::layout::{OpKind, PackIndex, UnitPositions};
 use sift_model::{Model, QTensor};
@@ -52,8 +52,8 @@ use std::path::{Path, PathBuf};
 const MAX_GAP: usize = 4 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
-/// Bytes of the buffers on-demand reads land in: [`IN_FLIGHT`] parts of a site at once.
-const ONDEMAND_BUF: usize = IN_FLIGHT * PART_BUF;
+/// Bytes of the buffers on-demand reads land in: [`IN_FLIGHT`] jobs at once.
+const ONDEMAND_BUF: usize = IN_FLIGHT * JOB_BUF;
 
 /// Problems of the tiered store.
 #[derive(Debug, thiserror::Error)]
@@ -721,7 +721,7 @@ impl TieredStore {
     fn read_into_arena(&mut self, ranges: &[(u64, usize)], dests: &[usize]) -> Result<(), TierError> {
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         order.sort_by_key(|&i| ranges[i].0);
-        let mut buf = AlignedBuf::new(PART_BUF);
+        let mut buf = AlignedBuf::new(JOB_BUF);
         let mut start = 0;
         while start < order.len() {
             // As many ranges as fit in the buffer: worst case a range costs its length, a merged
@@ -729,7 +729,7 @@ impl TieredStore {
             let mut end = start;
             let mut bytes = 0;
             let cost = |len: usize| len + MAX_GAP + 2 * 4096;
-            while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= PART_BUF) {
+            while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= JOB_BUF) {
                 bytes += cost(ranges[order[end]].1);
                 end += 1;
             }

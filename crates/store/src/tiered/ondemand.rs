@@ -1,30 +1,35 @@
-//! On-demand reads of one site's missing columns, streamed in parts so that the kernels compute
-//! one part while the disk reads the next (the read path's overlap of I/O and compute).
+//! On-demand reads of one site's missing columns, streamed so that the kernels compute one part
+//! of the site while the disk reads the next (the read path's overlap of I/O and compute).
 //!
 //! [`TieredStore::fetch`](super::TieredStore::fetch) decides, for the prefix of the active units
 //! it takes, which columns are missing and where each lands in the arena. [`OnDemandReads`] cuts
 //! that prefix into [`Part`]s at multiples of the kernels' piece (so that the parts' products add
-//! up to the same bits as the whole site's), queues each part's reads as a job of its own ahead of
-//! any preload, at most [`IN_FLIGHT`] at a time, and hands the parts back in order: it waits for a
-//! part's reads, copies its columns into the arena and queues the next part's reads. The engine
-//! computes each part as it comes, while the later parts are read.
+//! up to the same bits as the whole site's) and queues the reads of consecutive parts as a few
+//! large jobs ahead of any preload (each within one [`JOB_BUF`] buffer, at most [`IN_FLIGHT`] at a
+//! time), so the disk sees a full queue. Each job reports its progress ([`Progress`]: how many of
+//! its leading requests are complete; io_uring tells as completions arrive), and the parts are
+//! handed out in order as soon as *their* requests are in: their columns are copied into the arena
+//! and the engine computes them while the later requests are still in flight.
 
 use super::{account, Kind, TierStats, MAX_GAP, MAX_READ};
-use crate::io::{plan_reads, AlignedBuf, LoadDone, ReadReq, TierIo};
+use crate::io::{plan_reads, AlignedBuf, LoadDone, Progress, ReadReq, TierIo};
 use sift_model::layout::OpKind;
 use std::collections::VecDeque;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 
-/// Bytes of one part's read buffer.
-pub(super) const PART_BUF: usize = 1 << 20;
-/// Parts whose reads are queued or running at once: the read buffers a store holds.
-pub(super) const IN_FLIGHT: usize = 4;
+/// Bytes of one job's read buffer.
+pub(super) const JOB_BUF: usize = 2 << 20;
+/// Jobs queued or running at once: the read buffers a store holds.
+pub(super) const IN_FLIGHT: usize = 2;
+/// The largest part (its reads' buffer).
+const PART_BUF: usize = 1 << 20;
 /// The first part of a site is cut once its reads reach this many bytes (small, so the kernels
 /// start early), the others at [`PART_READS`].
-const FIRST_PART_READS: usize = 128 << 10;
-const PART_READS: usize = 512 << 10;
-/// Tags of on-demand parts (the cross-layer prefetcher counts its own up from 1).
+const FIRST_PART_READS: usize = 64 << 10;
+const PART_READS: usize = 256 << 10;
+/// Tags of on-demand jobs (the cross-layer prefetcher counts its own up from 1).
 const TAG_BASE: u64 = 1 << 63;
 
 /// One missing column to read: its position in the active list, where it lies in the file and
@@ -92,56 +97,78 @@ pub(super) fn whole(reads: Vec<ColumnRead>, n_active: usize) -> Vec<Part> {
     vec![Part { units: 0..n_active, reads }]
 }
 
-/// One job of reads: a part's reads, or a share of them that fits one buffer.
+/// One job: requests laid out back to back in one buffer, the columns they bring, and per part
+/// whose columns are in it, how many of the job's leading requests the part needs.
+#[derive(Default)]
 struct Job {
-    part: usize,
-    reads: Vec<ColumnRead>,
     reqs: Vec<ReadReq>,
+    reads: Vec<ColumnRead>,
     /// Where each of `reads` lands in the job's buffer.
     starts: Vec<usize>,
     need: usize,
+    /// (part, its reads in `reads`, requests it needs: `reqs[..n]`), in part order.
+    parts: Vec<(usize, Range<usize>, usize)>,
 }
 
-/// A part's reads as jobs: merged into aligned reads, then shared out in file order into jobs
-/// whose reads fit [`PART_BUF`] (a single read larger than that is a job of its own).
-fn jobs_of(part: usize, reads: &[ColumnRead]) -> Vec<Job> {
-    let mut reads = reads.to_vec();
-    reads.sort_by_key(|r| r.offset);
-    let ranges: Vec<(u64, usize)> = reads.iter().map(|r| (r.offset, r.len)).collect();
-    let (reqs, starts, _) = plan_reads(&ranges, MAX_GAP, MAX_READ);
-    let mut jobs: Vec<Job> = Vec::new();
-    let mut i = 0; // next read
-    let mut k = 0; // next request
-    while k < reqs.len() {
-        // Requests k..k_end: as many as fit one buffer, at least one.
-        let base = reqs[k].buf_offset;
-        let mut k_end = k + 1;
-        while k_end < reqs.len() && reqs[k_end].buf_offset + reqs[k_end].len - base <= PART_BUF {
-            k_end += 1;
+/// The parts' reads as jobs: each part's columns merged into aligned reads, the reads of
+/// consecutive parts laid out in one buffer up to [`JOB_BUF`] (a part that would pass it
+/// continues in the next job; a single read larger than that is a job of its own).
+fn jobs_of(parts: &[Part]) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut cur = Job::default();
+    for (p, part) in parts.iter().enumerate() {
+        if part.reads.is_empty() {
+            continue;
         }
-        let end = reqs[k_end - 1].buf_offset + reqs[k_end - 1].len;
-        let i0 = i;
-        while i < reads.len() && starts[i] < end {
-            i += 1;
+        let mut reads = part.reads.clone();
+        reads.sort_by_key(|r| r.offset);
+        let ranges: Vec<(u64, usize)> = reads.iter().map(|r| (r.offset, r.len)).collect();
+        let (reqs, starts, _) = plan_reads(&ranges, MAX_GAP, MAX_READ);
+        let mut first = cur.reads.len();
+        let mut i = 0;
+        for r in &reqs {
+            if !cur.reqs.is_empty() && cur.need + r.len > JOB_BUF {
+                if cur.reads.len() > first {
+                    let n = cur.reqs.len();
+                    cur.parts.push((p, first..cur.reads.len(), n));
+                }
+                jobs.push(std::mem::take(&mut cur));
+                first = 0;
+            }
+            let end = r.buf_offset + r.len;
+            while i < reads.len() && starts[i] < end {
+                cur.reads.push(reads[i]);
+                cur.starts.push(starts[i] - r.buf_offset + cur.need);
+                i += 1;
+            }
+            cur.reqs.push(ReadReq { buf_offset: cur.need, ..*r });
+            cur.need += r.len;
         }
-        let job_reqs: Vec<ReadReq> =
-            reqs[k..k_end].iter().map(|r| ReadReq { buf_offset: r.buf_offset - base, ..*r }).collect();
-        jobs.push(Job {
-            part,
-            reads: reads[i0..i].to_vec(),
-            reqs: job_reqs,
-            starts: starts[i0..i].iter().map(|&s| s - base).collect(),
-            need: end - base,
-        });
-        k = k_end;
+        let n = cur.reqs.len();
+        cur.parts.push((p, first..cur.reads.len(), n));
+    }
+    if !cur.reqs.is_empty() {
+        jobs.push(cur);
     }
     jobs
 }
+
+/// Where a queued job's buffer is: read (by [`OnDemandReads::serve`]) only where the job's
+/// [`Progress`] says the requests are complete, before the buffer is taken back.
+struct BufPtr(*const u8, usize);
+
+// SAFETY: a plain address of a heap block owned by the loader's job; it is only dereferenced on
+// the store's thread, under the rules of `serve`.
+unsafe impl Send for BufPtr {}
 
 /// A job whose reads are queued or running.
 struct InFlight {
     job: Job,
     tag: u64,
+    progress: Arc<Progress>,
+    buf: BufPtr,
+    /// The next of `job.parts` to hand out.
+    next: usize,
 }
 
 /// The site being streamed.
@@ -179,10 +206,10 @@ impl OnDemandReads {
     }
 
     /// Starts streaming a site's prefix `units` in `parts` (from [`cut_parts`] or [`whole`]):
-    /// queues the first jobs' reads.
+    /// queues the first jobs.
     pub(super) fn start(&mut self, io: &mut dyn TierIo, layer: usize, ops: &[OpKind], units: &[u32], parts: Vec<Part>) {
         debug_assert!(self.site.is_none(), "the previous site was finished");
-        let jobs = parts.iter().enumerate().flat_map(|(p, part)| jobs_of(p, &part.reads)).collect();
+        let jobs = jobs_of(&parts).into();
         self.site = Some(Site {
             layer,
             ops: ops.to_vec(),
@@ -202,18 +229,21 @@ impl OnDemandReads {
             let Some(job) = s.jobs.pop_front() else { break };
             let buf = match self.free.iter().position(|b| b.len() >= job.need) {
                 Some(i) => self.free.swap_remove(i),
-                None => AlignedBuf::new(job.need.max(PART_BUF)),
+                None => AlignedBuf::new(job.need.max(JOB_BUF)),
             };
             let tag = self.next_tag;
             self.next_tag += 1;
-            io.submit_urgent(tag, buf, job.reqs.clone());
-            s.inflight.push_back(InFlight { job, tag });
+            let progress = Arc::new(Progress::new());
+            // The heap block does not move when the buffer moves into the job.
+            let ptr = BufPtr(buf.as_ptr(), buf.len());
+            io.submit_urgent(tag, buf, job.reqs.clone(), Some(Arc::clone(&progress)));
+            s.inflight.push_back(InFlight { job, tag, progress, buf: ptr, next: 0 });
         }
     }
 
-    /// Hands out the next part of the site being streamed: waits for its jobs, copies its
-    /// columns into `arena` (when the tier moves bytes) and queues later jobs. Returns the part's
-    /// units (positions in the prefix); `None` when no site is being streamed.
+    /// Hands out the next part of the site being streamed: waits until its requests are in,
+    /// copies its columns into `arena` (when the tier moves bytes) and queues later jobs. Returns
+    /// the part's units (positions in the prefix); `None` when no site is being streamed.
     pub(super) fn serve(
         &mut self,
         io: &mut dyn TierIo,
@@ -230,24 +260,48 @@ impl OnDemandReads {
         loop {
             self.fill(io);
             let s = self.site.as_mut().expect("site being served");
-            if s.inflight.front().is_none_or(|f| f.job.part != p) {
+            let Some(f) = s.inflight.front_mut() else { break };
+            let Some((part, reads, n_reqs)) = f.job.parts.get(f.next).cloned() else { break };
+            if part != p {
                 break;
             }
+            let (ok, stall) = io.wait_progress(f.tag, &f.progress, n_reqs);
+            stats.stall_ns += stall;
+            if ok && io.moves_bytes() {
+                for (c, &at) in f.job.reads[reads.clone()].iter().zip(&f.job.starts[reads.clone()]) {
+                    assert!(at + c.len <= f.buf.1, "a column lies inside its job's buffer");
+                    // SAFETY: `at..at + len` lies inside the job's buffer (checked above), which
+                    // the loader's job owns until `wait` gives it back below, after the last
+                    // part's copy. Its request is among the first `n_reqs`, which the tier
+                    // reported complete (`Progress::done`, Acquire): nothing writes those bytes
+                    // again, and the tier holds no reference to them (io_uring reads through raw
+                    // pointers; other tiers report only once the batch has returned).
+                    let src = unsafe { std::slice::from_raw_parts(f.buf.0.add(at), c.len) };
+                    arena[c.dest..c.dest + c.len].copy_from_slice(src);
+                }
+            }
+            io.charge_copy(f.job.reads[reads].iter().map(|c| c.len).sum());
+            f.next += 1;
+            if ok && f.next < f.job.parts.len() {
+                continue;
+            }
+            // The job's last part (or it failed): take it back.
             let f = s.inflight.pop_front().expect("front exists");
             let (done, stall) = io.wait(f.tag);
             account(stats, &done, stall, Kind::OnDemand, f.job.reqs.len() as u64);
             let LoadDone { buf, result: r, .. } = done;
-            if r.is_ok() && io.moves_bytes() {
-                for (c, &at) in f.job.reads.iter().zip(&f.job.starts) {
-                    arena[c.dest..c.dest + c.len].copy_from_slice(&buf[at..at + c.len]);
-                }
-            }
-            io.charge_copy(f.job.reads.iter().map(|c| c.len).sum());
-            if buf.len() == PART_BUF {
+            if buf.len() == JOB_BUF {
                 self.free.push(buf);
             }
             if result.is_ok() {
-                result = r;
+                result = match r {
+                    Err(e) => Err(e),
+                    Ok(()) if !ok => Err(io::Error::other("on-demand read reported failed without an error")),
+                    Ok(()) => Ok(()),
+                };
+            }
+            if result.is_err() {
+                break;
             }
         }
         let s = self.site.as_mut().expect("site being served");
@@ -303,9 +357,46 @@ mod tests {
         }
         assert_eq!(at, 1000);
         assert_eq!(n, reads.len());
-        // The first part is the small one.
-        let bytes = |p: &Part| p.reads.iter().map(|r| r.len).sum::<usize>();
-        assert!(bytes(&parts[0]) < bytes(&parts[1]));
+        // The first part is the small one: one piece.
+        assert_eq!(parts[0].units, 0..64);
+        assert!(parts[1].units.len() >= 64);
+    }
+
+    #[test]
+    fn jobs_bring_every_column_within_the_requests_its_part_waits_for() {
+        // Three sites' worth of parts, with columns of several sizes, some adjacent, some apart.
+        let mut reads = Vec::new();
+        for p in 0..3000usize {
+            if p % 3 != 1 {
+                let len = [768, 4480, 1152][p % 3];
+                reads.push(read(p, (p as u64 / 2) * 9000 + (p % 3) as u64 * 3000_000, len));
+            }
+        }
+        let parts = cut_parts(reads.clone(), 3000, 64);
+        let jobs = jobs_of(&parts);
+        assert!(jobs.len() > 1);
+        let mut seen = 0;
+        let mut last_part = 0;
+        for j in &jobs {
+            assert!(j.need <= JOB_BUF, "job of {} bytes", j.need);
+            let mut prev_end = 0;
+            for (part, range, n_reqs) in &j.parts {
+                assert!(*part >= last_part && *n_reqs >= prev_end && *n_reqs <= j.reqs.len());
+                last_part = *part;
+                prev_end = *n_reqs;
+                for (r, &at) in j.reads[range.clone()].iter().zip(&j.starts[range.clone()]) {
+                    assert!(parts[*part].units.contains(&r.pos));
+                    // The request holding the column is among those the part waits for.
+                    let q = j.reqs[..*n_reqs]
+                        .iter()
+                        .find(|q| q.buf_offset <= at && at + r.len <= q.buf_offset + q.len)
+                        .expect("a request holds the column");
+                    assert_eq!(q.offset + (at - q.buf_offset) as u64, r.offset);
+                    seen += 1;
+                }
+            }
+        }
+        assert_eq!(seen, reads.len());
     }
 
     #[test]

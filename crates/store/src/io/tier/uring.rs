@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use io_uring::{opcode, types, IoUring};
 
 use super::{at_eof, drop_cached, eof_error, open_file, split_pieces, validate, with_context, Piece, SlowTier};
-use crate::io::{AlignedBuf, ReadReq};
+use crate::io::{AlignedBuf, Progress, ReadReq};
 
 const MAX_RETRIES: u32 = 64;
 
@@ -92,6 +92,19 @@ impl SlowTier for UringTier {
     }
 
     fn read_batch(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq]) -> io::Result<()> {
+        self.run(buf, reqs, None)
+    }
+
+    /// Counts each request complete once all its pieces are: reads are submitted in request
+    /// order, so the leading ones complete first.
+    fn read_batch_progress(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq], progress: &Progress) -> io::Result<()> {
+        self.run(buf, reqs, Some(progress))
+    }
+}
+
+impl UringTier {
+    /// The batch, telling `progress` (if any) how many leading requests are complete.
+    fn run(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq], progress: Option<&Progress>) -> io::Result<()> {
         if self.broken {
             return Err(io::Error::other(format!(
                 "{}: io_uring ring unusable after an earlier failure",
@@ -100,6 +113,12 @@ impl SlowTier for UringTier {
         }
         validate(&self.path, buf.len(), reqs)?;
         let mut pieces = split_pieces(reqs);
+        // Per request: pieces not complete yet; requests before `leading` are all complete.
+        let mut left = vec![0u32; reqs.len()];
+        for p in &pieces {
+            left[p.req] += 1;
+        }
+        let mut leading = 0;
         // From here on `buf` is only touched through `base`: the kernel writes into it while reads
         // are in flight, so no Rust reference to its bytes is created until every read is reaped.
         let base = buf.as_mut_ptr();
@@ -189,6 +208,7 @@ impl SlowTier for UringTier {
                 }
                 p.done += n;
                 if p.done == p.len {
+                    left[p.req] -= 1;
                     continue;
                 }
                 if at_eof(p, n, self.direct) {
@@ -199,11 +219,20 @@ impl SlowTier for UringTier {
                         // has completed, and no other read in flight touches them (pieces do not
                         // overlap), so writing them here races with nothing.
                         unsafe { std::ptr::write_bytes(base.add(p.buf_off + p.done), 0, p.len - p.done) };
+                        left[p.req] -= 1;
                     }
                 } else {
                     // Short read that did not reach the end of the file: read the remainder.
                     retry.push(idx);
                 }
+            }
+            if let (Some(pr), None) = (progress, &first_err) {
+                while leading < left.len() && left[leading] == 0 {
+                    leading += 1;
+                }
+                // The leading requests' pieces have all been reaped: nothing writes their bytes
+                // again, and this function touches them no more.
+                pr.advance(leading);
             }
         }
         std::mem::forget(guard);
