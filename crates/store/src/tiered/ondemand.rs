@@ -369,7 +369,7 @@ mod tests {
         for p in 0..3000usize {
             if p % 3 != 1 {
                 let len = [768, 4480, 1152][p % 3];
-                reads.push(read(p, (p as u64 / 2) * 9000 + (p % 3) as u64 * 3000_000, len));
+                reads.push(read(p, (p as u64 / 2) * 9000 + (p % 3) as u64 * 3_000_000, len));
             }
         }
         let parts = cut_parts(reads.clone(), 3000, 64);
