@@ -18,13 +18,15 @@
 //! bytes and keeps a virtual clock; the store's code is the same for both.
 //!
 //! Modules: the plan of a budgeted run, [`TieredOptions`] and [`MemoryPlan`] (`plan`); opening a
-//! pack for one, [`open_budgeted`] (`open`); the counters, [`TierStats`] (`stats`); this module,
-//! the store itself.
+//! pack for one, [`open_budgeted`] (`open`); the counters, [`TierStats`] (`stats`); a site's
+//! on-demand reads streamed in parts (`ondemand`); the adaptive-TAM feed (`lambda`); the resident
+//! scale planes (`scales`); this module, the store itself.
 
 mod lambda;
 mod ondemand;
 mod open;
 mod plan;
+mod scales;
 mod stats;
 
 pub use crate::simulated::IoCost;
@@ -42,6 +44,7 @@ use crate::simulated::SimIo;
 use lambda::LambdaFeed;
 use ondemand::{cut_parts, whole, ColumnRead, OnDemandReads, IN_FLIGHT, JOB_BUF};
 use plan::{mib, ArenaLayout, Buffers};
+use scales::{read_scales, OpRanges};
 use sift_model::layout::{OpKind, PackIndex, UnitPositions};
 use sift_model::{Model, QTensor};
 use std::ops::Range;
@@ -756,38 +759,6 @@ impl TieredStore {
         }
         Ok(())
     }
-}
-
-/// Per layer, per op: a byte range.
-type OpRanges = Vec<Vec<Range<usize>>>;
-
-/// Reads every op's scale plane from the pack into one buffer (nothing when `read` is false, for
-/// a simulated tier): per (layer, op), its range in the buffer.
-fn read_scales(path: &Path, index: &PackIndex, read: bool) -> Result<(Vec<u8>, OpRanges), TierError> {
-    use std::os::unix::fs::FileExt;
-    let total = if read { index.scale_bytes() as usize } else { 0 };
-    let mut buf = vec![0u8; total];
-    let mut ranges = Vec::with_capacity(index.layers.len());
-    let mut at = 0;
-    let file = if read {
-        Some(std::fs::File::open(path).map_err(|source| TierError::Io { path: path.into(), source })?)
-    } else {
-        None
-    };
-    for lc in &index.layers {
-        let mut per = Vec::with_capacity(lc.ops.len());
-        for t in &lc.ops {
-            let len = if read { t.scales_len as usize } else { 0 };
-            if let Some(f) = &file {
-                f.read_exact_at(&mut buf[at..at + len], t.scales_offset)
-                    .map_err(|source| TierError::Io { path: path.into(), source })?;
-            }
-            per.push(at..at + len);
-            at += len;
-        }
-        ranges.push(per);
-    }
-    Ok((buf, ranges))
 }
 
 /// Plans reads of `ranges` (sorted) that fit in `cap` bytes, dropping the last ranges if needed.
