@@ -13,8 +13,6 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             a.kv.apply(EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() });
         crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
     };
-    // The device profile the bound takes the disk's bandwidth from (as the planner does).
-    let profile = || sift_session::profile::resolve_profile(a.memory.profile.as_deref());
     let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
     let model = &session.engine.model;
     let size = model.weight_bytes();
@@ -31,6 +29,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         if t != session.engine.n_threads() {
             session = session.rebuild(&opts(t)?)?;
         }
+        // The device profile the bound takes the disk's bandwidth from (the planner's), and where
+        // the run's measurements are recorded (this machine's cached profile).
+        let machine = session.profile.clone();
         let engine = &mut session.engine;
         let mut tests: Vec<BenchResult> = Vec::new();
         let mut telemetry = std::collections::HashMap::new();
@@ -60,8 +61,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let r = bench_tg_measured(engine, n, a.reps, &mut restart)?;
             let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
             tests.push(r);
-            if let (Some(l), Some(start)) = (&log, &start) {
-                let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &profile()?)?;
+            if let (Some(l), Some(start), Some(m)) = (&log, &start, &machine) {
+                let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &m.profile)?;
+                sift_session::machine::record_run_if_cached(m, &tm);
                 if md {
                     eprintln!("sift: decode {}", tm.line());
                 }

@@ -47,10 +47,10 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     })?;
     writeln!(out)?;
     print_speed(&g);
-    if let Some(log) = &log {
-        let profile = sift_session::profile::resolve_profile(a.memory.profile.as_deref())?;
-        let tm = sift_session::report::decode_telemetry(&mut session.engine, log, &start, g.gen_secs, &profile)?;
+    if let (Some(log), Some(m)) = (&log, session.profile.clone()) {
+        let tm = sift_session::report::decode_telemetry(&mut session.engine, log, &start, g.gen_secs, &m.profile)?;
         eprintln!("sift: decode {}", tm.line());
+        sift_session::machine::record_run_if_cached(&m, &tm);
     }
     crate::session::print_budget_log(&mut session);
     crate::session::print_stats(&session, t0.elapsed().as_secs_f64());

@@ -23,12 +23,16 @@ pub struct PlanArgs {
     #[arg(long = "memory")]
     pub memory: String,
     /// Device profile: a file from `sift probe -o` or a builtin name (default: $SIFT_PROFILE, else
-    /// the builtin profile of sift's development machine)
+    /// this machine's, probed on first use and kept in the user's cache folder)
     #[arg(long = "profile")]
     pub profile: Option<String>,
-    /// Predict by simulating this trace (from `sift trace`) instead of the cost model
+    /// Predict by simulating this trace (from `sift trace`; default: the planner's own, a short
+    /// generation recorded once next to the column file)
     #[arg(long = "trace")]
     pub trace: Option<PathBuf>,
+    /// Predict with the closed-form cost model instead of simulating a trace
+    #[arg(long = "cost-model", conflicts_with = "trace")]
+    pub cost_model: bool,
     /// Cache policy to plan for
     #[arg(long = "cache-policy", default_value = "lfu")]
     pub cache_policy: String,
@@ -54,27 +58,37 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(r) = a.ratio {
         anyhow::ensure!((0.0..1.0).contains(&r), "--ratio must be in [0, 1)");
     }
-    let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
     let pack = crate::session::column_file(&a.model, a.pack_dir.as_deref())?;
+    let profile = sift_session::profile::machine_or_named(
+        a.profile.as_deref(),
+        &pack,
+        sift_engine::default_threads(),
+        None,
+        &mut |l| eprintln!("{l}"),
+    )?
+    .profile;
     let mut model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
     let gguf_len = model.columns.as_ref().with_context(|| format!("{}: not a sift pack", pack.display()))?.gguf_len;
     let budget = sift_session::parse_budget(&a.memory, gguf_len)?;
+    // What a budgeted run counts as runtime: this process with the tokenizer built (and the
+    // GGUF's copies of its tables given back, as a run does); the mapped files do not count.
+    // Measured before the planner's trace is recorded (that run's memory is not a budgeted run's).
+    let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
+    sift_session::drop_tokenizer_tables(&mut model);
+    let measured_runtime = sift_session::runtime_bytes(&[&pack, model.file.path()], 0);
     let trace = match &a.trace {
         Some(p) => {
             let t = Trace::read(p)?;
             t.header.check_model(p, &model)?;
             Some(t)
         }
-        None => None,
+        None if a.cost_model => None,
+        None => Some(sift_session::plantrace::plan_trace(&pack, &model, sift_engine::default_threads(), &mut |l| {
+            eprintln!("{l}")
+        })?),
     };
-    // What a budgeted run counts as runtime: this process with the tokenizer built (and the
-    // GGUF's copies of its tables given back, as a run does); the mapped files do not count.
-    let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
-    sift_session::drop_tokenizer_tables(&mut model);
-    let runtime = trace
-        .as_ref()
-        .map(|t| t.header.runtime_bytes)
-        .unwrap_or_else(|| sift_session::runtime_bytes(&[&pack, model.file.path()], 0));
+    // A trace from `sift trace` carries the runtime of its run (the planner's own carries none).
+    let runtime = trace.as_ref().map(|t| t.header.runtime_bytes).filter(|&r| r > 0).unwrap_or(measured_runtime);
     let eo = a.kv.apply(EngineOptions { n_ctx: a.ctx_size, n_batch: 64, ..EngineOptions::default() });
     let policy = sift_session::profile::parse_policy(&a.cache_policy, 0.8, 0.05)?;
     let req = PlanRequest {

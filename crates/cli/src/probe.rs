@@ -76,6 +76,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
         threads: a.threads.unwrap_or_else(sift_engine::default_threads).max(1),
         quick: a.quick,
         name,
+        work_cap: None,
     };
     let t0 = Instant::now();
     let mut stderr = std::io::stderr();

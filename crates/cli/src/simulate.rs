@@ -67,15 +67,30 @@ pub struct SimulateArgs {
 }
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
-    let profile = sift_session::profile::resolve_profile(a.profile.as_deref())?;
     let trace = Trace::read(&a.trace)?;
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
-    let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
+    // A GGUF stands for its column file (built on first use, as `--memory` does).
+    let pack = crate::session::column_file(&a.model, None)?;
+    let profile = sift_session::profile::machine_or_named(
+        a.profile.as_deref(),
+        &pack,
+        sift_engine::default_threads(),
+        None,
+        &mut |l| eprintln!("{l}"),
+    )?
+    .profile;
+    let mut model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
     trace.header.check_model(&a.trace, &model)?;
     let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
     let mut header = trace.header.clone();
     if let Some(r) = &a.runtime {
         header.runtime_bytes = sift_session::parse_budget(r, 0).context("--runtime")?;
+    } else if header.runtime_bytes == 0 {
+        // A trace recorded without a budget's accounting (the planner's own): the runtime a
+        // budgeted run of this model has, measured as `sift plan` measures it.
+        let _tok = sift_model::tokenizer::Tokenizer::from_gguf(&model.file.gguf)?;
+        sift_session::drop_tokenizer_tables(&mut model);
+        header.runtime_bytes = sift_session::runtime_bytes(&[&pack, model.file.path()], 0);
     }
     if let Some(c) = a.ctx_size {
         header.n_ctx = c;
@@ -102,12 +117,13 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
             };
             let opts = SimOptions {
                 budget,
+                inputs: None,
                 tiered: TieredOptions { policy, preload: a.preload, split, ..TieredOptions::default() },
                 replay,
                 calibration: calib.clone(),
                 label: format!("{m} {p} {sp}"),
             };
-            match simulate(&model, &a.model, &trace, &profile, opts) {
+            match simulate(&model, &pack, &trace, &profile, opts) {
                 Ok(r) => reports.push(r),
                 Err(e) if runs > 1 => eprintln!("sift: {m} {p} {sp}: {e}"),
                 Err(e) => return Err(e.into()),

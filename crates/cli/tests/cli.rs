@@ -4,6 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The sift binary, with the builtin development-machine profile (tests do not probe the
+/// machine they run on, nor learn from their runs: `machine_profile_*` tests that part).
+fn sift_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sift"));
+    c.env("SIFT_PROFILE", "sift-dev-2core");
+    c
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -17,7 +25,7 @@ fn model() -> PathBuf {
 }
 
 fn sift(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sift")).args(args).output().expect("run sift")
+    sift_cmd().args(args).output().expect("run sift")
 }
 
 fn text(b: &[u8]) -> String {
@@ -148,7 +156,7 @@ fn inspect_lists_metadata_and_tensors() {
 fn chat_answers_each_turn_with_the_template() {
     use std::io::Write;
     let m = model();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))
+    let mut child = sift_cmd()
         .args(["chat", "-m", m.to_str().unwrap(), "--temp", "0", "-n", "24", "-t", "2"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -420,6 +428,14 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     .sum();
     assert!(used <= 130 << 20, "{plan}");
     assert!(plan["predicted_tok_s"].as_f64().unwrap() > 0.0 && plan["ratio"].as_f64().unwrap() <= 0.6);
+    // Without --trace the planner simulates its own trace, recorded once beside the pack.
+    assert_eq!(plan["predicted_by"], "simulation", "{plan}");
+    assert!(dir.path().join("m.sift.plan.trace").exists());
+    let o =
+        sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "--cost-model", "-o", "json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let cost: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(cost["predicted_by"], "cost model", "{cost}");
     let o = sift(&["plan", "-m", p, "--memory", "10M", "--profile", "dip-a18"]);
     assert!(!o.status.success() && text(&o.stderr).contains("too small"), "{}", text(&o.stderr));
     let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "no-such-device"]);
@@ -434,7 +450,7 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
         args.extend_from_slice(extra);
         args.into_iter().map(String::from).collect()
     };
-    let steady = Command::new(env!("CARGO_BIN_EXE_sift")).args(gen(&["--memory", "140M"])).output().unwrap();
+    let steady = sift_cmd().args(gen(&["--memory", "140M"])).output().unwrap();
     assert!(steady.status.success(), "{}", text(&steady.stderr));
     // `sift plan` and a budgeted run measure the process's runtime memory the same way.
     let line =
@@ -444,7 +460,7 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!((plan_mib - run_mib).abs() <= 4.0, "sift plan counts {plan_mib:.1} MiB of runtime, the run {line}");
     let file = dir.path().join("budget");
     std::fs::write(&file, "140M").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sift"))
+    let mut child = sift_cmd()
         .args(gen(&["--memory", "140M", "--budget-file", file.to_str().unwrap()]))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -586,7 +602,7 @@ fn memory_on_a_gguf_builds_its_column_file_once_and_never_trusts_a_stale_one() {
     let pd = dir.path().join("packs");
     std::fs::create_dir(&pd).unwrap();
     let out = pd.join("smol.sift");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sift"))
+    let mut child = sift_cmd()
         .args(["pack", &gs, "-o", out.to_str().unwrap()])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -650,7 +666,7 @@ fn memory_on_a_gguf_in_a_read_only_folder_builds_its_column_file_in_the_cache_fo
     };
     let cache = dir.path().join("cache");
     let run = || {
-        Command::new(env!("CARGO_BIN_EXE_sift"))
+        sift_cmd()
             .args(["generate", "-m", g.to_str().unwrap(), "-p", "The capital of France is", "-n", "6"])
             .args(["--temp", "0", "-c", "256", "-t", "2", "--sparsity", "topk", "--ratio", "0.5", "--memory", "150%"])
             .env("XDG_CACHE_HOME", &cache)
@@ -668,4 +684,69 @@ fn memory_on_a_gguf_in_a_read_only_folder_builds_its_column_file_in_the_cache_fo
     let o = run();
     assert!(o.status.success() && !text(&o.stderr).contains("building"), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), want);
+}
+
+/// Without `--profile`, this machine is probed once, its profile kept in the user's cache
+/// folder, re-probed when stale or damaged, and budgeted runs fold what they measured into it.
+#[test]
+fn machine_profile_is_probed_once_kept_and_learns_from_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let pack = dir.path().join("m.sift");
+    let o = sift(&["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let p = pack.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sift"));
+        c.env_remove("SIFT_PROFILE").env("XDG_CACHE_HOME", &cache).args(args);
+        let o = c.output().expect("run sift");
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stderr)
+    };
+    let plan = ["plan", "-m", p, "--memory", "130M", "-c", "256", "--cost-model"];
+    let profiles = || -> Vec<PathBuf> {
+        std::fs::read_dir(cache.join("sift"))
+            .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "toml")).collect())
+            .unwrap_or_default()
+    };
+    let err = run(&plan);
+    assert!(err.contains("probing this machine") && err.contains("first use"), "{err}");
+    let kept = profiles();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let toml = std::fs::read_to_string(&kept[0]).unwrap();
+    let section = |toml: &str| toml.lines().any(|l| l == "[observed]");
+    assert!(toml.contains("[disk]") && !section(&toml), "{toml}");
+    // Kept: the next command does not probe.
+    assert!(!run(&plan).contains("probing"));
+    // A budgeted run records what it measured.
+    run(&[
+        "bench",
+        "-m",
+        p,
+        "--memory",
+        "120M",
+        "--sparsity",
+        "topk",
+        "--ratio",
+        "0.5",
+        "-p",
+        "0",
+        "-n",
+        "8",
+        "-r",
+        "1",
+    ]);
+    let toml = std::fs::read_to_string(&kept[0]).unwrap();
+    assert!(section(&toml) && toml.contains("runs = 1"), "{toml}");
+    // An old probe is taken again (its observations with it).
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(40 * 86_400);
+    std::fs::File::options().write(true).open(&kept[0]).unwrap().set_modified(old).unwrap();
+    let err = run(&plan);
+    assert!(err.contains("probing this machine") && err.contains("stale (probed 40 days ago)"), "{err}");
+    assert!(!section(&std::fs::read_to_string(&kept[0]).unwrap()));
+    // So is a damaged one.
+    std::fs::write(&kept[0], "name = [\n").unwrap();
+    let err = run(&plan);
+    assert!(err.contains("probing this machine") && err.contains("not a valid profile"), "{err}");
+    assert_eq!(profiles(), kept);
 }

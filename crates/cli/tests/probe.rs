@@ -3,8 +3,16 @@
 
 use std::process::{Command, Output};
 
+/// The sift binary, with the builtin development-machine profile (tests do not probe the
+/// machine they run on, nor learn from their runs: `machine_profile_*` tests that part).
+fn sift_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sift"));
+    c.env("SIFT_PROFILE", "sift-dev-2core");
+    c
+}
+
 fn sift(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sift")).args(args).output().expect("run sift")
+    sift_cmd().args(args).output().expect("run sift")
 }
 
 fn text(b: &[u8]) -> String {

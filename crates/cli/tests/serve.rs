@@ -14,6 +14,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The sift binary, with the builtin development-machine profile (tests do not probe the
+/// machine they run on, nor learn from their runs: `machine_profile_*` tests that part).
+fn sift_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sift"));
+    c.env("SIFT_PROFILE", "sift-dev-2core");
+    c
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -35,7 +43,7 @@ struct Server {
 impl Server {
     fn start(args: &[&str]) -> Server {
         let m = model();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sift"));
+        let mut cmd = sift_cmd();
         cmd.args(["serve", "--port", "0", "-t", "2"]);
         if !args.contains(&"-m") {
             cmd.args(["-m", m.to_str().unwrap()]);
@@ -194,7 +202,7 @@ fn serve_answers_like_generate_and_refuses_bad_requests() {
 
     // A greedy completion is what `sift generate --temp 0` prints.
     let prompt = PROMPTS[0];
-    let out = Command::new(env!("CARGO_BIN_EXE_sift"))
+    let out = sift_cmd()
         .args(["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "12", "--temp", "0"])
         .args(["-t", "2", "-c", "256", "--no-display-prompt"])
         .output()
@@ -530,10 +538,7 @@ fn serve_checks_the_api_key_and_stops_on_sigterm() {
 fn serve_changes_the_memory_budget_of_a_pack_live() {
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("m.sift");
-    let o = Command::new(env!("CARGO_BIN_EXE_sift"))
-        .args(["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = sift_cmd().args(["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let p = pack.to_str().unwrap();
     let srv = Server::start(&[

@@ -222,14 +222,15 @@ pub fn spawn(
     let queued = Arc::new(AtomicUsize::new(0));
     let abort = Arc::new(AtomicBool::new(false));
     let (q2, a2) = (queued.clone(), abort.clone());
-    let profile = match sift_session::profile::resolve_profile(opts.memory.profile.as_deref()) {
-        Ok(p) => Some(p),
-        Err(e) if opts.memory.memory.is_some() => {
-            eprintln!("sift: no device profile ({e}); responses will not report the decode's bound");
-            None
-        }
-        Err(_) => None,
-    };
+    let profile =
+        match sift_session::profile::resolve_profile_for(opts.memory.profile.as_deref(), opts.engine.n_threads) {
+            Ok(p) => Some(p),
+            Err(e) if opts.memory.memory.is_some() => {
+                eprintln!("sift: no device profile ({e}); responses will not report the decode's bound");
+                None
+            }
+            Err(_) => None,
+        };
     let thread = std::thread::Builder::new().name("sift-worker".into()).spawn(move || {
         let loaded = match open(&opts) {
             Ok(l) => l,

@@ -12,8 +12,10 @@
 pub mod autopack;
 pub mod budget;
 pub mod live;
+pub mod machine;
 mod open;
 mod options;
+pub mod plantrace;
 pub mod profile;
 pub mod report;
 

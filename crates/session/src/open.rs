@@ -4,14 +4,16 @@
 
 use crate::budget::{mib, parse_budget, runtime_bytes};
 use crate::live::{BudgetControl, ControlOptions};
+use crate::machine::MachineProfile;
 use crate::options::{MemoryOptions, SessionOptions, SparsityOptions};
-use crate::profile::resolve_profile;
+use crate::profile::machine_or_named;
 use anyhow::Context;
 use sift_engine::sparsity::{Method, Site, SiteDims};
 use sift_engine::{BudgetChange, Engine, EngineOptions};
 use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
 use sift_sim::planner::{self, PlanRequest};
+use sift_sim::profile::DeviceProfile;
 use sift_store::cache::Policy;
 use sift_store::tiered::{open_budgeted_checked, resident_bytes, PlanInputs, TieredOptions, TieredStore};
 use sift_store::OpKind;
@@ -29,6 +31,9 @@ pub struct Session {
     pub planned: Option<String>,
     /// The live budget sources, when `--budget-file` or `--follow-pressure` asked for them.
     pub live: Option<LiveBudget>,
+    /// Under `--memory`: the device profile the plan and the bound use (this machine's cached
+    /// one unless `--profile` named another; [`crate::machine`]).
+    pub profile: Option<MachineProfile>,
 }
 
 /// The watcher of `--budget-file` / `--follow-pressure` and the engine's handle.
@@ -59,8 +64,8 @@ impl Session {
         opts.sparsity.validate()?;
         let eo = opts.engine_options();
         let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
-        let (engine, planned) = build_engine(model, &opts.model, &eo, &opts.sparsity, &opts.memory)?;
-        let mut session = Session { engine, tok, model_size, planned, live: None };
+        let (engine, planned, profile) = build_engine(model, &opts.model, &eo, &opts.sparsity, &opts.memory)?;
+        let mut session = Session { engine, tok, model_size, planned, live: None, profile };
         session.live = session.start_live(&opts.memory)?;
         Ok(session)
     }
@@ -167,21 +172,22 @@ pub fn drop_tokenizer_tables(model: &mut Model) {
 
 /// The engine with the selector `sparsity` asks for, and under a budget the tiered store attached.
 /// Settings not given (`--sparsity`, `--preload`) come from the planner; `static` pins the hot set
-/// of the calibration file `--calib`. Returns the planner's line when it chose.
+/// of the calibration file `--calib`. Returns the planner's line when it chose, and under a
+/// budget the device profile (this machine's, probed on first use).
 fn build_engine(
     model: Model,
     path: &Path,
     eo: &EngineOptions,
     sparsity: &SparsityOptions,
     memory: &MemoryOptions,
-) -> anyhow::Result<(Engine, Option<String>)> {
+) -> anyhow::Result<(Engine, Option<String>, Option<MachineProfile>)> {
     for (flag, t) in [("--cache-type-k", eo.cache_type_k), ("--cache-type-v", eo.cache_type_v)] {
         t.check_head_dim(model.config.head_dim).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     }
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
         sparsity.apply(&mut engine)?;
-        return Ok((engine, None));
+        return Ok((engine, None, None));
     };
     let mut opts = memory.tiered_options()?;
     let mut sparsity = sparsity.clone();
@@ -189,9 +195,16 @@ fn build_engine(
     let budget = parse_budget(spec, model_size)?;
     let runtime = runtime_bytes(&[path], resident_bytes(&model, opts.resident_embeddings));
     let inputs = PlanInputs { budget, runtime, kv_and_scratch: Engine::kv_and_scratch_bytes(&model, eo) };
+    // The probe (first use only) runs before the cache exists: its buffers get half of what
+    // the budget has left beside the resident parts.
+    let free = budget.saturating_sub(inputs.runtime + inputs.kv_and_scratch);
+    let profile =
+        machine_or_named(memory.profile.as_deref(), path, eo.n_threads, Some((free / 2) as usize), &mut |l| {
+            eprintln!("{l}")
+        })?;
     let mut planned = None;
     if sparsity.method.is_none() || memory.preload.is_none() {
-        planned = Some(plan(&model, path, memory, &inputs, &mut opts, &mut sparsity)?);
+        planned = Some(plan(&model, path, &profile.profile, memory, &inputs, &mut opts, &mut sparsity)?);
     }
     let mut store = TieredStore::new(&model, path, &opts, &inputs)?;
     if opts.policy == Policy::Static {
@@ -200,7 +213,7 @@ fn build_engine(
     let mut engine = Engine::new(model, eo);
     engine.attach_store(store)?;
     sparsity.apply(&mut engine)?;
-    Ok((engine, planned))
+    Ok((engine, planned, Some(profile)))
 }
 
 /// `--cache-policy static`: pins each op's hottest channels measured by `sift calibrate`.
@@ -231,12 +244,12 @@ fn pin_hot_set(model: &Model, store: &mut TieredStore, calib: Option<&Path>) -> 
 fn plan(
     model: &Model,
     path: &Path,
+    profile: &DeviceProfile,
     memory: &MemoryOptions,
     inputs: &PlanInputs,
     opts: &mut TieredOptions,
     sparsity: &mut SparsityOptions,
 ) -> anyhow::Result<String> {
-    let profile = resolve_profile(memory.profile.as_deref())?;
     let fixed_ratio = sparsity.method.map(|m| if m == Method::Dense { 0.0 } else { sparsity.ratio });
     anyhow::ensure!((0.0..1.0).contains(&memory.max_ratio), "--max-ratio must be in [0, 1)");
     let req = PlanRequest {
@@ -247,7 +260,9 @@ fn plan(
         fixed_ratio,
         base: opts.clone(),
     };
-    let p = planner::plan(model, path, &profile, &req, None)?;
+    // The cost model: a trace to simulate would take its size (~1 MB per token for a 1.5B
+    // model) out of the very budget being planned; `sift plan` simulates.
+    let p = planner::plan(model, path, profile, &req, None)?;
     if memory.preload.is_none() {
         opts.preload = p.preload;
     }

@@ -90,7 +90,9 @@ fn decode_telemetry_since(
         Some(b) => store.stats().since(b),
         None => store.stats().clone(),
     };
-    Ok(DecodeTelemetry::new(bound, decode_s, &stats))
+    let mut tm = DecodeTelemetry::new(bound, decode_s, &stats);
+    tm.observed = tm.observation(profile);
+    Ok(tm)
 }
 
 /// The store's plan and counters as JSON (for `-o json`).

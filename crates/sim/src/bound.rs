@@ -18,7 +18,7 @@
 //! amplification (all bytes read during decode over the bytes of the missed columns that were
 //! used), hit rates by count and by bytes, stall and compute time.
 
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, Observed};
 use sift_engine::trace::Tracer;
 use sift_model::layout::{OpKind, PackIndex, SITE_OPS};
 use sift_model::Model;
@@ -161,6 +161,14 @@ pub struct DecodeTelemetry {
     /// Seconds waiting for reads and computing, over the decode.
     pub stall_s: f64,
     pub compute_s: f64,
+    /// Mean bytes per read request, and bytes per second while the slow tier was reading.
+    pub mean_read_bytes: f64,
+    pub read_bw_busy: f64,
+    /// Bytes of missed columns copied out of read buffers (the amplification's denominator).
+    pub copied_bytes: f64,
+    /// What this run says about the machine against the profile of its bound
+    /// ([`DecodeTelemetry::observation`]), when it read anything.
+    pub observed: Option<Observed>,
 }
 
 impl DecodeTelemetry {
@@ -181,8 +189,27 @@ impl DecodeTelemetry {
             hit_rate_bytes: stats.hit_rate_bytes(),
             stall_s,
             compute_s: (decode_s - stall_s).max(0.0),
+            mean_read_bytes: stats.mean_read(),
+            read_bw_busy: stats.read_bandwidth(),
+            copied_bytes: stats.miss_bytes as f64,
+            observed: None,
             bound,
         }
+    }
+
+    /// What this run says about the machine against `profile` (the profile the bound was
+    /// computed with): [`Observed::from_run`] with the compute time beyond the in-memory cost
+    /// model and the copies. `None` when the run read nothing.
+    pub fn observation(&self, profile: &DeviceProfile) -> Option<Observed> {
+        let model_s = self.bound.compute_s_per_token * self.bound.tokens as f64;
+        let copy_s = self.copied_bytes / profile.mem_copy_bw;
+        Observed::from_run(
+            profile,
+            self.read_bw_busy,
+            self.mean_read_bytes,
+            self.compute_s - model_s - copy_s,
+            self.copied_bytes,
+        )
     }
 
     /// One line for a report.
@@ -202,7 +229,13 @@ impl DecodeTelemetry {
             100.0 * self.hit_rate_bytes,
             self.stall_s,
             self.compute_s,
-        )
+        ) + &match self.observed {
+            Some(o) => format!(
+                " | reads at {:.2}x the profile's disk table, read path {:.2} ns/byte of compute",
+                o.disk_scale, o.io_cpu_ns_per_byte
+            ),
+            None => String::new(),
+        }
     }
 }
 

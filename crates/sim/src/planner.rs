@@ -133,6 +133,7 @@ pub fn plan(
                     profile,
                     SimOptions {
                         budget: req.inputs.budget,
+                        inputs: Some(req.inputs.clone()),
                         tiered: opts.clone(),
                         replay: Replay::Select(Box::new(sel)),
                         calibration: None,

@@ -57,6 +57,11 @@ pub struct ProbeOptions {
     pub quick: bool,
     /// The profile's name.
     pub name: String,
+    /// Most bytes the memory and kernel measurements may allocate (a probe run under a memory
+    /// budget); `None`: [`work_bytes`]. At least 32 MiB are used (a memory figure from less
+    /// would be the last-level cache's); kernel types and disk request sizes that need more are
+    /// left out.
+    pub work_cap: Option<usize>,
 }
 
 /// A finished probe.
@@ -93,25 +98,39 @@ pub fn probe(opts: &ProbeOptions, progress: &mut dyn FnMut(&str)) -> Result<Prob
     let mut notes = Vec::new();
     let load_before = load_average();
 
-    let mut work = vec![0u8; work_bytes()];
+    let work_len = opts.work_cap.map_or(work_bytes(), |cap| work_bytes().min(cap.max(32 << 20)));
+    let mut work = vec![0u8; work_len];
     for (i, chunk) in work.chunks_mut(4096).enumerate() {
         chunk.fill(i as u8);
     }
     progress(&format!("memory: reading {} with {threads} threads", human_bytes(work.len() as u64)));
     let mem_read_bw = mem_read_bw(&pool, &work, opts.min_time(0.4));
     progress(&format!("memory: read {}", gbs(mem_read_bw)));
-    let (src, rest) = work.split_at_mut(COPY_BYTES);
-    let mem_copy_bw = mem_copy_bw(src, &mut rest[..COPY_BYTES], opts.min_time(0.3));
+    let copy_len = COPY_BYTES.min(work.len() / 2);
+    let (src, rest) = work.split_at_mut(copy_len);
+    let mem_copy_bw = mem_copy_bw(src, &mut rest[..copy_len], opts.min_time(0.3));
     progress(&format!("memory: copy {} (1 thread)", gbs(mem_copy_bw)));
 
+    // Each kernel measurement needs two ops of each shape in half the work buffer; under a cap,
+    // types whose ops do not fit are left out (the profile then assumes `kernel_efficiency`).
+    let fits = |op_bytes: usize| work_len / 2 >= op_bytes;
+    let widest = |bytes_of: &dyn Fn(usize, usize) -> usize| {
+        KERNEL_SHAPES.iter().map(|&(rows, cols)| bytes_of(rows, cols)).max().unwrap_or(0)
+    };
     let mut columns = BTreeMap::new();
     for ty in ColType::ALL {
+        if !fits(widest(&|n_out, n_in| n_in * ty.col_bytes(n_out))) {
+            continue;
+        }
         let bw = column_kernel_bw(&pool, ty, &mut work, opts.min_time(0.3));
         progress(&format!("kernels: columns {} {}", ty.name(), gbs(bw)));
         columns.insert(ty.name().to_string(), bw.round());
     }
     let mut dense = BTreeMap::new();
     for ty in WEIGHT_TYPES {
+        if !fits(widest(&|rows, cols| rows * ty.row_bytes(cols).unwrap_or(usize::MAX / rows.max(1)))) {
+            continue;
+        }
         let bw = dense_kernel_bw(&pool, ty, &mut work, opts.min_time(0.3));
         progress(&format!("kernels: dense {} {}", ty.name(), gbs(bw)));
         dense.insert(ty.name().to_string(), bw.round());
@@ -120,11 +139,20 @@ pub fn probe(opts: &ProbeOptions, progress: &mut dyn FnMut(&str)) -> Result<Prob
     // For kernel types a later sift may add: the median measured kernel's share of memory bandwidth.
     let mut shares: Vec<f64> = columns.values().chain(dense.values()).map(|bw| bw / mem_read_bw).collect();
     shares.sort_by(f64::total_cmp);
-    let kernel_efficiency = (shares[shares.len() / 2] * 1000.0).round().clamp(1.0, 1000.0) / 1000.0;
+    let kernel_efficiency = match shares.get(shares.len() / 2) {
+        Some(s) => (s * 1000.0).round().clamp(1.0, 1000.0) / 1000.0,
+        None => crate::profile::DEFAULT_KERNEL_EFFICIENCY,
+    };
     let dispatch = dispatch_ns(&pool, opts.min_time(0.15));
     progress(&format!("kernels: pool dispatch {dispatch:.0} ns"));
 
-    let disk = disk_probe(&opts.file, &PROBE_SIZES, &PROBE_QDS, opts.min_time(0.3), opts.quick, progress)?;
+    // Under a cap, request sizes whose deepest batch would not fit are left out.
+    let max_qd = PROBE_QDS.iter().copied().max().unwrap_or(1) as u64;
+    let sizes: Vec<u64> = match opts.work_cap {
+        Some(cap) => PROBE_SIZES.iter().copied().filter(|&s| s * max_qd <= (cap as u64).max(16 << 20)).collect(),
+        None => PROBE_SIZES.to_vec(),
+    };
+    let disk = disk_probe(&opts.file, &sizes, &PROBE_QDS, opts.min_time(0.3), opts.quick, progress)?;
     notes.extend(disk.notes.iter().cloned());
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     if let Some(load) = load_before.into_iter().chain(load_average()).reduce(f64::max).filter(|&l| l > 0.5 * cpus) {
@@ -150,6 +178,7 @@ pub fn probe(opts: &ProbeOptions, progress: &mut dyn FnMut(&str)) -> Result<Prob
         mem_copy_bw: mem_copy_bw.round(),
         disk: DiskTable::new(disk.max_qd, disk.points).map_err(|(f, p)| ProbeError::Invalid(format!("{f}: {p}")))?,
         compute: Compute { dispatch_ns: dispatch.round(), kernel_efficiency, columns, dense },
+        observed: None,
     };
     profile.validate().map_err(|(f, p)| ProbeError::Invalid(format!("{f}: {p}")))?;
     Ok(ProbeReport { profile, notes, elapsed: start.elapsed() })

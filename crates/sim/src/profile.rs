@@ -331,6 +331,63 @@ pub struct DeviceProfile {
     pub mem_copy_bw: f64,
     pub disk: DiskTable,
     pub compute: Compute,
+    /// What the engine's own budgeted runs on this machine measured against this profile
+    /// (kept in the machine's cached profile, see `sift_session::machine`); `None` until a run
+    /// has been folded in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Observed>,
+}
+
+/// Corrections learnt from the engine's own budgeted runs ([`Observed::from_run`], folded in by
+/// [`DeviceProfile::observe`]).
+///
+/// The disk table is measured with random reads of one size, back to back; the engine reads
+/// sorted batches of mixed sizes between compute, and on a virtual disk above all the two differ
+/// (on the development VM the engine's batches run at about twice the table's bandwidth for their
+/// mean request size). And the read path costs CPU on the compute side (copies out of the read
+/// buffers, page pinning, completions) that in-memory kernel figures do not show.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Observed {
+    /// Runs folded in.
+    pub runs: u32,
+    /// The engine's read bandwidth while busy over the table's at the same mean request size
+    /// and the table's deepest queue: every batch's disk time is divided by it.
+    pub disk_scale: f64,
+    /// Compute-side time the read path adds per byte copied out of the read buffers (ns), on top
+    /// of the copy itself.
+    pub io_cpu_ns_per_byte: f64,
+}
+
+/// Bounds a folded-in observation must keep (a run outside them says more about the run than
+/// about the machine).
+pub const OBSERVED_SCALE: (f64, f64) = (0.1, 10.0);
+pub const OBSERVED_MAX_IO_CPU_NS: f64 = 10.0;
+/// How many runs an observation averages over at most (later runs weigh `1/OBSERVED_WINDOW`).
+pub const OBSERVED_WINDOW: u32 = 4;
+
+impl Observed {
+    /// One run's correction: `busy_bw` bytes/s while the loader was reading, `mean_read` bytes
+    /// per request, `extra_compute_s` of compute beyond the in-memory cost model and the copies,
+    /// `copied` bytes copied out of read buffers. `None` when the run read nothing.
+    pub fn from_run(
+        profile: &DeviceProfile,
+        busy_bw: f64,
+        mean_read: f64,
+        extra_compute_s: f64,
+        copied: f64,
+    ) -> Option<Observed> {
+        if !(positive(busy_bw) && positive(mean_read) && positive(copied)) {
+            return None;
+        }
+        let table = profile.disk.bw(mean_read as u64, profile.disk.max_qd);
+        let (lo, hi) = OBSERVED_SCALE;
+        Some(Observed {
+            runs: 1,
+            disk_scale: (busy_bw / table).clamp(lo, hi),
+            io_cpu_ns_per_byte: (extra_compute_s.max(0.0) * 1e9 / copied).clamp(0.0, OBSERVED_MAX_IO_CPU_NS),
+        })
+    }
 }
 
 impl DeviceProfile {
@@ -366,6 +423,18 @@ impl DeviceProfile {
         for (f, v) in [("mem_read_bw", self.mem_read_bw), ("mem_copy_bw", self.mem_copy_bw)] {
             if !positive(v) {
                 return bad(f, format!("bandwidth must be a positive, finite number of bytes/s, got {v}"));
+            }
+        }
+        if let Some(o) = &self.observed {
+            let (lo, hi) = OBSERVED_SCALE;
+            if !(o.disk_scale.is_finite() && (lo..=hi).contains(&o.disk_scale)) {
+                return bad("observed.disk_scale", format!("must be in [{lo}, {hi}], got {}", o.disk_scale));
+            }
+            if !(o.io_cpu_ns_per_byte.is_finite() && (0.0..=OBSERVED_MAX_IO_CPU_NS).contains(&o.io_cpu_ns_per_byte)) {
+                return bad(
+                    "observed.io_cpu_ns_per_byte",
+                    format!("must be in [0, {OBSERVED_MAX_IO_CPU_NS}], got {}", o.io_cpu_ns_per_byte),
+                );
             }
         }
         let c = &self.compute;
@@ -412,6 +481,8 @@ impl DeviceProfile {
         #[derive(Serialize)]
         struct Tail<'a> {
             compute: &'a Compute,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            observed: Option<&'a Observed>,
         }
         let head = Head {
             name: &self.name,
@@ -429,7 +500,10 @@ impl DeviceProfile {
                 writeln!(s, "    {{ size = {}, qd = {}, bw = {:?}, lat_ns = {:?} }},", p.size, p.qd, p.bw, p.lat_ns);
         }
         s.push_str("]\n\n");
-        s.push_str(&toml::to_string(&Tail { compute: &self.compute }).expect("a device profile serializes to TOML"));
+        s.push_str(
+            &toml::to_string(&Tail { compute: &self.compute, observed: self.observed.as_ref() })
+                .expect("a device profile serializes to TOML"),
+        );
         s
     }
 
@@ -455,9 +529,32 @@ impl DeviceProfile {
         )
     }
 
-    /// Interpolated disk bandwidth for `size`-byte reads at queue depth `qd` (bytes/s).
+    /// Interpolated disk bandwidth for `size`-byte reads at queue depth `qd` (bytes/s), with
+    /// the engine's observed correction ([`Observed::disk_scale`]) where the profile has one.
     pub fn disk_bw(&self, size: usize, qd: usize) -> f64 {
-        self.disk.bw(size as u64, qd)
+        self.disk.bw(size as u64, qd) * self.disk_scale()
+    }
+
+    /// [`Observed::disk_scale`], 1 without observations.
+    pub fn disk_scale(&self) -> f64 {
+        self.observed.map_or(1.0, |o| o.disk_scale)
+    }
+
+    /// Folds one run's correction in: a running mean over the last [`OBSERVED_WINDOW`] runs or so
+    /// (each new run weighs `1 / min(runs, OBSERVED_WINDOW)`).
+    pub fn observe(&mut self, run: Observed) {
+        self.observed = Some(match self.observed {
+            None => run,
+            Some(o) => {
+                let runs = o.runs.saturating_add(1);
+                let w = 1.0 / runs.min(OBSERVED_WINDOW) as f64;
+                Observed {
+                    runs,
+                    disk_scale: o.disk_scale + (run.disk_scale - o.disk_scale) * w,
+                    io_cpu_ns_per_byte: o.io_cpu_ns_per_byte + (run.io_cpu_ns_per_byte - o.io_cpu_ns_per_byte) * w,
+                }
+            }
+        });
     }
 
     /// Latency of one read of `size` bytes on its own (qd 1), in ns.
@@ -578,7 +675,7 @@ impl IoCost for DeviceProfile {
     }
 
     fn copy_ns(&self, bytes: u64) -> f64 {
-        bytes as f64 / self.mem_copy_bw * 1e9
+        bytes as f64 * (1e9 / self.mem_copy_bw + self.observed.map_or(0.0, |o| o.io_cpu_ns_per_byte))
     }
 }
 

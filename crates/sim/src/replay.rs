@@ -54,6 +54,9 @@ pub enum Replay {
 /// One simulation's settings.
 pub struct SimOptions {
     pub budget: u64,
+    /// The plan inputs (runtime, KV and scratch) to plan the cache with; `None`: those of a
+    /// budgeted run like the recorded one ([`plan_inputs`]). The planner passes its own.
+    pub inputs: Option<PlanInputs>,
     pub tiered: TieredOptions,
     pub replay: Replay,
     /// Hot sets for the static policy (from `sift calibrate`); without it, the trace's own
@@ -111,7 +114,7 @@ pub fn simulate(
         .columns
         .clone()
         .ok_or_else(|| SimError::Invalid(format!("{}: simulation needs a sift pack", path.display())))?;
-    let inputs = plan_inputs(model, &trace.header, opts.budget);
+    let inputs = opts.inputs.clone().unwrap_or_else(|| plan_inputs(model, &trace.header, opts.budget));
     let mut store = TieredStore::simulated(model, path, &opts.tiered, &inputs, Box::new(profile.clone()))?;
     let SimOptions { tiered, replay, calibration, label, .. } = opts;
     if let Some(cal) = &calibration {

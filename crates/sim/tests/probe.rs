@@ -20,7 +20,8 @@ fn model() -> Option<PathBuf> {
 #[test]
 fn quick_probe_measures_plausible_numbers_and_round_trips() {
     let Some(file) = model() else { return };
-    let opts = ProbeOptions { file: file.clone(), threads: 2, quick: true, name: "test-machine".into() };
+    let opts =
+        ProbeOptions { file: file.clone(), threads: 2, quick: true, name: "test-machine".into(), work_cap: None };
     let mut lines = Vec::new();
     let report = probe(&opts, &mut |l| lines.push(l.to_string())).expect("probe runs");
     let p = &report.profile;

@@ -1,7 +1,9 @@
 //! Device profiles: the seed profiles load and round-trip, the disk interpolation and batch cost
 //! behave as documented, and bad files get errors that name the file and the field.
 
-use sift_sim::profile::{list_builtin, DeviceProfile, DiskPoint, DiskTable, ProfileError, PROBE_QDS, PROBE_SIZES};
+use sift_sim::profile::{
+    list_builtin, DeviceProfile, DiskPoint, DiskTable, Observed, ProfileError, OBSERVED_SCALE, PROBE_QDS, PROBE_SIZES,
+};
 use sift_store::io::ReadReq;
 use sift_store::tiered::IoCost;
 use std::path::{Path, PathBuf};
@@ -267,4 +269,48 @@ fn disk_tables_are_checked_when_built() {
     assert_eq!(t.bw(4096, 64), 1e8);
     assert_eq!(t.bw(1 << 20, 1), 1e8);
     assert_eq!(t.bw(2048, 1), 5e7, "a read below the smallest size costs as long as the smallest");
+}
+
+#[test]
+fn observed_corrections_scale_the_disk_and_charge_the_read_path() {
+    let base = DeviceProfile::from_toml(&measured_like(), "t").unwrap();
+    let batch = reqs(40, 32 << 10);
+    // One run: the engine read at twice the table's bandwidth for its mean request size, and its
+    // compute side took 0.2 s beyond the model and the copies for 100 MB copied.
+    let mean = 32 << 10;
+    let busy = 2.0 * base.disk.bw(mean as u64, base.disk.max_qd());
+    let run = Observed::from_run(&base, busy, mean as f64, 0.2, 1e8).unwrap();
+    assert_eq!(run.runs, 1);
+    assert!((run.disk_scale - 2.0).abs() < 1e-12, "{run:?}");
+    assert!((run.io_cpu_ns_per_byte - 2.0).abs() < 1e-12, "{run:?}");
+    let mut p = base.clone();
+    p.observe(run);
+    assert_eq!(p.observed, Some(run));
+    // Every batch's disk time halves; copies cost the observed CPU on top of memcpy.
+    let (a, b) = (base.batch_ns(&batch), p.batch_ns(&batch));
+    assert!((b / a - 0.5).abs() < 1e-9, "{a} -> {b}");
+    assert!((p.copy_ns(1000) - base.copy_ns(1000) - 2000.0).abs() < 1e-6);
+    // Later runs weigh 1/runs up to OBSERVED_WINDOW, then 1/OBSERVED_WINDOW.
+    let run2 = Observed { runs: 1, disk_scale: 1.0, io_cpu_ns_per_byte: 0.0 };
+    p.observe(run2);
+    let o = p.observed.unwrap();
+    assert_eq!(o.runs, 2);
+    assert!((o.disk_scale - 1.5).abs() < 1e-12 && (o.io_cpu_ns_per_byte - 1.0).abs() < 1e-12, "{o:?}");
+    for _ in 0..40 {
+        p.observe(run2);
+    }
+    let o = p.observed.unwrap();
+    assert_eq!(o.runs, 42);
+    assert!((o.disk_scale - 1.0).abs() < 1e-4, "the old runs fade: {o:?}");
+    // Runs that read nothing say nothing; wild ones are clamped.
+    assert_eq!(Observed::from_run(&base, 0.0, 4096.0, 1.0, 1e6), None);
+    assert_eq!(Observed::from_run(&base, 1e9, 4096.0, 1.0, 0.0), None);
+    let wild = Observed::from_run(&base, 1e15, 4096.0, -5.0, 1.0).unwrap();
+    assert_eq!((wild.disk_scale, wild.io_cpu_ns_per_byte), (OBSERVED_SCALE.1, 0.0));
+    // The section round-trips through TOML, and a bad one is refused by name.
+    assert_eq!(DeviceProfile::from_toml(&p.to_toml(), "t").unwrap(), p);
+    let bad = p.to_toml().replace("disk_scale = 1.0", "disk_scale = -1.0");
+    assert_ne!(bad, p.to_toml(), "the test edits the section");
+    let e = err_of(&bad);
+    assert!(e.contains("observed.disk_scale"), "{e}");
 }

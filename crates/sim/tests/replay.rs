@@ -110,6 +110,7 @@ fn budget_for(opts: &TieredOptions, cache: u64) -> u64 {
 fn sim_opts(budget: u64, policy: Policy, preload: usize) -> SimOptions {
     SimOptions {
         budget,
+        inputs: None,
         tiered: TieredOptions { policy, preload, ..TieredOptions::default() },
         replay: Replay::Recorded,
         calibration: None,
