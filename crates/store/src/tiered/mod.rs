@@ -50,9 +50,11 @@ use sift_model::{Model, QTensor};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// Reads closer than this are merged (the gap is read and thrown away): a 4 KiB read costs
-/// nearly as much as a 16 KiB one on this disk.
-const MAX_GAP: usize = 4 << 10;
+/// Reads closer than this are merged (the gap is read and thrown away). Fewer, larger requests
+/// outweigh the extra bytes on the development VM's disk: 16 KiB against the former 4 KiB gave
+/// +8-9 % decode tok/s at 60 % of both Qwen2.5 models (amplification 1.61 → 1.92, requests 2.6×
+/// fewer; 32 and 64 KiB no clearer gain; docs/benchmarks.md, issue 16 step 3).
+const MAX_GAP: usize = 16 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
 /// Bytes of the buffers on-demand reads land in: [`IN_FLIGHT`] jobs at once.
