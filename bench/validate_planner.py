@@ -75,7 +75,7 @@ def main():
                 # This run's correction alone, on this machine's kept profile.
                 kept = glob.glob(os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                                               "sift", "machine-*.toml"))
-                text = open(kept[0]).read().split("[observed]")[0].rstrip()
+                text = open(kept[0]).read().split("\n[observed]\n")[0].rstrip()
                 with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
                     f.write(f"{text}\n\n[observed]\nruns = 1\ndisk_scale = {scale}\nio_cpu_ns_per_byte = {io}\n")
                 post = plan(a.sift, model, pct, f.name)

@@ -111,7 +111,7 @@ pub fn machine_profile(
                 "This machine's profile, probed by sift on first use ({}); re-probed after {MAX_AGE_DAYS} days.",
                 sift_sim::probe::today()
             ),
-            "The [observed] section is learnt from sift's own budgeted runs here (sift_session::machine).".to_string(),
+            "The observed section is learnt from sift's own budgeted runs here (sift_session::machine).".to_string(),
         ];
         header.extend(report.notes.iter().cloned());
         if let Err(e) = save(&profile, p, &header, None) {

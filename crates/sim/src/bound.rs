@@ -161,8 +161,10 @@ pub struct DecodeTelemetry {
     /// Seconds waiting for reads and computing, over the decode.
     pub stall_s: f64,
     pub compute_s: f64,
-    /// Mean bytes per read request, and bytes per second while the slow tier was reading.
+    /// Mean bytes per read request, requests per loader job, and bytes per second while the
+    /// slow tier was reading.
     pub mean_read_bytes: f64,
+    pub mean_batch_reads: f64,
     pub read_bw_busy: f64,
     /// Bytes of missed columns copied out of read buffers (the amplification's denominator).
     pub copied_bytes: f64,
@@ -190,6 +192,7 @@ impl DecodeTelemetry {
             stall_s,
             compute_s: (decode_s - stall_s).max(0.0),
             mean_read_bytes: stats.mean_read(),
+            mean_batch_reads: stats.mean_batch(),
             read_bw_busy: stats.read_bandwidth(),
             copied_bytes: stats.miss_bytes as f64,
             observed: None,
@@ -207,6 +210,7 @@ impl DecodeTelemetry {
             profile,
             self.read_bw_busy,
             self.mean_read_bytes,
+            self.mean_batch_reads,
             self.compute_s - model_s - copy_s,
             self.copied_bytes,
         )

@@ -368,19 +368,23 @@ pub const OBSERVED_WINDOW: u32 = 4;
 
 impl Observed {
     /// One run's correction: `busy_bw` bytes/s while the loader was reading, `mean_read` bytes
-    /// per request, `extra_compute_s` of compute beyond the in-memory cost model and the copies,
-    /// `copied` bytes copied out of read buffers. `None` when the run read nothing.
+    /// per request and `mean_batch` requests per job (the queue depth the table is read at, as
+    /// the simulator charges a batch), `extra_compute_s` of compute beyond the in-memory cost
+    /// model and the copies, `copied` bytes copied out of read buffers. `None` when the run read
+    /// nothing.
     pub fn from_run(
         profile: &DeviceProfile,
         busy_bw: f64,
         mean_read: f64,
+        mean_batch: f64,
         extra_compute_s: f64,
         copied: f64,
     ) -> Option<Observed> {
         if !(positive(busy_bw) && positive(mean_read) && positive(copied)) {
             return None;
         }
-        let table = profile.disk.bw(mean_read as u64, profile.disk.max_qd);
+        let qd = (mean_batch.round() as usize).clamp(1, profile.disk.max_qd);
+        let table = profile.disk.bw(mean_read as u64, qd);
         let (lo, hi) = OBSERVED_SCALE;
         Some(Observed {
             runs: 1,

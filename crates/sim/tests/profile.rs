@@ -279,7 +279,7 @@ fn observed_corrections_scale_the_disk_and_charge_the_read_path() {
     // compute side took 0.2 s beyond the model and the copies for 100 MB copied.
     let mean = 32 << 10;
     let busy = 2.0 * base.disk.bw(mean as u64, base.disk.max_qd());
-    let run = Observed::from_run(&base, busy, mean as f64, 0.2, 1e8).unwrap();
+    let run = Observed::from_run(&base, busy, mean as f64, 64.0, 0.2, 1e8).unwrap();
     assert_eq!(run.runs, 1);
     assert!((run.disk_scale - 2.0).abs() < 1e-12, "{run:?}");
     assert!((run.io_cpu_ns_per_byte - 2.0).abs() < 1e-12, "{run:?}");
@@ -303,9 +303,13 @@ fn observed_corrections_scale_the_disk_and_charge_the_read_path() {
     assert_eq!(o.runs, 42);
     assert!((o.disk_scale - 1.0).abs() < 1e-4, "the old runs fade: {o:?}");
     // Runs that read nothing say nothing; wild ones are clamped.
-    assert_eq!(Observed::from_run(&base, 0.0, 4096.0, 1.0, 1e6), None);
-    assert_eq!(Observed::from_run(&base, 1e9, 4096.0, 1.0, 0.0), None);
-    let wild = Observed::from_run(&base, 1e15, 4096.0, -5.0, 1.0).unwrap();
+    assert_eq!(Observed::from_run(&base, 0.0, 4096.0, 8.0, 1.0, 1e6), None);
+    assert_eq!(Observed::from_run(&base, 1e9, 4096.0, 8.0, 1.0, 0.0), None);
+    let wild = Observed::from_run(&base, 1e15, 4096.0, 8.0, -5.0, 1.0).unwrap();
+    // The table is read at the runs' queue depth: the same bandwidth at qd 4 is a larger
+    // correction than at qd 64 (the table is slower there).
+    let at4 = Observed::from_run(&base, busy, mean as f64, 4.0, 0.2, 1e8).unwrap();
+    assert!(at4.disk_scale > run.disk_scale, "{at4:?} vs {run:?}");
     assert_eq!((wild.disk_scale, wild.io_cpu_ns_per_byte), (OBSERVED_SCALE.1, 0.0));
     // The section round-trips through TOML, and a bad one is refused by name.
     assert_eq!(DeviceProfile::from_toml(&p.to_toml(), "t").unwrap(), p);

@@ -20,6 +20,8 @@ pub struct TierStats {
     pub bytes_ondemand: u64,
     pub bytes_prefill: u64,
     pub reads: u64,
+    /// Jobs the loader ran (each a batch of `reads`, submitted together).
+    pub batches: u64,
     /// Time the slow tier spent reading (loader thread).
     pub io_ns: u64,
     /// Time the compute thread waited for reads, and of it, for a prompt batch's rows.
@@ -49,6 +51,7 @@ impl TierStats {
             bytes_ondemand: d(self.bytes_ondemand, earlier.bytes_ondemand),
             bytes_prefill: d(self.bytes_prefill, earlier.bytes_prefill),
             reads: d(self.reads, earlier.reads),
+            batches: d(self.batches, earlier.batches),
             io_ns: d(self.io_ns, earlier.io_ns),
             stall_ns: d(self.stall_ns, earlier.stall_ns),
             stall_prefill_ns: d(self.stall_prefill_ns, earlier.stall_prefill_ns),
@@ -77,6 +80,10 @@ impl TierStats {
     }
     pub fn mean_read(&self) -> f64 {
         ratio(self.bytes_read(), self.reads)
+    }
+    /// Mean requests per loader job (the queue depth the disk saw).
+    pub fn mean_batch(&self) -> f64 {
+        ratio(self.reads, self.batches)
     }
     /// Achieved read bandwidth while the slow tier was busy, bytes/s.
     pub fn read_bandwidth(&self) -> f64 {
@@ -110,6 +117,7 @@ pub(crate) fn account(stats: &mut TierStats, done: &LoadDone, stall_ns: u64, kin
     stats.stall_ns += stall_ns;
     stats.io_ns += done.busy_ns;
     stats.reads += n_reqs.max(1);
+    stats.batches += 1;
     match kind {
         Kind::Preload => stats.bytes_preload += done.bytes,
         Kind::OnDemand => stats.bytes_ondemand += done.bytes,
