@@ -401,8 +401,12 @@ pub struct PackArgs {
     /// (`sift trace`) instead of the model's: see --grouping. Experimental (docs/benchmarks.md)
     #[arg(long = "unit-order", value_name = "TRACE")]
     pub unit_order: Option<PathBuf>,
-    /// How --unit-order orders units: coactivation (units active on the same tokens side by side,
-    /// KAIROX §5) or frequency (hottest first, the baseline)
-    #[arg(long = "grouping", default_value = "coactivation", value_parser = ["coactivation", "frequency"])]
+    /// How --unit-order orders units: coactivation (a chain of units active on the same tokens,
+    /// KAIROX §5), metis (the co-activation graph partitioned into groups by METIS; needs a build
+    /// with `--features metis`) or frequency (hottest first, the baseline)
+    #[arg(long = "grouping", default_value = "coactivation", value_parser = ["coactivation", "metis", "frequency"])]
     pub grouping: String,
+    /// Units per group for --grouping metis
+    #[arg(long = "group-units", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub group_units: u32,
 }

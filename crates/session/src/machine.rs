@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 /// A cached probe older than this is taken again.
 pub const MAX_AGE_DAYS: u64 = 30;
 /// Bumped when the probe measures differently: older cached profiles are then re-probed.
-const PROBE_FORMAT: u32 = 1;
+const PROBE_FORMAT: u32 = 2;
 
 /// A profile and, when it is this machine's cached one, the file it lives in (where runs record
 /// what they measured).

@@ -9,6 +9,11 @@
 //!   fall into fewer, longer runs, which the store reads as few large reads.
 //! - [`frequency_orders`]: units sorted hottest first, the simplest baseline (measured worse than
 //!   the model's own order: the cached hot units and the missed ones interleave at its boundary).
+//! - `metis_orders` (cargo feature `metis`): the co-activation graph (each unit linked to the
+//!   units most often active with it, Jaccard weights) partitioned into groups of a few units by
+//!   METIS's multilevel k-way partitioner, groups laid out hottest first. Measured against the
+//!   chain in docs/benchmarks.md (issue 16, step 4); built only with the feature, because it did
+//!   not read less than the model's order either.
 
 use crate::trace::{Event, LayerRecord, Trace};
 use sift_store::UnitOrders;
@@ -16,6 +21,13 @@ use sift_store::UnitOrders;
 /// Per layer and site, units in a co-activation chain (see the module docs), computed on
 /// `threads` threads; a site the trace never selected from (always dense) gets none.
 pub fn coactivation_orders(trace: &Trace, threads: usize) -> UnitOrders {
+    per_site_orders(trace, threads, &chain)
+}
+
+/// Per layer and site, a job for every site `per_site` orders (from the site's activation
+/// bitsets), run on `threads` threads; sites the trace never selected from get none, and orders
+/// equal to the model's are left out.
+fn per_site_orders(trace: &Trace, threads: usize, per_site: &(dyn Fn(&UnitBits) -> Vec<u32> + Sync)) -> UnitOrders {
     let h = &trace.header;
     let tokens: Vec<&Vec<LayerRecord>> = trace
         .events
@@ -33,7 +45,7 @@ pub fn coactivation_orders(trace: &Trace, threads: usize) -> UnitOrders {
             s.spawn(|| loop {
                 let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&(l, si)) = jobs.get(j) else { break };
-                let order = site_bits(&tokens, l, si, h.dims[si]).map(|b| chain(&b)).filter(|o| !is_identity(o));
+                let order = site_bits(&tokens, l, si, h.dims[si]).map(|b| per_site(&b)).filter(|o| !is_identity(o));
                 results.lock().unwrap_or_else(|e| e.into_inner())[j] = order;
             });
         }
@@ -87,16 +99,13 @@ fn chain(b: &UnitBits) -> Vec<u32> {
     while order.len() < n {
         placed[cur] = true;
         order.push(cur as u32);
-        let bc = b.of(cur);
         // The unplaced unit most similar to `cur`: Jaccard, ties to the more active, then lower.
         let mut best: Option<(f64, u32, usize)> = None;
         for v in 0..n {
             if placed[v] {
                 continue;
             }
-            let inter: u32 = bc.iter().zip(b.of(v)).map(|(x, y)| (x & y).count_ones()).sum();
-            let union = count[cur] + count[v] - inter;
-            let j = if union == 0 { 0.0 } else { f64::from(inter) / f64::from(union) };
+            let j = jaccard(b, &count, cur, v);
             let better = match best {
                 None => true,
                 Some((bj, bc, _)) => j > bj || (j == bj && count[v] > bc),
@@ -111,6 +120,86 @@ fn chain(b: &UnitBits) -> Vec<u32> {
         }
     }
     order
+}
+
+/// Jaccard similarity of units `a` and `b`'s activations (0 when neither was ever active).
+fn jaccard(b: &UnitBits, count: &[u32], a: usize, c: usize) -> f64 {
+    let inter: u32 = b.of(a).iter().zip(b.of(c)).map(|(x, y)| (x & y).count_ones()).sum();
+    let union = count[a] + count[c] - inter;
+    if union == 0 {
+        0.0
+    } else {
+        f64::from(inter) / f64::from(union)
+    }
+}
+
+/// Per layer and site, units in METIS groups of about `group_units` (see the module docs).
+#[cfg(feature = "metis")]
+pub fn metis_orders(trace: &Trace, threads: usize, group_units: usize) -> UnitOrders {
+    per_site_orders(trace, threads, &|b| metis_groups(b, group_units.max(1)))
+}
+
+/// Neighbours each unit keeps in the co-activation graph METIS partitions.
+#[cfg(feature = "metis")]
+const GRAPH_NEIGHBOURS: usize = 16;
+
+/// The co-activation graph of `b`'s units partitioned by METIS into groups of about
+/// `group_units`, groups hottest first (by their units' mean activations), units hottest first
+/// within a group.
+#[cfg(feature = "metis")]
+fn metis_groups(b: &UnitBits, group_units: usize) -> Vec<u32> {
+    let n = b.n;
+    let count: Vec<u32> = (0..n).map(|u| b.of(u).iter().map(|w| w.count_ones()).sum()).collect();
+    let hottest_first = |units: &mut Vec<u32>| {
+        units.sort_by(|&a, &c| count[c as usize].cmp(&count[a as usize]).then(a.cmp(&c)));
+    };
+    let nparts = n.div_ceil(group_units);
+    let mut all: Vec<u32> = (0..n as u32).collect();
+    if nparts < 2 {
+        hottest_first(&mut all);
+        return all;
+    }
+    // Each unit's strongest neighbours, the edges made symmetric (weight: the larger side's).
+    let mut edges: Vec<std::collections::BTreeMap<u32, i32>> = vec![Default::default(); n];
+    for a in 0..n {
+        let mut best: Vec<(f64, usize)> =
+            (0..n).filter(|&c| c != a).map(|c| (jaccard(b, &count, a, c), c)).filter(|&(j, _)| j > 0.0).collect();
+        best.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        for &(j, c) in best.iter().take(GRAPH_NEIGHBOURS) {
+            let w = ((j * 1000.0).round() as i32).max(1);
+            for (x, y) in [(a, c), (c, a)] {
+                let e = edges[x].entry(y as u32).or_insert(0);
+                *e = (*e).max(w);
+            }
+        }
+    }
+    let mut xadj: Vec<metis::Idx> = Vec::with_capacity(n + 1);
+    let (mut adjncy, mut adjwgt) = (Vec::new(), Vec::new());
+    xadj.push(0);
+    for e in &edges {
+        for (&v, &w) in e {
+            adjncy.push(v as metis::Idx);
+            adjwgt.push(w as metis::Idx);
+        }
+        xadj.push(adjncy.len() as metis::Idx);
+    }
+    let mut part = vec![0 as metis::Idx; n];
+    let ok = !adjncy.is_empty()
+        && metis::Graph::new(1, nparts as metis::Idx, &xadj, &adjncy)
+            .is_ok_and(|g| g.set_adjwgt(&adjwgt).part_kway(&mut part).is_ok());
+    if !ok {
+        hottest_first(&mut all);
+        return all;
+    }
+    let mut groups: Vec<Vec<u32>> = vec![Vec::new(); nparts];
+    for (u, &p) in part.iter().enumerate() {
+        groups[(p as usize).min(nparts - 1)].push(u as u32);
+    }
+    groups.retain(|g| !g.is_empty());
+    groups.iter_mut().for_each(hottest_first);
+    let heat = |g: &Vec<u32>| g.iter().map(|&u| f64::from(count[u as usize])).sum::<f64>() / g.len() as f64;
+    groups.sort_by(|x, y| heat(y).total_cmp(&heat(x)).then(x[0].cmp(&y[0])));
+    groups.concat()
 }
 
 fn is_identity(order: &[u32]) -> bool {
@@ -223,6 +312,43 @@ mod tests {
         // One switch from the even group to the odd one.
         let switches = o.windows(2).filter(|w| group(w[0]) != group(w[1])).count();
         assert_eq!(switches, 1, "{o:?}");
+        assert_eq!(orders[0][1], None);
+    }
+
+    #[cfg(feature = "metis")]
+    #[test]
+    fn metis_groups_units_active_together() {
+        // Four groups of four interleaved in the model's order: unit u is active on the tokens
+        // t with t % 4 == u % 4, and units 0-3 once more (the hottest group).
+        let n = 16u32;
+        let events: Vec<Event> = (0..40)
+            .map(|t| {
+                let mut a: Vec<u32> = (0..n).filter(|u| u % 4 == t % 4).collect();
+                if t == 1 {
+                    a.extend([0, 2, 3]);
+                    a.sort_unstable();
+                }
+                token([Some(a), None, None, None])
+            })
+            .collect();
+        let header = TraceHeader {
+            model: "m".into(),
+            n_layer: 1,
+            n_embd: 16,
+            dims: [16, 16, 16, 16],
+            selector: "topk".into(),
+            n_ctx: 64,
+            n_batch: 1,
+            runtime_bytes: 0,
+            measured_tok_s: 0.0,
+        };
+        let orders = metis_orders(&Trace { header, events }, 2, 4);
+        let o = orders[0][0].clone().expect("a new order");
+        // Each run of four holds one residue class.
+        for g in o.chunks(4) {
+            assert!(g.iter().all(|u| u % 4 == g[0] % 4), "{o:?}");
+        }
+        assert_eq!(o.len(), 16);
         assert_eq!(orders[0][1], None);
     }
 }

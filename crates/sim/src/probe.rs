@@ -177,6 +177,7 @@ pub fn probe(opts: &ProbeOptions, progress: &mut dyn FnMut(&str)) -> Result<Prob
         mem_read_bw: mem_read_bw.round(),
         mem_copy_bw: mem_copy_bw.round(),
         disk: DiskTable::new(disk.max_qd, disk.points).map_err(|(f, p)| ProbeError::Invalid(format!("{f}: {p}")))?,
+        read_align: Some(disk.read_align),
         compute: Compute { dispatch_ns: dispatch.round(), kernel_efficiency, columns, dense },
         observed: None,
     };
@@ -460,6 +461,8 @@ pub struct DiskProbe {
     pub tier: &'static str,
     /// Whether the file was read with `O_DIRECT`.
     pub direct: bool,
+    /// The alignment the tier's reads need ([`SlowTier::read_align`]).
+    pub read_align: usize,
     pub file_len: u64,
     pub notes: Vec<String>,
 }
@@ -553,7 +556,8 @@ pub fn disk_probe(
         }
     }
     let max_qd = qds.iter().copied().max().unwrap_or(1);
-    Ok(DiskProbe { points, max_qd, tier: tier.name(), direct, file_len, notes })
+    let read_align = tier.read_align();
+    Ok(DiskProbe { points, max_qd, tier: tier.name(), direct, read_align, file_len, notes })
 }
 
 /// `98.3 MB`, `1.10 GB` (file sizes, decimal).

@@ -44,7 +44,7 @@
 
 use serde::{Deserialize, Serialize};
 use sift_quant::{ColType, WeightType};
-use sift_store::io::ReadReq;
+use sift_store::io::{ReadReq, DIRECT_ALIGN};
 use sift_store::tiered::IoCost;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -330,6 +330,11 @@ pub struct DeviceProfile {
     /// One thread copying one buffer into another, bytes copied per second.
     pub mem_copy_bw: f64,
     pub disk: DiskTable,
+    /// The alignment reads of the probed disk needed (`O_DIRECT`: the file system's direct-I/O
+    /// alignment, 512 bytes on most disks); `None` (profiles from papers, older probes): a page.
+    /// The simulator cuts its reads at this alignment, as the engine does on that disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_align: Option<usize>,
     pub compute: Compute,
     /// What the engine's own budgeted runs on this machine measured against this profile
     /// (kept in the machine's cached profile, see `sift_session::machine`); `None` until a run
@@ -429,6 +434,11 @@ impl DeviceProfile {
                 return bad(f, format!("bandwidth must be a positive, finite number of bytes/s, got {v}"));
             }
         }
+        if let Some(a) = self.read_align {
+            if !(a.is_power_of_two() && a <= DIRECT_ALIGN) {
+                return bad("read_align", format!("must be a power of two up to {DIRECT_ALIGN} bytes, got {a}"));
+            }
+        }
         if let Some(o) = &self.observed {
             let (lo, hi) = OBSERVED_SCALE;
             if !(o.disk_scale.is_finite() && (lo..=hi).contains(&o.disk_scale)) {
@@ -481,6 +491,8 @@ impl DeviceProfile {
             threads: usize,
             mem_read_bw: f64,
             mem_copy_bw: f64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            read_align: Option<usize>,
         }
         #[derive(Serialize)]
         struct Tail<'a> {
@@ -495,6 +507,7 @@ impl DeviceProfile {
             threads: self.threads,
             mem_read_bw: self.mem_read_bw,
             mem_copy_bw: self.mem_copy_bw,
+            read_align: self.read_align,
         };
         let mut s = toml::to_string(&head).expect("a device profile serializes to TOML");
         let _ = write!(s, "\n[disk]\nmax_qd = {}\npoints = [\n", self.disk.max_qd);
@@ -680,6 +693,10 @@ impl IoCost for DeviceProfile {
 
     fn copy_ns(&self, bytes: u64) -> f64 {
         bytes as f64 * (1e9 / self.mem_copy_bw + self.observed.map_or(0.0, |o| o.io_cpu_ns_per_byte))
+    }
+
+    fn read_align(&self) -> usize {
+        self.read_align.unwrap_or(DIRECT_ALIGN)
     }
 }
 

@@ -42,8 +42,13 @@ fn eo() -> EngineOptions {
     EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 32, ..EngineOptions::default() }
 }
 
+/// A seed profile whose disk reads at the alignment this machine's disk needs for the pack, so
+/// that the simulated store cuts its reads (and fills its preload buffers) as the real one does.
 fn profile() -> DeviceProfile {
-    DeviceProfile::builtin("dip-a18").expect("builtin profile")
+    let mut p = DeviceProfile::builtin("dip-a18").expect("builtin profile");
+    let tier = sift_store::io::open_slow_tier(pack(), sift_store::io::TierKind::Auto).expect("the pack opens");
+    p.read_align = Some(tier.read_align());
+    p
 }
 
 fn topk(engine: &mut Engine, ratio: f64) {

@@ -9,7 +9,7 @@
 //! `offset` and `buffer` per missing column).
 
 use crate::io::{AlignedBuf, LoadDone, ReadReq, TierIo};
-use crate::tiered::{account, plan_within, Kind, OpCache, TierStats};
+use crate::tiered::{account, plan_within, read_shape, Kind, OpCache, TierStats};
 use sift_model::layout::{OpKind, PackIndex, GROUP_OPS};
 use sift_model::Model;
 use std::ops::Range;
@@ -186,7 +186,7 @@ impl CrossLayerPrefetcher {
             }
             // Offsets of each part within its record.
             let part_off: Vec<usize> = g.parts.iter().map(|p| p.offset).collect();
-            let (reqs, starts) = match plan_within(&mut ranges, buf.len()) {
+            let (reqs, starts) = match plan_within(&mut ranges, buf.len(), read_shape(io)) {
                 Some(p) => p,
                 None => {
                     self.spare.push(buf);
@@ -221,7 +221,7 @@ impl CrossLayerPrefetcher {
             let mut order: Vec<usize> = (0..ranges.len()).collect();
             order.sort_by_key(|&i| ranges[i].0);
             let mut sorted: Vec<(u64, usize)> = order.iter().map(|&i| ranges[i]).collect();
-            let (reqs, starts) = match plan_within(&mut sorted, buf.len()) {
+            let (reqs, starts) = match plan_within(&mut sorted, buf.len(), read_shape(io)) {
                 Some(p) => p,
                 None => {
                     self.spare.push(buf);

@@ -22,6 +22,11 @@ pub trait IoCost: Send {
     fn batch_ns(&self, reqs: &[ReadReq]) -> f64;
     /// Nanoseconds to copy `bytes` from one memory buffer to another.
     fn copy_ns(&self, bytes: u64) -> f64;
+    /// The alignment the simulated device's reads need (as [`TierIo::read_align`]); a page by
+    /// default.
+    fn read_align(&self) -> usize {
+        crate::io::DIRECT_ALIGN
+    }
 }
 
 /// A simulated slow tier with its clock (nanoseconds since the store was built).
@@ -92,6 +97,10 @@ impl SimIo {
 impl TierIo for SimIo {
     fn name(&self) -> &'static str {
         "simulated"
+    }
+
+    fn read_align(&self) -> usize {
+        self.cost.read_align()
     }
 
     /// Queues a job at the current time.

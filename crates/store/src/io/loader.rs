@@ -70,12 +70,13 @@ pub struct Loader {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     tier_name: &'static str,
+    read_align: usize,
 }
 
 impl Loader {
     /// Starts the loader thread, which owns `tier`.
     pub fn spawn(tier: Box<dyn SlowTier>) -> Loader {
-        let tier_name = tier.name();
+        let (tier_name, read_align) = (tier.name(), tier.read_align());
         let shared = Arc::new(Shared {
             state: Mutex::new(LoaderState::default()),
             work: Condvar::new(),
@@ -86,7 +87,7 @@ impl Loader {
             .name("sift-loader".into())
             .spawn(move || loader_main(&s, tier))
             .expect("spawning the loader thread");
-        Loader { shared, thread: Some(thread), tier_name }
+        Loader { shared, thread: Some(thread), tier_name, read_align }
     }
 
     /// Queues a job (non-blocking). Several jobs may share a tag; [`Loader::wait`] then returns
@@ -241,6 +242,10 @@ impl Drop for Loader {
 impl TierIo for Loader {
     fn name(&self) -> &'static str {
         self.tier_name()
+    }
+
+    fn read_align(&self) -> usize {
+        self.read_align
     }
 
     fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>) {

@@ -2,7 +2,8 @@
 //!
 //! The memory budget sift enforces is a hard one (it is checked under a cgroup memory limit), so
 //! weight bytes must never linger in the page cache: every tier opens the file with `O_DIRECT`
-//! and reads into [`AlignedBuf`]s (4 KiB aligned). Where `O_DIRECT` is refused (tmpfs on older
+//! and reads into [`AlignedBuf`]s (4 KiB aligned), each read aligned as the file system's direct
+//! I/O needs (`statx`'s `STATX_DIOALIGN`: 512 bytes on most disks, a page where it does not say). Where `O_DIRECT` is refused (tmpfs on older
 //! kernels, some FUSE file systems) the file is opened normally and every batch is followed by
 //! `posix_fadvise(POSIX_FADV_DONTNEED)` over the ranges it read.
 //!
@@ -23,8 +24,8 @@
 //! does the simulated device of [`crate::simulated`].
 //!
 //! Semantics shared by every tier: a [`ReadReq`] reads file bytes `[offset, offset + len)` into
-//! `buf[buf_offset..buf_offset + len]`; `offset`, `len` and `buf_offset` are multiples of
-//! [`DIRECT_ALIGN`]; the read may run past the end of the file as long as its first `need` bytes
+//! `buf[buf_offset..buf_offset + len]`; `offset`, `len` and `buf_offset` are multiples of the
+//! tier's [`SlowTier::read_align`]; the read may run past the end of the file as long as its first `need` bytes
 //! exist; bytes past the end of the file are set to zero; fewer than `need` bytes is an
 //! [`std::io::ErrorKind::UnexpectedEof`] error naming the file and offset. Requests in one batch must
 //! not overlap in the buffer.
@@ -45,7 +46,7 @@ mod tier_io;
 
 pub use buf::AlignedBuf;
 pub use loader::{LoadDone, LoadJob, Loader};
-pub use plan::{plan_reads, ReadReq};
+pub use plan::{plan_reads, ReadReq, ReadShape};
 pub use progress::Progress;
 pub use tier::{
     open_slow_tier, MemTier, PackAndSource, PreadTier, SlowTier, TierKind, UringTier, DEFAULT_PREAD_THREADS,
@@ -55,14 +56,10 @@ pub use tier_io::TierIo;
 
 use std::sync::{Mutex, MutexGuard};
 
-/// Alignment (and granularity) of file offsets, lengths and buffer offsets of every read.
+/// The coarsest alignment any tier's reads need, and the alignment of every [`AlignedBuf`]: a
+/// page. A tier's own ([`SlowTier::read_align`]) may be finer: 512 bytes where the file system's
+/// direct I/O allows it.
 pub const DIRECT_ALIGN: usize = 4096;
-
-const ALIGN_U64: u64 = DIRECT_ALIGN as u64;
-
-fn is_aligned(x: u64) -> bool {
-    x.is_multiple_of(ALIGN_U64)
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding these locks; recover the guard if something did.

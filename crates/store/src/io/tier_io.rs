@@ -3,7 +3,7 @@
 //! [`Loader`](super::Loader) thread, on the wall clock) or to a simulated device
 //! ([`SimIo`](crate::simulated::SimIo), which moves no bytes and keeps a virtual clock).
 
-use super::{AlignedBuf, LoadDone, Progress, ReadReq};
+use super::{AlignedBuf, LoadDone, Progress, ReadReq, DIRECT_ALIGN};
 use std::sync::Arc;
 
 /// The slow tier of a [`TieredStore`](crate::tiered::TieredStore): where its reads go and how
@@ -19,6 +19,12 @@ use std::sync::Arc;
 pub trait TierIo: Send {
     /// The tier's name for reports (`"io_uring"`, `"pread"`, `"memory"`, `"simulated"`).
     fn name(&self) -> &'static str;
+
+    /// The alignment its reads need ([`SlowTier::read_align`](super::SlowTier::read_align));
+    /// a page by default.
+    fn read_align(&self) -> usize {
+        DIRECT_ALIGN
+    }
 
     /// Queues a job reading `reqs` into `buf` (non-blocking); [`TierIo::wait`] takes it back.
     fn submit(&mut self, tag: u64, buf: AlignedBuf, reqs: Vec<ReadReq>);

@@ -38,7 +38,9 @@ pub use stats::TierStats;
 pub(crate) use stats::{account, Kind};
 
 use crate::cache::{Policy, UnitCache, NO_SLOT};
-use crate::io::{open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, TierIo};
+use crate::io::{
+    open_slow_tier, plan_reads, AlignedBuf, LoadDone, Loader, PackAndSource, ReadReq, ReadShape, TierIo, DIRECT_ALIGN,
+};
 use crate::prefetch::CrossLayerPrefetcher;
 use crate::simulated::SimIo;
 use lambda::LambdaFeed;
@@ -57,6 +59,12 @@ use std::path::{Path, PathBuf};
 const MAX_GAP: usize = 16 << 10;
 /// Largest single read.
 const MAX_READ: usize = 1 << 20;
+
+/// How the store cuts its reads on `io`: at the tier's alignment, gaps up to [`MAX_GAP`] read
+/// through, reads up to [`MAX_READ`].
+pub(crate) fn read_shape(io: &dyn TierIo) -> ReadShape {
+    ReadShape::paged(MAX_GAP, MAX_READ).aligned(io.read_align())
+}
 /// Bytes of the buffers on-demand reads land in: [`IN_FLIGHT`] jobs at once.
 const ONDEMAND_BUF: usize = IN_FLIGHT * JOB_BUF;
 
@@ -688,7 +696,11 @@ impl TieredStore {
         // own, a prefix's columns are spread over the whole tensor and reading it apart from the
         // rest would split runs the reads merge: the site is read as one part.
         let in_unit_order = ops.iter().all(|&op| self.ops[layer][op as usize].positions.is_none());
-        let parts = if in_unit_order { cut_parts(reads, active.len(), align) } else { whole(reads, active.len()) };
+        let parts = if in_unit_order {
+            cut_parts(reads, active.len(), align, read_shape(self.io.as_ref()))
+        } else {
+            whole(reads, active.len())
+        };
         self.ondemand.start(self.io.as_mut(), layer, ops, active, parts);
         Ok(())
     }
@@ -733,13 +745,13 @@ impl TieredStore {
             // gap and two alignment pages.
             let mut end = start;
             let mut bytes = 0;
-            let cost = |len: usize| len + MAX_GAP + 2 * 4096;
+            let cost = |len: usize| len + MAX_GAP + 2 * DIRECT_ALIGN;
             while end < order.len() && (end == start || bytes + cost(ranges[order[end]].1) <= JOB_BUF) {
                 bytes += cost(ranges[order[end]].1);
                 end += 1;
             }
             let batch: Vec<(u64, usize)> = order[start..end].iter().map(|&i| ranges[i]).collect();
-            let (reqs, starts, need) = plan_reads(&batch, MAX_GAP, MAX_READ);
+            let (reqs, starts, need) = plan_reads(&batch, read_shape(self.io.as_ref()));
             if buf.len() < need {
                 buf = AlignedBuf::new(need);
             }
@@ -764,12 +776,16 @@ impl TieredStore {
 }
 
 /// Plans reads of `ranges` (sorted) that fit in `cap` bytes, dropping the last ranges if needed.
-pub(crate) fn plan_within(ranges: &mut Vec<(u64, usize)>, cap: usize) -> Option<(Vec<ReadReq>, Vec<usize>)> {
+pub(crate) fn plan_within(
+    ranges: &mut Vec<(u64, usize)>,
+    cap: usize,
+    shape: ReadShape,
+) -> Option<(Vec<ReadReq>, Vec<usize>)> {
     loop {
         if ranges.is_empty() {
             return None;
         }
-        let (reqs, starts, need) = plan_reads(ranges, MAX_GAP, MAX_READ);
+        let (reqs, starts, need) = plan_reads(ranges, shape);
         if need <= cap {
             return Some((reqs, starts));
         }

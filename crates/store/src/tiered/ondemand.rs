@@ -11,8 +11,8 @@
 //! handed out in order as soon as *their* requests are in: their columns are copied into the arena
 //! and the engine computes them while the later requests are still in flight.
 
-use super::{account, Kind, TierStats, MAX_GAP, MAX_READ};
-use crate::io::{plan_reads, AlignedBuf, LoadDone, Progress, ReadReq, TierIo};
+use super::{account, read_shape, Kind, TierStats};
+use crate::io::{plan_reads, AlignedBuf, LoadDone, Progress, ReadReq, ReadShape, TierIo};
 use sift_model::layout::OpKind;
 use std::collections::VecDeque;
 use std::io;
@@ -53,7 +53,7 @@ pub(super) struct Part {
 /// Cuts a prefix of `n_active` units whose missing columns are `reads` (any order) into parts at
 /// multiples of `align` units: the first once its reads reach [`FIRST_PART_READS`], the others
 /// [`PART_READS`], each within [`PART_BUF`] unless one piece alone needs more.
-pub(super) fn cut_parts(mut reads: Vec<ColumnRead>, n_active: usize, align: usize) -> Vec<Part> {
+pub(super) fn cut_parts(mut reads: Vec<ColumnRead>, n_active: usize, align: usize, shape: ReadShape) -> Vec<Part> {
     let align = align.max(1);
     reads.sort_by_key(|r| (r.pos, r.offset));
     let mut parts = Vec::new();
@@ -69,7 +69,7 @@ pub(super) fn cut_parts(mut reads: Vec<ColumnRead>, n_active: usize, align: usiz
         let piece = &reads[first..next];
         let need = |rs: &[ColumnRead]| {
             let ranges: Vec<(u64, usize)> = rs.iter().map(|r| (r.offset, r.len)).collect();
-            plan_reads(&ranges, MAX_GAP, MAX_READ).2
+            plan_reads(&ranges, shape).2
         };
         if !cur.is_empty() && !piece.is_empty() {
             let with: Vec<ColumnRead> = cur.iter().chain(piece).copied().collect();
@@ -113,7 +113,7 @@ struct Job {
 /// The parts' reads as jobs: each part's columns merged into aligned reads, the reads of
 /// consecutive parts laid out in one buffer up to [`JOB_BUF`] (a part that would pass it
 /// continues in the next job; a single read larger than that is a job of its own).
-fn jobs_of(parts: &[Part]) -> Vec<Job> {
+fn jobs_of(parts: &[Part], shape: ReadShape) -> Vec<Job> {
     let mut jobs = Vec::new();
     let mut cur = Job::default();
     for (p, part) in parts.iter().enumerate() {
@@ -123,7 +123,7 @@ fn jobs_of(parts: &[Part]) -> Vec<Job> {
         let mut reads = part.reads.clone();
         reads.sort_by_key(|r| r.offset);
         let ranges: Vec<(u64, usize)> = reads.iter().map(|r| (r.offset, r.len)).collect();
-        let (reqs, starts, _) = plan_reads(&ranges, MAX_GAP, MAX_READ);
+        let (reqs, starts, _) = plan_reads(&ranges, shape);
         let mut first = cur.reads.len();
         let mut i = 0;
         for r in &reqs {
@@ -209,7 +209,7 @@ impl OnDemandReads {
     /// queues the first jobs.
     pub(super) fn start(&mut self, io: &mut dyn TierIo, layer: usize, ops: &[OpKind], units: &[u32], parts: Vec<Part>) {
         debug_assert!(self.site.is_none(), "the previous site was finished");
-        let jobs = jobs_of(&parts).into();
+        let jobs = jobs_of(&parts, read_shape(io)).into();
         self.site = Some(Site {
             layer,
             ops: ops.to_vec(),
@@ -333,6 +333,13 @@ impl OnDemandReads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tiered::{MAX_GAP, MAX_READ};
+
+    /// The store's shapes on a disk of 4 KiB and one of 512-byte direct-I/O alignment.
+    fn shapes() -> [ReadShape; 2] {
+        let paged = ReadShape::paged(MAX_GAP, MAX_READ);
+        [paged, paged.aligned(512)]
+    }
 
     fn read(pos: usize, offset: u64, len: usize) -> ColumnRead {
         ColumnRead { pos, offset, len, dest: pos * len }
@@ -342,24 +349,26 @@ mod tests {
     fn parts_cover_the_prefix_at_piece_boundaries_and_keep_every_read() {
         // 1000 units, 5040-byte columns, every other unit missing, laid far apart.
         let reads: Vec<ColumnRead> = (0..1000).step_by(2).map(|p| read(p, p as u64 * 20_000, 5040)).collect();
-        let parts = cut_parts(reads.clone(), 1000, 64);
-        assert!(parts.len() > 2, "{} parts", parts.len());
-        let mut at = 0;
-        let mut n = 0;
-        for p in &parts {
-            assert_eq!(p.units.start, at);
-            assert!(p.units.end % 64 == 0 || p.units.end == 1000);
-            assert!(p.reads.iter().all(|r| p.units.contains(&r.pos)));
-            let ranges: Vec<(u64, usize)> = p.reads.iter().map(|r| (r.offset, r.len)).collect();
-            assert!(plan_reads(&ranges, MAX_GAP, MAX_READ).2 <= PART_BUF);
-            n += p.reads.len();
-            at = p.units.end;
+        for shape in shapes() {
+            let parts = cut_parts(reads.clone(), 1000, 64, shape);
+            assert!(parts.len() > 2, "{} parts", parts.len());
+            let mut at = 0;
+            let mut n = 0;
+            for p in &parts {
+                assert_eq!(p.units.start, at);
+                assert!(p.units.end % 64 == 0 || p.units.end == 1000);
+                assert!(p.reads.iter().all(|r| p.units.contains(&r.pos)));
+                let ranges: Vec<(u64, usize)> = p.reads.iter().map(|r| (r.offset, r.len)).collect();
+                assert!(plan_reads(&ranges, shape).2 <= PART_BUF);
+                n += p.reads.len();
+                at = p.units.end;
+            }
+            assert_eq!(at, 1000);
+            assert_eq!(n, reads.len());
+            // The first part is the small one: one piece.
+            assert_eq!(parts[0].units, 0..64);
+            assert!(parts[1].units.len() >= 64);
         }
-        assert_eq!(at, 1000);
-        assert_eq!(n, reads.len());
-        // The first part is the small one: one piece.
-        assert_eq!(parts[0].units, 0..64);
-        assert!(parts[1].units.len() >= 64);
     }
 
     #[test]
@@ -372,36 +381,39 @@ mod tests {
                 reads.push(read(p, (p as u64 / 2) * 9000 + (p % 3) as u64 * 3_000_000, len));
             }
         }
-        let parts = cut_parts(reads.clone(), 3000, 64);
-        let jobs = jobs_of(&parts);
-        assert!(jobs.len() > 1);
-        let mut seen = 0;
-        let mut last_part = 0;
-        for j in &jobs {
-            assert!(j.need <= JOB_BUF, "job of {} bytes", j.need);
-            let mut prev_end = 0;
-            for (part, range, n_reqs) in &j.parts {
-                assert!(*part >= last_part && *n_reqs >= prev_end && *n_reqs <= j.reqs.len());
-                last_part = *part;
-                prev_end = *n_reqs;
-                for (r, &at) in j.reads[range.clone()].iter().zip(&j.starts[range.clone()]) {
-                    assert!(parts[*part].units.contains(&r.pos));
-                    // The request holding the column is among those the part waits for.
-                    let q = j.reqs[..*n_reqs]
-                        .iter()
-                        .find(|q| q.buf_offset <= at && at + r.len <= q.buf_offset + q.len)
-                        .expect("a request holds the column");
-                    assert_eq!(q.offset + (at - q.buf_offset) as u64, r.offset);
-                    seen += 1;
+        for shape in shapes() {
+            let parts = cut_parts(reads.clone(), 3000, 64, shape);
+            let jobs = jobs_of(&parts, shape);
+            assert!(jobs.len() > 1);
+            let mut seen = 0;
+            let mut last_part = 0;
+            for j in &jobs {
+                assert!(j.need <= JOB_BUF, "job of {} bytes", j.need);
+                let mut prev_end = 0;
+                for (part, range, n_reqs) in &j.parts {
+                    assert!(*part >= last_part && *n_reqs >= prev_end && *n_reqs <= j.reqs.len());
+                    last_part = *part;
+                    prev_end = *n_reqs;
+                    for (r, &at) in j.reads[range.clone()].iter().zip(&j.starts[range.clone()]) {
+                        assert!(parts[*part].units.contains(&r.pos));
+                        // The request holding the column is among those the part waits for.
+                        let q = j.reqs[..*n_reqs]
+                            .iter()
+                            .find(|q| q.buf_offset <= at && at + r.len <= q.buf_offset + q.len)
+                            .expect("a request holds the column");
+                        assert_eq!(q.offset + (at - q.buf_offset) as u64, r.offset);
+                        assert!(q.offset.is_multiple_of(shape.align as u64) && q.len.is_multiple_of(shape.align));
+                        seen += 1;
+                    }
                 }
             }
+            assert_eq!(seen, reads.len());
         }
-        assert_eq!(seen, reads.len());
     }
 
     #[test]
     fn a_prefix_with_no_misses_is_one_part() {
-        let parts = cut_parts(Vec::new(), 300, 64);
+        let parts = cut_parts(Vec::new(), 300, 64, shapes()[0]);
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0].units, 0..300);
     }

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use super::{eof_error, validate, SlowTier};
 use crate::io::{AlignedBuf, ReadReq};
 
+/// [`MemTier`]'s read alignment.
+const MEM_ALIGN: usize = 512;
+
 /// The whole file in memory (for tests and tiny models): same semantics as the disk tiers.
 pub struct MemTier {
     bytes: Arc<[u8]>,
@@ -36,8 +39,13 @@ impl SlowTier for MemTier {
         self.bytes.len() as u64
     }
 
+    /// Any alignment would do; 512 bytes, as a disk of 512-byte sectors read with `O_DIRECT`.
+    fn read_align(&self) -> usize {
+        MEM_ALIGN
+    }
+
     fn read_batch(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq]) -> io::Result<()> {
-        validate(&self.path, buf.len(), reqs)?;
+        validate(&self.path, buf.len(), reqs, self.read_align())?;
         let file_len = self.bytes.len() as u64;
         for r in reqs {
             let avail = file_len.saturating_sub(r.offset).min(r.len as u64) as usize;

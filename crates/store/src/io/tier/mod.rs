@@ -18,7 +18,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::{is_aligned, AlignedBuf, Progress, ReadReq, DIRECT_ALIGN};
+use super::{AlignedBuf, Progress, ReadReq, DIRECT_ALIGN};
 
 /// Reads larger than this are split into pieces of this size.
 pub const MAX_PIECE: usize = 1 << 20;
@@ -44,6 +44,12 @@ pub trait SlowTier: Send {
     }
     /// Length of the file when the tier was opened.
     fn file_len(&self) -> u64;
+    /// The alignment this tier's reads need (offset, length and place in the buffer): the file
+    /// system's direct-I/O alignment where the file is read with `O_DIRECT` (512 bytes on most
+    /// disks, from `statx`), else a page. A power of two, at most [`DIRECT_ALIGN`].
+    fn read_align(&self) -> usize {
+        DIRECT_ALIGN
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -53,14 +59,15 @@ fn invalid(path: &Path, msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {msg}", path.display()))
 }
 
-/// Checks alignment, bounds and that no two requests overlap in the buffer.
-fn validate(path: &Path, buf_len: usize, reqs: &[ReadReq]) -> io::Result<()> {
+/// Checks alignment (to `align`), bounds and that no two requests overlap in the buffer.
+fn validate(path: &Path, buf_len: usize, reqs: &[ReadReq], align: usize) -> io::Result<()> {
     let mut dests: Vec<(usize, usize)> = Vec::with_capacity(reqs.len());
     for r in reqs {
-        if !is_aligned(r.offset) || !r.len.is_multiple_of(DIRECT_ALIGN) || !r.buf_offset.is_multiple_of(DIRECT_ALIGN) {
+        if !r.offset.is_multiple_of(align as u64) || !r.len.is_multiple_of(align) || !r.buf_offset.is_multiple_of(align)
+        {
             return Err(invalid(
                 path,
-                format!("misaligned read {r:?}: offset, len and buf_offset must be multiples of {DIRECT_ALIGN}"),
+                format!("misaligned read {r:?}: offset, len and buf_offset must be multiples of {align}"),
             ));
         }
         if r.need > r.len {
@@ -137,24 +144,29 @@ fn split_pieces(reqs: &[ReadReq]) -> Vec<Piece> {
 }
 
 /// After `n` more bytes arrived for `p`: whether the piece has hit the end of the file (and the
-/// remainder must not be re-read). With `O_DIRECT` a read only ends at an unaligned position at
-/// the end of the file, so that counts as the end too (re-reading there would be misaligned).
-fn at_eof(p: &Piece, n: usize, direct: bool) -> bool {
-    n == 0 || (direct && !is_aligned(p.file_off + p.done as u64))
+/// remainder must not be re-read). With `O_DIRECT` (`direct`: its alignment) a read only ends at
+/// an unaligned position at the end of the file, so that counts as the end too (re-reading there
+/// would be misaligned).
+fn at_eof(p: &Piece, n: usize, direct: Option<usize>) -> bool {
+    n == 0 || direct.is_some_and(|a| !(p.file_off + p.done as u64).is_multiple_of(a as u64))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Opening files
 
 /// Opens `path` for reading with `O_DIRECT` when the file system supports it (checked with one
-/// aligned read), else without. Returns the file and whether it is direct.
-fn open_file(path: &Path, allow_direct: bool) -> io::Result<(File, bool)> {
+/// aligned read), else without. Returns the file and, when it is direct, the alignment its reads
+/// need ([`direct_io_align`]).
+fn open_file(path: &Path, allow_direct: bool) -> io::Result<(File, Option<usize>)> {
     if allow_direct {
         match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
             Ok(f) => {
                 let mut probe = AlignedBuf::new(DIRECT_ALIGN);
                 match f.read_at(probe.as_mut_slice(), 0) {
-                    Ok(_) => return Ok((f, true)),
+                    Ok(_) => {
+                        let align = direct_io_align(&f);
+                        return Ok((f, Some(align)));
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
                     Err(e) => return Err(with_context(path, 0, e)),
                 }
@@ -164,7 +176,28 @@ fn open_file(path: &Path, allow_direct: bool) -> io::Result<(File, bool)> {
         }
     }
     let f = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    Ok((f, false))
+    Ok((f, None))
+}
+
+/// The alignment `O_DIRECT` reads of `file` need: the larger of the file's direct-I/O offset and
+/// memory alignments as `statx(STATX_DIOALIGN)` reports them (Linux 6.1+; the device's logical
+/// block, 512 bytes on most disks), or [`DIRECT_ALIGN`] where the kernel or file system does not
+/// say, or says something larger or not a power of two.
+pub(crate) fn direct_io_align(file: &File) -> usize {
+    // SAFETY: `statx` is plain old data, so all-zero bytes are a valid value.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open while `file` is borrowed; with AT_EMPTY_PATH and an empty
+    // NUL-terminated path the call describes the descriptor itself and writes only into `st`,
+    // which outlives the call.
+    let rc = unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut st) };
+    if rc != 0 || st.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return DIRECT_ALIGN;
+    }
+    let align = st.stx_dio_offset_align.max(st.stx_dio_mem_align) as usize;
+    if align == 0 || !align.is_power_of_two() || align > DIRECT_ALIGN {
+        return DIRECT_ALIGN;
+    }
+    align
 }
 
 /// For files opened without `O_DIRECT`: drops the pages a batch read from the page cache.
@@ -297,6 +330,10 @@ impl SlowTier for PackAndSource {
 
     fn file_len(&self) -> u64 {
         self.base + self.source.file_len()
+    }
+
+    fn read_align(&self) -> usize {
+        self.pack.read_align().max(self.source.read_align())
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::{at_eof, drop_cached, eof_error, open_file, split_pieces, validate, with_context, Piece, SlowTier};
-use crate::io::{lock, AlignedBuf, ReadReq};
+use crate::io::{lock, AlignedBuf, ReadReq, DIRECT_ALIGN};
 
 /// Fallback tier: `pread` (with `O_DIRECT` where possible) from a few scoped threads.
 pub struct PreadTier {
@@ -17,7 +17,8 @@ pub struct PreadTier {
     path: PathBuf,
     len: u64,
     threads: usize,
-    direct: bool,
+    /// With `O_DIRECT`: the alignment its reads need.
+    direct: Option<usize>,
 }
 
 impl PreadTier {
@@ -35,11 +36,18 @@ impl PreadTier {
 
     /// Whether the file is read with `O_DIRECT`.
     pub fn is_direct(&self) -> bool {
-        self.direct
+        self.direct.is_some()
     }
 }
 
-fn pread_piece(file: &File, path: &Path, direct: bool, req: &ReadReq, mut p: Piece, dst: &mut [u8]) -> io::Result<()> {
+fn pread_piece(
+    file: &File,
+    path: &Path,
+    direct: Option<usize>,
+    req: &ReadReq,
+    mut p: Piece,
+    dst: &mut [u8],
+) -> io::Result<()> {
     while p.done < p.len {
         match file.read_at(&mut dst[p.done..], p.file_off + p.done as u64) {
             Ok(n) => {
@@ -68,8 +76,12 @@ impl SlowTier for PreadTier {
         self.len
     }
 
+    fn read_align(&self) -> usize {
+        self.direct.unwrap_or(DIRECT_ALIGN)
+    }
+
     fn read_batch(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq]) -> io::Result<()> {
-        validate(&self.path, buf.len(), reqs)?;
+        validate(&self.path, buf.len(), reqs, self.read_align())?;
         let mut pieces = split_pieces(reqs);
         // Carve `buf` into one disjoint `&mut` slice per piece (pieces do not overlap: validated).
         pieces.sort_unstable_by_key(|p| p.buf_off);
@@ -113,7 +125,7 @@ impl SlowTier for PreadTier {
                 None => Ok(()),
             }
         };
-        if !self.direct {
+        if self.direct.is_none() {
             drop_cached(&self.file, reqs);
         }
         result

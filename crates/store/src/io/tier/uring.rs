@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use io_uring::{opcode, types, IoUring};
 
 use super::{at_eof, drop_cached, eof_error, open_file, split_pieces, validate, with_context, Piece, SlowTier};
-use crate::io::{AlignedBuf, Progress, ReadReq};
+use crate::io::{AlignedBuf, Progress, ReadReq, DIRECT_ALIGN};
 
 const MAX_RETRIES: u32 = 64;
 
@@ -25,7 +25,8 @@ pub struct UringTier {
     path: PathBuf,
     len: u64,
     depth: usize,
-    direct: bool,
+    /// With `O_DIRECT`: the alignment its reads need.
+    direct: Option<usize>,
     /// Whether the file is registered (index 0) with the ring.
     fixed: bool,
     /// Set when io_uring_enter failed with an unexpected error: the ring is not used again.
@@ -56,7 +57,7 @@ impl UringTier {
 
     /// Whether the file is read with `O_DIRECT` (else page-cache pages are dropped after reads).
     pub fn is_direct(&self) -> bool {
-        self.direct
+        self.direct.is_some()
     }
 
     /// Reads kept in flight at most.
@@ -91,6 +92,10 @@ impl SlowTier for UringTier {
         self.len
     }
 
+    fn read_align(&self) -> usize {
+        self.direct.unwrap_or(DIRECT_ALIGN)
+    }
+
     fn read_batch(&mut self, buf: &mut AlignedBuf, reqs: &[ReadReq]) -> io::Result<()> {
         self.run(buf, reqs, None)
     }
@@ -111,7 +116,7 @@ impl UringTier {
                 self.path.display()
             )));
         }
-        validate(&self.path, buf.len(), reqs)?;
+        validate(&self.path, buf.len(), reqs, self.read_align())?;
         let mut pieces = split_pieces(reqs);
         // Per request: pieces not complete yet; requests before `leading` are all complete.
         let mut left = vec![0u32; reqs.len()];
@@ -239,7 +244,7 @@ impl UringTier {
         if let Some(e) = first_err {
             return Err(e);
         }
-        if !self.direct {
+        if self.direct.is_none() {
             drop_cached(&self.file, reqs);
         }
         Ok(())
