@@ -238,6 +238,10 @@ pub struct BenchArgs {
     /// Generation lengths to test (comma-separated; 0 skips the tg test)
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     pub n_gen: Vec<usize>,
+    /// Tokens of context before each test (comma-separated, as llama-bench's -d: every test runs
+    /// at every depth; the context is filled once per test, not timed)
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    pub n_depth: Vec<usize>,
     /// Repetitions of each test
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,

@@ -7,7 +7,10 @@ use sift_engine::EngineOptions;
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let threads = if a.threads.is_empty() { vec![sift_engine::default_threads()] } else { a.threads.clone() };
     anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
-    let n_ctx = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0).max(16);
+    let depths: Vec<usize> = if a.n_depth.is_empty() { vec![0] } else { a.n_depth.clone() };
+    let longest = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0);
+    let deepest = depths.iter().copied().max().unwrap_or(0);
+    let n_ctx = longest.checked_add(deepest).ok_or_else(|| anyhow::anyhow!("-d {deepest} is too large"))?.max(16);
     let opts = |t: usize| {
         let eo =
             a.kv.apply(EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() });
@@ -17,7 +20,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let model = &session.engine.model;
     let size = model.weight_bytes();
     let params = model.n_params();
-    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.main_quant());
+    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.file_type_name());
     let filename = a.model.display().to_string();
     let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();
     let md = a.output == "md";
@@ -35,44 +38,46 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let engine = &mut session.engine;
         let mut tests: Vec<BenchResult> = Vec::new();
         let mut telemetry = std::collections::HashMap::new();
-        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
-            tests.push(bench_pp(engine, p, a.reps)?);
-            if md {
-                print_row(&desc, size, params, t, tests.last().expect("just pushed"));
-            }
-        }
-        for &n in a.n_gen.iter().filter(|&&n| n > 0) {
-            // Under a budget: the counters and the activation log cover the measured runs only.
-            // The bound's optimal cache starts from what the store holds after the warm-up.
-            let log = sift_session::report::record_decode(engine)?;
-            let mut start = None;
-            let mut restart = |e: &mut sift_engine::Engine| {
-                let n_layer = e.config().n_layer;
-                if let Some(s) = e.store_mut() {
-                    s.reset_stats();
-                    start = Some(sift_sim::bound::CacheContent::of(s, n_layer));
-                }
-                if let Some(l) = &log {
-                    l.clear().ok();
-                }
-            };
-            restart(engine);
-            let t0 = std::time::Instant::now();
-            let r = bench_tg_measured(engine, n, a.reps, &mut restart)?;
-            let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
-            tests.push(r);
-            if let (Some(l), Some(start), Some(m)) = (&log, &start, &machine) {
-                let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &m.profile)?;
-                sift_session::machine::record_run_if_cached(m, &tm);
+        for &d in &depths {
+            for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+                tests.push(bench_pp(engine, p, d, a.reps)?);
                 if md {
-                    eprintln!("sift: decode {}", tm.line());
+                    print_row(&desc, size, params, t, tests.last().expect("just pushed"));
                 }
-                telemetry.insert(tests.len() - 1, tm);
             }
-            if md {
-                print_row(&desc, size, params, t, tests.last().expect("just pushed"));
-                for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
-                    eprintln!("{line}");
+            for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+                // Under a budget: the counters and the activation log cover the measured runs only.
+                // The bound's optimal cache starts from what the store holds after the warm-up.
+                let log = sift_session::report::record_decode(engine)?;
+                let mut start = None;
+                let mut restart = |e: &mut sift_engine::Engine| {
+                    let n_layer = e.config().n_layer;
+                    if let Some(s) = e.store_mut() {
+                        s.reset_stats();
+                        start = Some(sift_sim::bound::CacheContent::of(s, n_layer));
+                    }
+                    if let Some(l) = &log {
+                        l.clear().ok();
+                    }
+                };
+                restart(engine);
+                let t0 = std::time::Instant::now();
+                let r = bench_tg_measured(engine, n, d, a.reps, &mut restart)?;
+                let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
+                tests.push(r);
+                if let (Some(l), Some(start), Some(m)) = (&log, &start, &machine) {
+                    let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &m.profile)?;
+                    sift_session::machine::record_run_if_cached(m, &tm);
+                    if md {
+                        eprintln!("sift: decode {}", tm.line());
+                    }
+                    telemetry.insert(tests.len() - 1, tm);
+                }
+                if md {
+                    print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+                    for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
+                        eprintln!("{line}");
+                    }
                 }
             }
         }
@@ -108,6 +113,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "test": r.test_name(),
                     "n_prompt": r.n_prompt,
                     "n_gen": r.n_gen,
+                    "n_depth": r.n_depth,
                     "avg_ns": r.avg_ns as u64,
                     "stddev_ns": r.stddev_ns as u64,
                     "avg_ts": r.avg_ts,

@@ -134,12 +134,17 @@ fn bench_json_has_llama_bench_fields() {
         assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
         assert!(r["stddev_ts"].as_f64().unwrap() >= 0.0);
         assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+        assert_eq!(r["n_depth"].as_u64(), Some(0));
+        // The type as llama-bench prints it, from general.file_type.
+        assert!(r["model_type"].as_str().unwrap().ends_with(" Q4_1"), "{r}");
     }
-    // -p 0 skips the prompt test; markdown is the default.
-    let out = sift(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "4", "-r", "1", "-t", "1"]);
+    // -p 0 skips the prompt test; markdown is the default; -d runs every test at every depth.
+    let out = sift(&["bench", "-m", m.to_str().unwrap(), "-p", "0", "-n", "4", "-d", "0,24", "-r", "1", "-t", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let md = text(&out.stdout);
-    assert!(md.contains("| tg4") || md.contains("tg4 |"), "{md}");
-    assert!(!md.contains("pp"), "{md}");
+    assert!(md.contains("tg4 |"), "{md}");
+    assert!(md.contains("tg4 @ d24 |"), "{md}");
+    assert!(!md.contains("pp") && !md.contains("guessed"), "{md}");
 }
 
 #[test]

@@ -15,6 +15,7 @@
 
 mod error;
 mod file;
+mod ftype;
 mod gguf;
 mod reader;
 mod types;
@@ -22,6 +23,7 @@ mod value;
 
 pub use error::GgufError;
 pub use file::{GgufFile, MappedFile};
+pub use ftype::{file_type_name, FILE_TYPE_KEY};
 pub use gguf::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
 pub use value::{MetaArray, MetaValue, StrArray};

@@ -148,6 +148,17 @@ impl Model {
     }
 
     /// The most common quant type among 2-D weights, e.g. "Q4_1" (for `bench` tables).
+    /// The file's quantization as llama.cpp and llama-bench print it (`Q4_K - Medium`), from
+    /// `general.file_type`; where the file does not say (or says something unknown), `(guessed) `
+    /// and [`Model::main_quant`], as llama.cpp guesses it.
+    pub fn file_type_name(&self) -> String {
+        let named = self.file.gguf.get_u64(sift_gguf::FILE_TYPE_KEY).and_then(sift_gguf::file_type_name);
+        match named {
+            Some(n) => n.to_string(),
+            None => format!("(guessed) {}", self.main_quant()),
+        }
+    }
+
     pub fn main_quant(&self) -> &'static str {
         let mut counts: Vec<(&'static str, u64)> = Vec::new();
         for t in &self.file.gguf.tensors {
