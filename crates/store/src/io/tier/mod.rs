@@ -488,7 +488,7 @@ mod tests {
             let bad = [
                 ReadReq { offset: 100, len: 4096, buf_offset: 0, need: 4096 },
                 ReadReq { offset: 4096, len: 100, buf_offset: 0, need: 100 },
-                ReadReq { offset: 4096, len: 4096, buf_offset: 512, need: 4096 },
+                ReadReq { offset: 4096, len: 4096, buf_offset: 100, need: 4096 },
                 ReadReq { offset: 0, len: 4096, buf_offset: 0, need: 8192 },
                 ReadReq { offset: 0, len: 8192, buf_offset: 60 << 10, need: 8192 },
             ];
@@ -502,6 +502,16 @@ mod tests {
             // Still usable afterwards.
             tier.read_batch(&mut buf, &[ReadReq::full(0, 8192, 0)]).unwrap();
             assert_eq!(&buf[..4], b"GGUF", "{label}");
+            // Reads at the tier's own alignment (finer than a page where the disk allows it) are
+            // taken and bring the file's bytes; half of it is refused unless it is one byte.
+            let a = tier.read_align();
+            assert!(a.is_power_of_two() && a <= DIRECT_ALIGN, "{label}: {a}");
+            tier.read_batch(&mut buf, &[ReadReq::full(3 * a as u64, a, a)]).unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert!(buf[a..2 * a] == model_bytes()[3 * a..4 * a], "{label}");
+            if a > 1 {
+                let half = ReadReq::full(a as u64 / 2, a, 0);
+                assert!(tier.read_batch(&mut buf, &[half]).is_err(), "{label}: {half:?}");
+            }
         }
     }
 
