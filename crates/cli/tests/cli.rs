@@ -55,6 +55,23 @@ fn generate_greedy_streams_the_continuation_and_reports_speed() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("eval time") && stderr.contains("tokens per second"), "{stderr}");
     assert!(stderr.contains("peak memory (VmHWM)"), "{stderr}");
+    // --no-mmap: the weights copied into memory give the same text.
+    let copied = sift(&[
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--no-mmap",
+    ]);
+    assert!(copied.status.success(), "{}", text(&copied.stderr));
+    assert_eq!(text(&copied.stdout), stdout);
 }
 
 #[test]

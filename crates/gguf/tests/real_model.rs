@@ -195,3 +195,17 @@ fn a_partial_copy_holds_its_resident_tensors_and_frees_the_parsed_header() {
     assert!(rss <= 61 * 8, "the partial copy holds {rss} kB");
     assert_eq!(f.gguf.metadata.len(), 33, "the metadata lives on, parsed");
 }
+
+#[test]
+fn weights_loaded_into_memory_are_the_files() {
+    let mapped = smollm();
+    let mut loaded = smollm();
+    loaded.load_into_memory().expect("an anonymous copy");
+    assert!(loaded.bytes() == mapped.bytes());
+    for t in &mapped.gguf.tensors {
+        assert!(loaded.tensor_bytes(&t.name) == mapped.tensor_bytes(&t.name), "{}", t.name);
+    }
+    // A second call has nothing to do.
+    loaded.load_into_memory().unwrap();
+    assert_eq!(loaded.bytes().len(), mapped.bytes().len());
+}

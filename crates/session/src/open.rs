@@ -108,8 +108,8 @@ impl Session {
     }
 }
 
-/// Loads a model and its tokenizer: in full (memory-mapped) without a budget, else only its
-/// resident parts — after checking, before reading them, that they, the tokenizer and the KV
+/// Loads a model and its tokenizer: in full without a budget (memory-mapped, or with
+/// `--no-mmap` copied into huge-page-backed memory), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
 /// cache for `eo` fit the budget.
 pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::Result<(Model, Tokenizer)> {
     if !path.exists() {
@@ -121,6 +121,11 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
     let Some(spec) = &memory.memory else {
         let mut model =
             sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
+        if memory.no_mmap {
+            model.file.load_into_memory().with_context(|| {
+                format!("cannot load the weights of '{}' into memory (drop --no-mmap)", path.display())
+            })?;
+        }
         let tok = Tokenizer::from_gguf(&model.file.gguf)
             .with_context(|| format!("cannot build the tokenizer of '{}'", path.display()))?;
         drop_tokenizer_tables(&mut model);

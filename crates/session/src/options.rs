@@ -201,6 +201,15 @@ pub struct MemoryOptions {
     /// read each, first) or uniform (the same fraction of every op)
     #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
     pub cache_split: String,
+    /// Map the weights from the file (the default, as llama.cpp)
+    #[arg(long = "mmap", overrides_with = "no_mmap")]
+    pub mmap: bool,
+    /// Without --memory: copy the weights into memory backed by huge pages instead of mapping
+    /// the file (llama.cpp's --no-mmap). The load reads the whole file; the whole embedding table
+    /// is then resident (+80-106 MiB peak on Qwen2.5); decode measured from -4 to +15 % on the
+    /// development VM (docs/benchmarks.md)
+    #[arg(long = "no-mmap", overrides_with = "mmap")]
+    pub no_mmap: bool,
     /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
     /// (default: $SIFT_PROFILE, else the builtin profile of sift's development machine)
     #[arg(long = "profile")]

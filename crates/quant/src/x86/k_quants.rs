@@ -36,6 +36,7 @@
 //! 19.2 / 24.7. llama.cpp's kernels measured alongside: `ggml_vec_dot_q4_K_q8_K` 17.5, its
 //! repacked 8-row Q4_K GEMV 18.4, `ggml_vec_dot_q6_K_q8_K` 23.4.
 
+use super::helpers::prefetch_weights;
 use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::scalar_k::{unpack_scales_k4, QK_K};
 use crate::Isa;
@@ -221,6 +222,7 @@ fn q4k_avx2<const T: usize>(xs: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let mut acc_m = [_mm_setzero_ps(); T];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let (xd, xdmin) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
@@ -276,6 +278,7 @@ fn q5k_avx2<const T: usize>(xs: &[BlockQ5K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let mut acc_m = [_mm_setzero_ps(); T];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let (xd, xdmin) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
@@ -337,6 +340,7 @@ fn q6k_avx2<const T: usize>(xs: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32; T] {
     let mut acc = [_mm256_setzero_ps(); T];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let xd = f16_to_f32(x.d);
@@ -491,6 +495,7 @@ fn q4k_avx512<const T: usize>(xs: &[BlockQ4K], ys: [&[BlockQ8K]; T]) -> [f32; T]
     let mut sbuf = [0u32; 8];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let hw = _mm_cvtph_ps(_mm_cvtsi32_si128(header(x)));
@@ -544,6 +549,7 @@ fn q5k_avx512<const T: usize>(xs: &[BlockQ5K], ys: [&[BlockQ8K]; T]) -> [f32; T]
     let mut sbuf = [0u32; 8];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let hw = _mm_cvtph_ps(_mm_cvtsi32_si128(header(x)));
@@ -608,6 +614,7 @@ fn q6k_avx512<const T: usize>(xs: &[BlockQ6K], ys: [&[BlockQ8K]; T]) -> [f32; T]
     let mut acc = [_mm512_setzero_ps(); T];
     let ys = act_rows(ys, xs.len());
     for (i, x) in xs.iter().enumerate() {
+        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of_val(x));
         // SAFETY: `i < xs.len()`, the length of every `ys[t]` after `act_rows`.
         let y = unsafe { act_blocks(&ys, i) };
         let xd = f16_to_f32(x.d);
