@@ -15,6 +15,7 @@
 
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
+use sift_quant::packed::PACK_ROWS;
 use sift_quant::{ActType, Dot4RowsFn, DotFn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -108,6 +109,8 @@ const ROW_CHUNK: usize = 16;
 /// cover many rows; 64 rows of the largest matrices are still small enough to stay in L2.
 const ROW_CHUNK_BATCH: usize = 64;
 
+const _: () = assert!(ROW_CHUNK.is_multiple_of(PACK_ROWS) && ROW_CHUNK_BATCH.is_multiple_of(PACK_ROWS));
+
 /// Runs several products over the same quantized input in one pool dispatch.
 pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usize, jobs: &mut [MatJob<'_>]) {
     struct Prepared<'a> {
@@ -142,6 +145,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         })
         .collect();
     let next = AtomicUsize::new(0);
+    let isa = sift_quant::Isa::detect();
     pool.run(&|_, _| loop {
         let c = next.fetch_add(1, Ordering::Relaxed);
         if c >= chunks {
@@ -155,6 +159,21 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         let n = j.w.cols;
         let w_row = |r: usize| &file[base + r * rb..base + (r + 1) * rb];
         let act = |t: usize| &j.act[t * j.act_rb..(t + 1) * j.act_rb];
+        if j.w.packed {
+            // Groups of 8 interleaved rows (chunks are whole groups): every token through the
+            // 8-row kernel, so a batch computes what token-by-token evaluation computes.
+            debug_assert!(r0.is_multiple_of(PACK_ROWS) && (r1.is_multiple_of(PACK_ROWS) || r1 == j.w.rows));
+            let gb = PACK_ROWS * rb;
+            for t in 0..n_tok {
+                // SAFETY: rows r0..r1 of token t belong to this chunk only.
+                let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
+                for (g, o) in (r0 / PACK_ROWS..r1 / PACK_ROWS).zip(out.chunks_exact_mut(PACK_ROWS)) {
+                    let w = &file[base + g * gb..base + (g + 1) * gb];
+                    o.copy_from_slice(&sift_quant::packed::gemv_q4k_x8_on(isa, n, w, act(t)));
+                }
+            }
+            continue;
+        }
         let mut t = 0;
         while t + 4 <= n_tok {
             let a = [act(t), act(t + 1), act(t + 2), act(t + 3)];
@@ -203,11 +222,33 @@ pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32
         })
         .collect();
     let per_job = rows.len().div_ceil(ROW_CHUNK);
+    let isa = sift_quant::Isa::detect();
     pool.for_each(prepared.len() * per_job, 1, &|range, _| {
         for c in range {
             let (w, dot, act, out) = &prepared[c / per_job];
             let i0 = (c % per_job) * ROW_CHUNK;
             let (rb, base) = (w.row_bytes, w.range.start);
+            if w.packed {
+                // The 8-row kernel over each group holding a listed row (the dense product's
+                // numbers), keeping the listed rows.
+                let listed = &rows[i0..(i0 + ROW_CHUNK).min(rows.len())];
+                let mut k = 0;
+                while k < listed.len() {
+                    let g = listed[k] as usize / PACK_ROWS;
+                    let gb = PACK_ROWS * rb;
+                    let y =
+                        sift_quant::packed::gemv_q4k_x8_on(isa, w.cols, &file[base + g * gb..base + (g + 1) * gb], act);
+                    while k < listed.len() && listed[k] as usize / PACK_ROWS == g {
+                        let r = listed[k] as usize;
+                        // SAFETY: as below: each listed row is written by the one chunk that
+                        // holds it.
+                        let o = unsafe { out.slice(r..r + 1) };
+                        o[0] = y[r % PACK_ROWS];
+                        k += 1;
+                    }
+                }
+                continue;
+            }
             for &r in &rows[i0..(i0 + ROW_CHUNK).min(rows.len())] {
                 let r = r as usize;
                 // SAFETY: each listed row is written by the one chunk that holds it (rows are
@@ -268,6 +309,7 @@ mod tests {
                     cols,
                     row_bytes: ty.row_bytes(cols).unwrap(),
                     range: start..file.len(),
+                    packed: false,
                 });
             }
             let n_tok = 11;

@@ -85,6 +85,36 @@ fn qwen2_final_logits_match_llama_cpp() {
     check_final_logits(Model::load(&p).unwrap(), "logits_qwen2.json");
 }
 
+/// The same with the weights copied into memory and its Q4_K matrices repacked into 8-row groups
+/// (`--no-mmap`; `sift_quant::packed`): the 8-row kernel still matches llama.cpp, and a prompt as
+/// one batch gives bit for bit what token-by-token evaluation gives.
+#[test]
+fn qwen2_repacked_weights_match_llama_cpp() {
+    let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !p.exists() {
+        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
+        return;
+    }
+    let load = || {
+        let mut m = Model::load(&p).unwrap();
+        let packed = m.load_into_memory(true).unwrap();
+        assert!(packed > 0 && m.layers.iter().any(|l| l.w_down.packed), "no Q4_K matrix repacked");
+        m
+    };
+    check_final_logits(load(), "logits_qwen2.json");
+    let toks: Vec<u32> = vec![1986, 374, 264, 1273, 315, 279, 3922, 13, 576, 3974];
+    let run = |step: usize| {
+        let mut e = Engine::new(load(), &EngineOptions { n_threads: 2, n_ctx: 64, n_batch: 512, ..Default::default() });
+        let mut last = Vec::new();
+        for c in toks.chunks(step) {
+            last = e.eval(c, Logits::Last).unwrap().to_vec();
+        }
+        last
+    };
+    let (batch, one) = (run(toks.len()), run(1));
+    assert!(batch.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "batched and one-by-one differ");
+}
+
 #[test]
 fn batched_and_one_by_one_evaluation_agree() {
     // The prompt as one batch, as batches of 3, and token by token: same final logits.

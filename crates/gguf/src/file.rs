@@ -127,6 +127,13 @@ impl GgufFile {
     /// made in chunks whose file pages are dropped as it goes, so the peak is not twice the
     /// weights. Nothing to do for a view that is already in memory.
     pub fn load_into_memory(&mut self) -> io::Result<()> {
+        self.load_into_memory_with(|_| {})
+    }
+
+    /// [`GgufFile::load_into_memory`], letting `edit` change the copied bytes (repack tensors in
+    /// place, same offsets) before they become read-only. Nothing happens (and `edit` is not
+    /// called) for a view that is already in memory.
+    pub fn load_into_memory_with(&mut self, edit: impl FnOnce(&mut [u8])) -> io::Result<()> {
         if !self.file_backed {
             return Ok(());
         }
@@ -142,10 +149,16 @@ impl GgufFile {
             anon[at..end].copy_from_slice(&self.mmap[self.range.start + at..self.range.start + end]);
             self.release(at..end);
         }
+        edit(&mut anon[..len]);
         self.mmap = anon.make_read_only()?;
         self.range = 0..len;
         self.file_backed = false;
         Ok(())
+    }
+
+    /// Whether the bytes are the file's own mapping (not a copy in memory).
+    pub fn is_file_backed(&self) -> bool {
+        self.file_backed
     }
 
     /// The GGUF's bytes (the whole file, or the embedded section).

@@ -20,6 +20,10 @@ pub struct QTensor {
     pub row_bytes: usize,
     /// Byte range of the whole matrix within the file.
     pub range: Range<usize>,
+    /// The rows are stored in groups of 8 interleaved ([`sift_quant::packed::BlockQ4Kx8`], Q4_K
+    /// only), repacked at load ([`Model::load_into_memory`]); `row_bytes` is still one row's
+    /// share and the range the same bytes.
+    pub packed: bool,
 }
 
 /// The weights of one transformer block.
@@ -159,6 +163,51 @@ impl Model {
         }
     }
 
+    /// Copies the weights out of the file mapping into memory backed by huge pages
+    /// ([`GgufFile::load_into_memory`]) and, with `repack`, stores every layer's Q4_K matrix
+    /// whose rows come in groups of 8 as interleaved groups ([`sift_quant::packed`]) for the
+    /// 8-row decode kernel (the token embedding stays plain: it is read a row at a time). Returns
+    /// how many matrices were repacked. Nothing to repack in a model already in memory.
+    pub fn load_into_memory(&mut self, repack: bool) -> std::io::Result<usize> {
+        use sift_quant::packed::{pack_q4k_x8, PACK_ROWS};
+        if !self.file.is_file_backed() {
+            return Ok(0);
+        }
+        let embd = self.tok_embd.range.clone();
+        let packable = |t: &QTensor| {
+            repack
+                && t.ty == WeightType::Q4_K
+                && t.rows.is_multiple_of(PACK_ROWS)
+                && t.cols.is_multiple_of(256)
+                && t.range != embd
+        };
+        let mut targets: Vec<(Range<usize>, usize)> = Vec::new();
+        for l in &self.layers {
+            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                if packable(t) && !targets.iter().any(|(r, _)| *r == t.range) {
+                    targets.push((t.range.clone(), t.cols / 256));
+                }
+            }
+        }
+        self.file.load_into_memory_with(|bytes| {
+            let mut group = Vec::new();
+            for (range, nb) in &targets {
+                let gb = PACK_ROWS * nb * 144;
+                for at in (range.start..range.end).step_by(gb) {
+                    group.clear();
+                    group.extend_from_slice(&bytes[at..at + gb]);
+                    pack_q4k_x8(&group, *nb, &mut bytes[at..at + gb]);
+                }
+            }
+        })?;
+        for l in &mut self.layers {
+            for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
+                t.packed = targets.iter().any(|(r, _)| *r == t.range);
+            }
+        }
+        Ok(targets.len())
+    }
+
     pub fn main_quant(&self) -> &'static str {
         let mut counts: Vec<(&'static str, u64)> = Vec::new();
         for t in &self.file.gguf.tensors {
@@ -202,7 +251,7 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QTens
     if t.n_bytes != len as u64 || start + len > file.bytes().len() {
         return Err(ModelError::BadShape { name: name.into(), found: t.dims.clone(), expected });
     }
-    Ok(QTensor { name: name.to_string(), ty, rows, cols, row_bytes, range: start..start + len })
+    Ok(QTensor { name: name.to_string(), ty, rows, cols, row_bytes, range: start..start + len, packed: false })
 }
 
 fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {

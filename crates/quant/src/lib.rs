@@ -24,6 +24,8 @@
 //!   [`x86::pair`] (the AVX-512 multi-row four-token kernels of the non-K formats: 512-bit, token
 //!   pairs interleaved), [`x86::k_quants`] (the K-quants), [`x86::quantize`] (the activation
 //!   quantizers) and [`x86::columns`] (the column kernels below).
+//! - [`packed`]: layouts repacked at load for multi-row decode kernels (8 Q4_K rows interleaved,
+//!   [`packed::BlockQ4Kx8`]), with their scalar reference.
 //! - [`columns`]: input-channel (column) sparse kernels over transposed, quantized matrices
 //!   (`y += Σ coef·column` over the active inputs only, for activation sparsity), with the column
 //!   formats' quantizers; [`x86::columns`]: their AVX2 and AVX-512 versions.
@@ -56,6 +58,7 @@ pub(crate) use rows_by_dot4;
 pub mod blocks;
 pub mod columns;
 pub mod exact;
+pub mod packed;
 pub mod scalar;
 pub mod scalar_k;
 #[cfg(target_arch = "x86_64")]

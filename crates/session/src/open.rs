@@ -109,7 +109,8 @@ impl Session {
 }
 
 /// Loads a model and its tokenizer: in full without a budget (memory-mapped, or with
-/// `--no-mmap` copied into huge-page-backed memory), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
+/// `--no-mmap` copied into huge-page-backed memory, Q4_K matrices repacked unless
+/// `--no-repack`), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
 /// cache for `eo` fit the budget.
 pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::Result<(Model, Tokenizer)> {
     if !path.exists() {
@@ -122,7 +123,7 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
         let mut model =
             sift_store::open_model(path).with_context(|| format!("cannot load model '{}'", path.display()))?;
         if memory.no_mmap {
-            model.file.load_into_memory().with_context(|| {
+            model.load_into_memory(!memory.no_repack).with_context(|| {
                 format!("cannot load the weights of '{}' into memory (drop --no-mmap)", path.display())
             })?;
         }

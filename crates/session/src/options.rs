@@ -210,6 +210,10 @@ pub struct MemoryOptions {
     /// development VM (docs/benchmarks.md)
     #[arg(long = "no-mmap", overrides_with = "mmap")]
     pub no_mmap: bool,
+    /// With --no-mmap: keep the weights' own layout instead of repacking Q4_K matrices into
+    /// groups of 8 interleaved rows for the 8-row decode kernel (llama.cpp's --no-repack)
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
     /// (default: $SIFT_PROFILE, else the builtin profile of sift's development machine)
     #[arg(long = "profile")]

@@ -402,6 +402,7 @@ pub fn dense_kernel_bw(pool: &ThreadPool, ty: WeightType, work: &mut [u8], min_t
                 cols,
                 row_bytes,
                 range: start..start + t_bytes,
+                packed: false,
             });
         }
         let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();

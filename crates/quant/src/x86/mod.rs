@@ -14,6 +14,7 @@
 //! | Q4_0, Q4_1, Q5_0, Q8_0, one and four tokens | [`legacy_avx2`] | [`legacy_avx512`] |
 //! | Q4_0, Q4_1, Q5_0, Q8_0, many rows × four tokens | [`legacy_avx2`] | [`pair`] (512-bit) |
 //! | Q4_K, Q5_K, Q6_K | [`k_quants`] | [`k_quants`] |
+//! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | (the AVX2 one) |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
 //! | activation quantizers (Q8_0, Q8_1, Q8_K) | [`quantize`] | (the AVX2 ones) |
 //!
@@ -49,6 +50,7 @@ pub mod helpers;
 pub mod k_quants;
 pub mod legacy_avx2;
 pub mod legacy_avx512;
+pub mod packed;
 pub mod pair;
 pub mod quantize;
 pub mod wrappers;
