@@ -1,6 +1,7 @@
 //! Live memory-budget changes: another thread asks through a [`BudgetHandle`], the engine applies
 //! the request between tokens (on the tiered store) and logs what happened as a [`BudgetChange`].
 
+use crate::attention::AttnScratch;
 use crate::kv::{KvCache, KV_PAGE};
 use crate::{Engine, EngineOptions, EvalError};
 use sift_model::{Config, Model};
@@ -78,9 +79,9 @@ impl Engine {
         // weight cache; see `Engine::reserve_kv`).
         let kv_cache = KvCache::bytes(c, KV_PAGE.min(n_ctx as usize), opts.cache_type_k, opts.cache_type_v);
         let scratch = b * (e + e.max(q) + q + 2 * kv + q + e + 2 * ff) * 4;
-        // Quantized activations (≤ one byte and a bit per value), scores, logits.
+        // Quantized activations (≤ one byte and a bit per value), attention's tiles, logits.
         let acts = b * ff.max(e) * 2;
-        let scores = opts.n_threads.max(1) as u64 * n_ctx * 4;
+        let scores = AttnScratch::bytes(c, opts.n_threads, n_ctx as usize);
         let logits = c.n_vocab as u64 * 4 * 2;
         kv_cache + scratch + acts + scores + logits
     }

@@ -7,7 +7,7 @@
 //! the site's weights are ([`SiteWeights`]), and [`Engine::project`] runs the matching kernels:
 //! the dense products of [`crate::matmul`] or the column products of [`crate::sparse`].
 
-use crate::attention::{attention, rope, round_to_f16};
+use crate::attention::{attention, rope, round_to_f16, AttnScratch};
 use crate::budget::{current_rss, BudgetChange, BudgetHandle, LiveBudget};
 use crate::kv::{KvCache, KvType, KV_PAGE};
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
@@ -58,8 +58,8 @@ pub(crate) struct Scratch {
     o: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
-    /// One attention-score row per worker thread.
-    scores: Vec<Vec<f32>>,
+    /// Attention's tiles and softmax state, per worker thread.
+    attn: AttnScratch,
     acts: QuantActs,
     logits: Vec<f32>,
     /// A single token's active units at the current site (ascending), and the mask built from them.
@@ -121,7 +121,7 @@ impl Engine {
             o: vec![0.0; b * c.n_embd],
             g: vec![0.0; b * c.n_ff],
             u: vec![0.0; b * c.n_ff],
-            scores: (0..pool.n_threads()).map(|_| vec![0.0; n_ctx]).collect(),
+            attn: AttnScratch::default(),
             acts: QuantActs::new(),
             logits: Vec::new(),
             active: Vec::new(),
@@ -545,7 +545,7 @@ impl Engine {
             round_to_f16(&mut s.q[..n * qd]);
         }
         kv.store(l, *n_past, &s.k[..n * kvd], &s.v[..n * kvd]);
-        attention(pool, c, &s.q[..n * qd], kv, l, *n_past, n, &mut s.scores, &mut s.att[..n * qd]);
+        attention(pool, c, &s.q[..n * qd], kv, l, *n_past, n, &mut s.attn, &mut s.att[..n * qd]);
     }
 
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.

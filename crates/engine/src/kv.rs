@@ -2,12 +2,11 @@
 //!
 //! `-ctk` / `-ctv` (`--cache-type-k` / `--cache-type-v`) choose the storage type of K and V,
 //! with llama.cpp's names: `f16` (the default, as in llama.cpp), `f32` and `q8_0` (blocks of 32
-//! values with one f16 scale; a row's head must be a whole number of blocks). The attention
-//! products then run as llama.cpp runs them for that type:
+//! values with one f16 scale; a row's head must be a whole number of blocks). Attention
+//! ([`crate::attention`]) reads them a tile at a time, converted to f32 ([`load_tile`]):
 //! - K `f16`: q is rounded to f16 and K·q runs on the f16 values (in f32 arithmetic, exact
-//!   conversion); V `f16`: the softmax weights are rounded to f16 before V·softmax.
-//! - K `q8_0`: q is quantized to Q8_0 per head and K·q is the integer Q8_0 dot product of the
-//!   weights' kernels; V `q8_0`: each value row is dequantized into f32 and accumulated.
+//!   conversion); V `f16`: the softmax weights are rounded to f16 before they weight the values.
+//! - `q8_0`: rows are dequantized into f32.
 //! - `f32`: no rounding at all (a reference, at twice the memory of f16).
 //!
 //! The cache is paged: [`KV_PAGE`] positions at a time are allocated as the sequence grows (up to
@@ -16,10 +15,10 @@
 //! budget the engine accounts each new page with the tiered store, whose weight cache gives the
 //! room up (and takes it back when the pages are returned).
 
-use crate::vecops;
+use crate::attention::TILE_K;
 use half::f16;
 use sift_model::Config;
-use sift_quant::{ActType, DotFn, WeightType};
+use sift_quant::{ActType, WeightType};
 use std::ops::Range;
 
 /// Storage type of the K or V cache (llama.cpp's `--cache-type-k` / `--cache-type-v` values).
@@ -214,22 +213,45 @@ impl KvCache {
     }
 }
 
-/// One head's query quantized to Q8_0 for K·q against q8_0 keys (empty for other key types).
-pub(crate) struct QueryQ8 {
-    blocks: Vec<u8>,
-    dot: Option<DotFn>,
-}
-
-impl QueryQ8 {
-    pub fn new(k_type: KvType) -> QueryQ8 {
-        QueryQ8 { blocks: Vec::new(), dot: (k_type == KvType::Q8_0).then(|| WeightType::Q8_0.dot_fn()) }
-    }
-
-    /// Quantizes one head's query `q` (only for q8_0 keys).
-    pub fn set(&mut self, q: &[f32]) {
-        if self.dot.is_some() {
-            self.blocks.resize(KvType::Q8_0.row_bytes(q.len()), 0);
-            ActType::Q8_0.quantize(q, &mut self.blocks);
+/// Positions `p0..p0 + n` of `rows`, values `head` of each, converted to f32 into a tile of
+/// [`TILE_K`] positions: transposed (`out[d · TILE_K + j]`, keys for the score kernel) or by row
+/// (`out[j · head.len() + d]`, values). The positions must lie in one page (tiles start at multiples
+/// of [`TILE_K`], which divides [`KV_PAGE`]). `tmp`: one row's scratch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_tile(
+    rows: &KvRows,
+    kv_dim: usize,
+    head: Range<usize>,
+    p0: usize,
+    n: usize,
+    transposed: bool,
+    out: &mut [f32],
+    tmp: &mut Vec<f32>,
+) {
+    debug_assert!(n <= TILE_K && p0 % KV_PAGE + n <= KV_PAGE);
+    let hd = head.len();
+    tmp.resize(hd, 0.0);
+    for j in 0..n {
+        let p = p0 + j;
+        let src: &[f32] = match rows {
+            KvRows::F32(b) => &row(b, p, kv_dim)[head.clone()],
+            KvRows::F16(b) => {
+                use half::slice::HalfFloatSliceExt;
+                row(b, p, kv_dim)[head.clone()].convert_to_f32_slice(tmp);
+                tmp
+            }
+            KvRows::Q8_0(b) => {
+                let rb = KvType::Q8_0.row_bytes(kv_dim);
+                WeightType::Q8_0.dequantize_row(&row(b, p, rb)[q8_0_span(&head)], tmp);
+                tmp
+            }
+        };
+        if transposed {
+            for (d, &v) in src.iter().enumerate() {
+                out[d * TILE_K + j] = v;
+            }
+        } else {
+            out[j * hd..(j + 1) * hd].copy_from_slice(src);
         }
     }
 }
@@ -237,69 +259,4 @@ impl QueryQ8 {
 /// Byte range of the values `head` inside a q8_0 row.
 fn q8_0_span(head: &Range<usize>) -> Range<usize> {
     head.start / Q8_0_BLOCK * Q8_0_BYTES..head.end / Q8_0_BLOCK * Q8_0_BYTES
-}
-
-/// `out[p] = scale · K[p][head]·q` for positions `0..out.len()` (`q`: the head's query, rounded
-/// to f16 by the caller for f16 keys; `q8`: the same quantized, for q8_0 keys).
-pub(crate) fn key_scores(
-    k: &KvRows,
-    kv_dim: usize,
-    head: Range<usize>,
-    q: &[f32],
-    q8: &QueryQ8,
-    scale: f32,
-    out: &mut [f32],
-) {
-    match k {
-        KvRows::F32(b) => {
-            for (p, o) in out.iter_mut().enumerate() {
-                *o = vecops::dot(q, &row(b, p, kv_dim)[head.clone()]) * scale;
-            }
-        }
-        KvRows::F16(b) => {
-            for (p, o) in out.iter_mut().enumerate() {
-                *o = vecops::dot_f16(q, &row(b, p, kv_dim)[head.clone()]) * scale;
-            }
-        }
-        KvRows::Q8_0(b) => {
-            let (rb, span) = (KvType::Q8_0.row_bytes(kv_dim), q8_0_span(&head));
-            let dot = q8.dot.expect("a q8_0 query for q8_0 keys");
-            for (p, o) in out.iter_mut().enumerate() {
-                *o = dot(head.len(), &row(b, p, rb)[span.clone()], &q8.blocks) * scale;
-            }
-        }
-    }
-}
-
-/// `o = Σ_p w[p] · V[p][head]` over positions `0..w.len()` (`tmp`: scratch for dequantized
-/// q8_0 values).
-pub(crate) fn weighted_values(
-    v: &KvRows,
-    kv_dim: usize,
-    head: Range<usize>,
-    w: &[f32],
-    o: &mut [f32],
-    tmp: &mut Vec<f32>,
-) {
-    o.fill(0.0);
-    match v {
-        KvRows::F32(b) => {
-            for (p, &wp) in w.iter().enumerate() {
-                vecops::axpy(wp, &row(b, p, kv_dim)[head.clone()], o);
-            }
-        }
-        KvRows::F16(b) => {
-            for (p, &wp) in w.iter().enumerate() {
-                vecops::axpy_f16(wp, &row(b, p, kv_dim)[head.clone()], o);
-            }
-        }
-        KvRows::Q8_0(b) => {
-            let (rb, span) = (KvType::Q8_0.row_bytes(kv_dim), q8_0_span(&head));
-            tmp.resize(head.len(), 0.0);
-            for (p, &wp) in w.iter().enumerate() {
-                WeightType::Q8_0.dequantize_row(&row(b, p, rb)[span.clone()], tmp);
-                vecops::axpy(wp, tmp, o);
-            }
-        }
-    }
 }
