@@ -15,7 +15,7 @@
 
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
-use sift_quant::packed::PACK_ROWS;
+use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8_on, GEMM_TOKENS, PACK_ROWS};
 use sift_quant::{ActType, Dot4RowsFn, DotFn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -163,13 +163,27 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             // Groups of 8 interleaved rows (chunks are whole groups): every token through the
             // 8-row kernel, so a batch computes what token-by-token evaluation computes.
             debug_assert!(r0.is_multiple_of(PACK_ROWS) && (r1.is_multiple_of(PACK_ROWS) || r1 == j.w.rows));
+            // Four tokens at a time share each group's unpacked weights (bit for bit one at a time).
             let gb = PACK_ROWS * rb;
-            for t in 0..n_tok {
+            let mut t = 0;
+            while t + GEMM_TOKENS <= n_tok {
+                for g in r0 / PACK_ROWS..r1 / PACK_ROWS {
+                    let w = &file[base + g * gb..base + (g + 1) * gb];
+                    let y = gemm_q4k_x8_on(isa, n, w, std::array::from_fn(|k| act(t + k)));
+                    for (k, y) in y.iter().enumerate() {
+                        let at = (t + k) * j.stride + g * PACK_ROWS;
+                        // SAFETY: rows r0..r1 of token t + k belong to this chunk only.
+                        unsafe { j.out.slice(at..at + PACK_ROWS) }.copy_from_slice(y);
+                    }
+                }
+                t += GEMM_TOKENS;
+            }
+            for t in t..n_tok {
                 // SAFETY: rows r0..r1 of token t belong to this chunk only.
                 let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
                 for (g, o) in (r0 / PACK_ROWS..r1 / PACK_ROWS).zip(out.chunks_exact_mut(PACK_ROWS)) {
                     let w = &file[base + g * gb..base + (g + 1) * gb];
-                    o.copy_from_slice(&sift_quant::packed::gemv_q4k_x8_on(isa, n, w, act(t)));
+                    o.copy_from_slice(&gemv_q4k_x8_on(isa, n, w, act(t)));
                 }
             }
             continue;

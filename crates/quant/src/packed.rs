@@ -212,6 +212,20 @@ pub fn gemv_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: &[u8]) -> [f32; PA
     gemv_q4k_x8(n, w, a)
 }
 
+/// Tokens per call of [`gemm_q4k_x8_on`].
+pub const GEMM_TOKENS: usize = 4;
+
+/// The 8 rows of one packed group times [`GEMM_TOKENS`] activation rows: `out[t]` is bit for bit
+/// [`gemv_q4k_x8`] of `a[t]` (AVX-512 VNNI unpacks the weights once for all of them; elsewhere one
+/// [`gemv_q4k_x8_on`] per token).
+pub fn gemm_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; GEMM_TOKENS]) -> [[f32; PACK_ROWS]; GEMM_TOKENS] {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(out) = crate::x86::packed::gemm_q4k_x8(isa, n, w, a) {
+        return out;
+    }
+    a.map(|a| gemv_q4k_x8_on(isa, n, w, a))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

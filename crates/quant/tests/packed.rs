@@ -13,7 +13,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sift_quant::blocks::BlockQ8K;
-use sift_quant::packed::{gemv_q4k_x8, gemv_q4k_x8_on, pack_q4k_x8, unpack_q4k_x8, PACK_ROWS};
+use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8, gemv_q4k_x8_on, pack_q4k_x8, unpack_q4k_x8, PACK_ROWS};
 use sift_quant::{scalar_k, ActType, Isa, WeightType};
 
 const QK_K: usize = 256;
@@ -57,6 +57,19 @@ fn activations(rng: &mut StdRng, n: usize, extreme: bool) -> Vec<u8> {
     a
 }
 
+/// Q8_K activation blocks `a` with each block's quants rotated by `s` places (sums recomputed):
+/// another valid activation row.
+fn rotate_activation(a: &[u8], s: usize) -> Vec<u8> {
+    let mut blocks: Vec<BlockQ8K> = bytemuck::cast_slice::<u8, BlockQ8K>(a).to_vec();
+    for b in &mut blocks {
+        b.qs.rotate_left(s);
+        for (k, sum) in b.bsums.iter_mut().enumerate() {
+            *sum = b.qs[16 * k..16 * (k + 1)].iter().map(|&q| q as i16).sum::<i16>().to_le_bytes();
+        }
+    }
+    bytemuck::cast_slice(&blocks).to_vec()
+}
+
 /// Packs the 8 rows `w` (plain, one after another), checks the round trip, and checks the
 /// packed gemv against the plain scalar dot and the f32 dot of every row.
 fn check_group(n: usize, w: &[u8], a: &[u8], what: &str) {
@@ -71,6 +84,15 @@ fn check_group(n: usize, w: &[u8], a: &[u8], what: &str) {
     for isa in Isa::available() {
         let k = gemv_q4k_x8_on(isa, n, &packed, a);
         assert!(k.map(f32::to_bits) == got.map(f32::to_bits), "{what} n={n} {isa:?}: {k:?} vs reference {got:?}");
+        // Four tokens at once (here the same row among three others with its bytes rotated):
+        // each is its own one-token product, bit for bit.
+        let others: Vec<Vec<u8>> = (1..4).map(|s| rotate_activation(a, s)).collect();
+        let four = [a, &others[0][..], &others[1][..], &others[2][..]];
+        let many = gemm_q4k_x8_on(isa, n, &packed, four);
+        for (t, at) in four.iter().enumerate() {
+            let one = gemv_q4k_x8(n, &packed, at);
+            assert!(many[t].map(f32::to_bits) == one.map(f32::to_bits), "{what} n={n} {isa:?}: token {t} of four");
+        }
     }
     let ad: Vec<f32> = bytemuck::cast_slice::<u8, BlockQ8K>(a)
         .iter()
