@@ -115,6 +115,32 @@ fn qwen2_repacked_weights_match_llama_cpp() {
     assert!(batch.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "batched and one-by-one differ");
 }
 
+/// The default without `--memory`: the same repack in a private mapping of the file
+/// (`Model::repack_mapped`) gives the bytes the in-memory repack gives (so the logits above), the
+/// file keeps its own layout, and a second repack has nothing to do.
+#[test]
+fn qwen2_repacked_in_the_mapping_is_repacked_in_memory_and_the_file_unchanged() {
+    let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !p.exists() {
+        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
+        return;
+    }
+    let mut mapped = Model::load(&p).unwrap();
+    let n = mapped.repack_mapped().unwrap();
+    assert!(n > 0 && mapped.file.is_file_backed(), "nothing repacked in the mapping");
+    let mut copied = Model::load(&p).unwrap();
+    assert_eq!(copied.load_into_memory(true).unwrap(), n);
+    assert!(mapped.file.bytes() == copied.file.bytes(), "the two repacks differ");
+    let plain = Model::load(&p).unwrap();
+    let l = mapped.layers.iter().position(|l| l.w_down.packed).expect("a repacked ffn_down");
+    assert!(
+        plain.data(&plain.layers[l].w_down) != mapped.data(&mapped.layers[l].w_down),
+        "the mapping holds the file's layout (or the file was written)"
+    );
+    assert!(!plain.layers[l].w_down.packed);
+    assert_eq!(mapped.repack_mapped().unwrap(), 0, "a second repack found work");
+}
+
 #[test]
 fn batched_and_one_by_one_evaluation_agree() {
     // The prompt as one batch, as batches of 3, and token by token: same final logits.

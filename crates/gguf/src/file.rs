@@ -20,6 +20,10 @@ pub struct GgufFile {
     path: PathBuf,
     /// Whether `mmap` maps the file itself (not an in-memory copy of its resident parts).
     file_backed: bool,
+    /// Whether some pages of the file's mapping were changed in a private copy
+    /// ([`GgufFile::edit_mapped`]): they must never be dropped, or they would come back from the
+    /// file unchanged.
+    edited: bool,
 }
 
 impl GgufFile {
@@ -66,7 +70,7 @@ impl GgufFile {
             }
         };
         let gguf = Gguf::parse(&mmap[range.clone()])?;
-        Ok(GgufFile { gguf, mmap, range, path, file_backed: true })
+        Ok(GgufFile { gguf, mmap, range, path, file_backed: true, edited: false })
     }
 
     /// Builds a view of a GGUF of `len` bytes in anonymous memory, holding only some tensors.
@@ -113,7 +117,7 @@ impl GgufFile {
         fill(&mut anon, &keep).map_err(io_err)?;
         let mmap = anon.make_read_only().map_err(io_err)?;
         protect_gaps(&mmap, &mut keep).map_err(io_err)?;
-        Ok(GgufFile { gguf, mmap, range: 0..len, path, file_backed: false })
+        Ok(GgufFile { gguf, mmap, range: 0..len, path, file_backed: false, edited: false })
     }
 
     /// Copies the GGUF's bytes (the file, or its embedded section) out of the file mapping into
@@ -156,6 +160,34 @@ impl GgufFile {
         Ok(())
     }
 
+    /// Lets `edit` change the GGUF's bytes in a private copy-on-write mapping of the file (as
+    /// llama.cpp's repack buffer, with the mapping kept): the pages it writes become the process's
+    /// own memory, every other page stays the file's, shared with the page cache and read on
+    /// demand. The file is mapped again for this (`MAP_PRIVATE`); its length and first page must
+    /// be what was opened. Returns `false` (and does not call `edit`) for a view that is not the
+    /// file's mapping: [`GgufFile::load_into_memory_with`] edits those.
+    pub fn edit_mapped(&mut self, edit: impl FnOnce(&mut [u8])) -> io::Result<bool> {
+        if !self.file_backed {
+            return Ok(false);
+        }
+        let file = File::open(&self.path)?;
+        // SAFETY: a private (copy-on-write) mapping: writes go to the process's own pages, never
+        // to the file. As for the first mapping (see `open_section`), the file must not change
+        // while mapped; the checks below refuse a file replaced since it was opened.
+        let mut copy = unsafe { MmapOptions::new().map_copy(&file) }?;
+        let head = 4096.min(self.mmap.len());
+        if copy.len() != self.mmap.len() || copy[..head] != self.mmap[..head] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("'{}' changed on disk since it was opened", self.path.display()),
+            ));
+        }
+        edit(&mut copy[self.range.clone()]);
+        self.mmap = copy.make_read_only()?;
+        self.edited = true;
+        Ok(true)
+    }
+
     /// Whether the bytes are the file's own mapping (not a copy in memory).
     pub fn is_file_backed(&self) -> bool {
         self.file_backed
@@ -169,16 +201,17 @@ impl GgufFile {
     /// Drops the pages of `range` (offsets into [`GgufFile::bytes`]) from the process's resident
     /// memory, for a reader that streams through the file once (building a pack): they are read
     /// from the file again if touched. Only whole pages inside the range; nothing for an
-    /// in-memory copy.
+    /// in-memory copy or a mapping with edited pages ([`GgufFile::edit_mapped`]).
     pub fn release(&self, range: Range<usize>) {
         const PAGE: usize = 4096;
-        if !self.file_backed {
+        if !self.file_backed || self.edited {
             return;
         }
         let start = (self.range.start + range.start).div_ceil(PAGE) * PAGE;
         let end = ((self.range.start + range.end.min(self.range.len())) / PAGE * PAGE).min(self.mmap.len());
         if end > start {
-            // SAFETY: `mmap` is a shared read-only mapping of a file (`file_backed`): MADV_DONTNEED
+            // SAFETY: `mmap` is a read-only mapping of a file (`file_backed`) with no page of its
+            // own (not `edited`): MADV_DONTNEED
             // only drops its pages, and a later access faults in the same bytes from the file, so
             // no reference into the map ever sees different contents.
             let _ = unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };

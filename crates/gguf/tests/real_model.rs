@@ -209,3 +209,21 @@ fn weights_loaded_into_memory_are_the_files() {
     loaded.load_into_memory().unwrap();
     assert_eq!(loaded.bytes().len(), mapped.bytes().len());
 }
+
+/// Edits in a private mapping (`edit_mapped`, the load-time repack's way) change what the process
+/// reads and nothing on disk, and dropping pages (`release`) never brings the file's bytes back.
+#[test]
+fn an_edited_mapping_keeps_its_edits_and_leaves_the_file_alone() {
+    let mut f = smollm();
+    let t = f.gguf.tensors.iter().max_by_key(|t| t.n_bytes).unwrap().clone();
+    let start = (f.gguf.data_offset + t.offset) as usize;
+    let range = start..start + t.n_bytes as usize;
+    let before = f.bytes()[range.clone()].to_vec();
+    assert!(f.edit_mapped(|b| b[range.clone()].fill(0xAB)).expect("a private mapping"));
+    assert!(f.is_file_backed());
+    f.release(range.clone());
+    assert!(f.bytes()[range.clone()].iter().all(|&b| b == 0xAB), "{}: the edit was lost", t.name);
+    let fresh = smollm();
+    assert!(fresh.bytes()[range] == before[..], "the file on disk changed");
+    assert!(fresh.bytes()[..start] == f.bytes()[..start], "bytes outside the edit differ");
+}

@@ -164,18 +164,39 @@ impl Model {
     }
 
     /// Copies the weights out of the file mapping into memory backed by huge pages
-    /// ([`GgufFile::load_into_memory`]) and, with `repack`, stores every layer's Q4_K matrix
-    /// whose rows come in groups of 8 as interleaved groups ([`sift_quant::packed`]) for the
-    /// 8-row decode kernel (the token embedding stays plain: it is read a row at a time). Returns
-    /// how many matrices were repacked. Nothing to repack in a model already in memory.
+    /// ([`GgufFile::load_into_memory`]) and, with `repack`, repacks them as
+    /// [`Model::repack_mapped`] does. Returns how many matrices were repacked. Nothing to do for
+    /// a model already in memory.
     pub fn load_into_memory(&mut self, repack: bool) -> std::io::Result<usize> {
-        use sift_quant::packed::{pack_q4k_x8, PACK_ROWS};
         if !self.file.is_file_backed() {
             return Ok(0);
         }
+        let targets = if repack { self.repack_targets() } else { Vec::new() };
+        self.file.load_into_memory_with(|bytes| repack_in_place(bytes, &targets))?;
+        Ok(self.mark_packed(&targets))
+    }
+
+    /// Stores every layer's Q4_K matrix whose rows come in groups of 8 as interleaved groups
+    /// ([`sift_quant::packed`]) for the 8-row kernels, in a private copy-on-write mapping of the
+    /// file ([`GgufFile::edit_mapped`]): those matrices become the process's own memory (as
+    /// llama.cpp's repack buffer), the rest stays mapped. The token embedding stays plain (it is
+    /// read a row at a time). Returns how many matrices were repacked; none for a model that is
+    /// not the file's mapping (a budgeted view, or one already loaded into memory).
+    pub fn repack_mapped(&mut self) -> std::io::Result<usize> {
+        let targets = self.repack_targets();
+        if targets.is_empty() || !self.file.edit_mapped(|bytes| repack_in_place(bytes, &targets))? {
+            return Ok(0);
+        }
+        Ok(self.mark_packed(&targets))
+    }
+
+    /// The byte ranges and blocks per row of the matrices [`Model::repack_mapped`] repacks (not
+    /// packed yet).
+    fn repack_targets(&self) -> Vec<(Range<usize>, usize)> {
+        use sift_quant::packed::PACK_ROWS;
         let embd = self.tok_embd.range.clone();
         let packable = |t: &QTensor| {
-            repack
+            !t.packed
                 && t.ty == WeightType::Q4_K
                 && t.rows.is_multiple_of(PACK_ROWS)
                 && t.cols.is_multiple_of(256)
@@ -189,23 +210,17 @@ impl Model {
                 }
             }
         }
-        self.file.load_into_memory_with(|bytes| {
-            let mut group = Vec::new();
-            for (range, nb) in &targets {
-                let gb = PACK_ROWS * nb * 144;
-                for at in (range.start..range.end).step_by(gb) {
-                    group.clear();
-                    group.extend_from_slice(&bytes[at..at + gb]);
-                    pack_q4k_x8(&group, *nb, &mut bytes[at..at + gb]);
-                }
-            }
-        })?;
+        targets
+    }
+
+    /// Marks the layers' matrices at `targets` packed; returns how many ranges there were.
+    fn mark_packed(&mut self, targets: &[(Range<usize>, usize)]) -> usize {
         for l in &mut self.layers {
             for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
-                t.packed = targets.iter().any(|(r, _)| *r == t.range);
+                t.packed |= targets.iter().any(|(r, _)| *r == t.range);
             }
         }
-        Ok(targets.len())
+        targets.len()
     }
 
     pub fn main_quant(&self) -> &'static str {
@@ -259,4 +274,19 @@ fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError>
     let mut out = vec![0f32; n];
     m.ty.dequantize_row(&file.bytes()[m.range.clone()], &mut out);
     Ok(out)
+}
+
+/// Repacks the Q4_K matrices at `targets` (byte range, blocks per row) of `bytes` in place, a
+/// group of 8 rows at a time.
+fn repack_in_place(bytes: &mut [u8], targets: &[(Range<usize>, usize)]) {
+    use sift_quant::packed::{pack_q4k_x8, PACK_ROWS};
+    let mut group = Vec::new();
+    for (range, nb) in targets {
+        let gb = PACK_ROWS * nb * 144;
+        for at in (range.start..range.end).step_by(gb) {
+            group.clear();
+            group.extend_from_slice(&bytes[at..at + gb]);
+            pack_q4k_x8(&group, *nb, &mut bytes[at..at + gb]);
+        }
+    }
 }

@@ -109,8 +109,8 @@ impl Session {
 }
 
 /// Loads a model and its tokenizer: in full without a budget (memory-mapped, or with
-/// `--no-mmap` copied into huge-page-backed memory, Q4_K matrices repacked unless
-/// `--no-repack`), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
+/// `--no-mmap` copied into huge-page-backed memory; either way Q4_K matrices repacked, in the
+/// process's own pages, unless `--no-repack`), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
 /// cache for `eo` fit the budget.
 pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::Result<(Model, Tokenizer)> {
     if !path.exists() {
@@ -125,6 +125,10 @@ pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::
         if memory.no_mmap {
             model.load_into_memory(!memory.no_repack).with_context(|| {
                 format!("cannot load the weights of '{}' into memory (drop --no-mmap)", path.display())
+            })?;
+        } else if !memory.no_repack {
+            model.repack_mapped().with_context(|| {
+                format!("cannot repack the weights of '{}' (--no-repack keeps their layout)", path.display())
             })?;
         }
         let tok = Tokenizer::from_gguf(&model.file.gguf)

@@ -210,8 +210,9 @@ pub struct MemoryOptions {
     /// development VM (docs/benchmarks.md)
     #[arg(long = "no-mmap", overrides_with = "mmap")]
     pub no_mmap: bool,
-    /// With --no-mmap: keep the weights' own layout instead of repacking Q4_K matrices into
-    /// groups of 8 interleaved rows for the 8-row decode kernel (llama.cpp's --no-repack)
+    /// Without --memory: keep the weights' own layout instead of repacking Q4_K matrices into
+    /// groups of 8 interleaved rows for the 8-row kernels at load (llama.cpp's --no-repack). The
+    /// repacked matrices are the process's own memory, the rest of a mapped file stays mapped
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
