@@ -169,3 +169,98 @@ fn packed_groups_agree_on_real_weights() {
     }
     assert!(checked > 0, "no Q4_K tensor in {}", path.display());
 }
+
+/// The Q6_K layout (`packed::q6k`), as [`check_group`] for Q4_K: packing round-trips, every
+/// instruction set's kernel (one token and four) is the packed reference bit for bit, and the
+/// reference agrees with `scalar_k::dot_q6_k` (`≤ 1e-4 · D`) and the f32 dot (`≤ 1e-3 · D`).
+fn check_group_q6(n: usize, w: &[u8], a: &[u8], what: &str) {
+    use sift_quant::packed::q6k::{gemv_q6k_x8, pack_q6k_x8, unpack_q6k_x8};
+    use sift_quant::packed::{gemm_q6k_x8_on, gemm_x8_on, gemv_x8_on};
+    let nb = n / QK_K;
+    let mut packed = vec![0u8; w.len()];
+    pack_q6k_x8(w, nb, &mut packed);
+    let mut back = vec![0u8; w.len()];
+    unpack_q6k_x8(&packed, nb, &mut back);
+    assert!(back == w, "{what}: unpack(pack(rows)) differs");
+    let got = gemv_q6k_x8(n, &packed, a);
+    let others: Vec<Vec<u8>> = (1..4).map(|s| rotate_activation(a, s)).collect();
+    let four = [a, &others[0][..], &others[1][..], &others[2][..]];
+    for isa in Isa::available() {
+        let one = gemm_q6k_x8_on(isa, n, &packed, [a])[0];
+        assert!(one.map(f32::to_bits) == got.map(f32::to_bits), "{what} n={n} {isa:?}: {one:?} vs reference {got:?}");
+        assert!(gemv_x8_on(WeightType::Q6_K, isa, n, &packed, a).map(f32::to_bits) == got.map(f32::to_bits));
+        let many = gemm_x8_on(WeightType::Q6_K, isa, n, &packed, four);
+        for (t, at) in four.iter().enumerate() {
+            let want = gemv_q6k_x8(n, &packed, at);
+            assert!(many[t].map(f32::to_bits) == want.map(f32::to_bits), "{what} n={n} {isa:?}: token {t} of four");
+        }
+    }
+    let ad: Vec<f32> = bytemuck::cast_slice::<u8, BlockQ8K>(a)
+        .iter()
+        .flat_map(|b| b.qs.iter().map(move |&q| b.d() * q as f32))
+        .collect();
+    let rb = nb * 210;
+    for (r, &g) in got.iter().enumerate() {
+        let row = &w[r * rb..(r + 1) * rb];
+        let scalar = scalar_k::dot_q6_k(n, row, a);
+        let mut wd = vec![0f32; n];
+        scalar_k::dequantize_q6_k(row, &mut wd);
+        let reference: f64 = wd.iter().zip(&ad).map(|(&x, &y)| (x * y) as f64).sum();
+        let abs: f64 = wd.iter().zip(&ad).map(|(&x, &y)| (x * y).abs() as f64).sum();
+        let denom = |v: f64| v.abs().max(1e-2 * abs).max(f64::MIN_POSITIVE);
+        let e1 = (g as f64 - scalar as f64).abs() / denom(scalar as f64);
+        assert!(e1 <= 1e-4, "{what} n={n} row {r}: packed {g} vs scalar {scalar} (rel err {e1:.2e})");
+        let e2 = (g as f64 - reference).abs() / denom(reference);
+        assert!(e2 <= 1e-3, "{what} n={n} row {r}: packed {g} vs f32 {reference} (rel err {e2:.2e})");
+    }
+}
+
+#[test]
+fn packed_q6k_groups_round_trip_and_agree_on_quantized_rows_and_random_bytes() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0a06);
+    for &n in &LENS {
+        let rows: Vec<u8> = (0..PACK_ROWS)
+            .flat_map(|r| scalar_k::quantize_row_q6_k(&gaussian(&mut rng, n, [0.02, 1.0][r % 2])))
+            .collect();
+        for extreme in [false, true] {
+            let a = activations(&mut rng, n, extreme);
+            check_group_q6(n, &rows, &a, &format!("quantized, extreme={extreme}"));
+        }
+        for round in 0..2 {
+            let mut raw: Vec<u8> = (0..PACK_ROWS * n / QK_K * 210).map(|_| rng.random()).collect();
+            for b in raw.chunks_exact_mut(210) {
+                b[208..210].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-4f32..1e-1)).to_le_bytes());
+            }
+            let a = activations(&mut rng, n, round == 1);
+            check_group_q6(n, &raw, &a, &format!("random bytes, round {round}"));
+        }
+    }
+}
+
+#[test]
+fn packed_q6k_groups_agree_on_real_weights() {
+    let path = std::env::var_os("SIFT_TEST_GGUF").map(Into::into).unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    });
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let file = sift_gguf::GgufFile::open(&path).expect("open model");
+    let mut rng = StdRng::seed_from_u64(0x5eed_0a07);
+    let mut checked = 0;
+    for t in &file.gguf.tensors {
+        if WeightType::from_ggml_id(t.ty.id()) != Some(WeightType::Q6_K) || t.dims.len() != 2 {
+            continue;
+        }
+        let (n, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        let data = file.tensor_bytes(&t.name).expect("tensor data");
+        let rb = n / QK_K * 210;
+        let g = rng.random_range(0..rows / PACK_ROWS);
+        let w = &data[g * PACK_ROWS * rb..(g + 1) * PACK_ROWS * rb];
+        let a = activations(&mut rng, n, false);
+        check_group_q6(n, w, &a, &format!("{} group {g}", t.name));
+        checked += 1;
+    }
+    assert!(checked > 0, "no Q6_K tensor in {}", path.display());
+}
