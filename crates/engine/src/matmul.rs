@@ -15,7 +15,7 @@
 
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
-use sift_quant::packed::{gemm_x8_on, gemv_x8_on, GEMM_TOKENS, PACK_ROWS};
+use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8_on, GEMM_TOKENS, PACK_ROWS};
 use sift_quant::{ActType, Dot4RowsFn, DotFn};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -169,7 +169,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             while t + GEMM_TOKENS <= n_tok {
                 for g in r0 / PACK_ROWS..r1 / PACK_ROWS {
                     let w = &file[base + g * gb..base + (g + 1) * gb];
-                    let y = gemm_x8_on(j.w.ty, isa, n, w, std::array::from_fn(|k| act(t + k)));
+                    let y = gemm_q4k_x8_on(isa, n, w, std::array::from_fn(|k| act(t + k)));
                     for (k, y) in y.iter().enumerate() {
                         let at = (t + k) * j.stride + g * PACK_ROWS;
                         // SAFETY: rows r0..r1 of token t + k belong to this chunk only.
@@ -183,7 +183,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
                 let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
                 for (g, o) in (r0 / PACK_ROWS..r1 / PACK_ROWS).zip(out.chunks_exact_mut(PACK_ROWS)) {
                     let w = &file[base + g * gb..base + (g + 1) * gb];
-                    o.copy_from_slice(&gemv_x8_on(j.w.ty, isa, n, w, act(t)));
+                    o.copy_from_slice(&gemv_q4k_x8_on(isa, n, w, act(t)));
                 }
             }
             continue;
@@ -250,7 +250,8 @@ pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32
                 while k < listed.len() {
                     let g = listed[k] as usize / PACK_ROWS;
                     let gb = PACK_ROWS * rb;
-                    let y = gemv_x8_on(w.ty, isa, w.cols, &file[base + g * gb..base + (g + 1) * gb], act);
+                    let y =
+                        sift_quant::packed::gemv_q4k_x8_on(isa, w.cols, &file[base + g * gb..base + (g + 1) * gb], act);
                     while k < listed.len() && listed[k] as usize / PACK_ROWS == g {
                         let r = listed[k] as usize;
                         // SAFETY: as below: each listed row is written by the one chunk that

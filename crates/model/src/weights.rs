@@ -20,10 +20,9 @@ pub struct QTensor {
     pub row_bytes: usize,
     /// Byte range of the whole matrix within the file.
     pub range: Range<usize>,
-    /// The rows are stored in groups of 8 interleaved ([`sift_quant::packed::BlockQ4Kx8`],
-    /// [`sift_quant::packed::q6k::BlockQ6Kx8`]), repacked at load ([`Model::repack_mapped`],
-    /// [`Model::load_into_memory`]); `row_bytes` is still one row's share and the range the same
-    /// bytes.
+    /// The rows are stored in groups of 8 interleaved ([`sift_quant::packed::BlockQ4Kx8`], Q4_K
+    /// only), repacked at load ([`Model::load_into_memory`]); `row_bytes` is still one row's
+    /// share and the range the same bytes.
     pub packed: bool,
 }
 
@@ -177,8 +176,7 @@ impl Model {
         Ok(self.mark_packed(&targets))
     }
 
-    /// Stores every layer's Q4_K matrix (and Q6_K where the CPU has its packed kernel,
-    /// [`sift_quant::packed::packs`]) whose rows come in groups of 8 as interleaved groups
+    /// Stores every layer's Q4_K matrix whose rows come in groups of 8 as interleaved groups
     /// ([`sift_quant::packed`]) for the 8-row kernels, in a private copy-on-write mapping of the
     /// file ([`GgufFile::edit_mapped`]): those matrices become the process's own memory (as
     /// llama.cpp's repack buffer), the rest stays mapped. The token embedding stays plain (it is
@@ -194,22 +192,21 @@ impl Model {
 
     /// The byte ranges and blocks per row of the matrices [`Model::repack_mapped`] repacks (not
     /// packed yet).
-    fn repack_targets(&self) -> Vec<Target> {
-        use sift_quant::packed::{packs, PACK_ROWS};
+    fn repack_targets(&self) -> Vec<(Range<usize>, usize)> {
+        use sift_quant::packed::PACK_ROWS;
         let embd = self.tok_embd.range.clone();
-        let isa = sift_quant::Isa::detect();
         let packable = |t: &QTensor| {
             !t.packed
-                && packs(t.ty, isa)
+                && t.ty == WeightType::Q4_K
                 && t.rows.is_multiple_of(PACK_ROWS)
                 && t.cols.is_multiple_of(256)
                 && t.range != embd
         };
-        let mut targets: Vec<Target> = Vec::new();
+        let mut targets: Vec<(Range<usize>, usize)> = Vec::new();
         for l in &self.layers {
             for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                if packable(t) && !targets.iter().any(|(r, ..)| *r == t.range) {
-                    targets.push((t.range.clone(), t.ty, t.cols / 256));
+                if packable(t) && !targets.iter().any(|(r, _)| *r == t.range) {
+                    targets.push((t.range.clone(), t.cols / 256));
                 }
             }
         }
@@ -217,10 +214,10 @@ impl Model {
     }
 
     /// Marks the layers' matrices at `targets` packed; returns how many ranges there were.
-    fn mark_packed(&mut self, targets: &[Target]) -> usize {
+    fn mark_packed(&mut self, targets: &[(Range<usize>, usize)]) -> usize {
         for l in &mut self.layers {
             for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
-                t.packed |= targets.iter().any(|(r, ..)| *r == t.range);
+                t.packed |= targets.iter().any(|(r, _)| *r == t.range);
             }
         }
         targets.len()
@@ -279,20 +276,17 @@ fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError>
     Ok(out)
 }
 
-/// A matrix the load-time repack stores in 8-row groups: its byte range, type and super-blocks
-/// per row.
-type Target = (Range<usize>, WeightType, usize);
-
-/// Repacks the matrices at `targets` of `bytes` in place, a group of 8 rows at a time.
-fn repack_in_place(bytes: &mut [u8], targets: &[Target]) {
-    use sift_quant::packed::{pack_x8, PACK_ROWS};
+/// Repacks the Q4_K matrices at `targets` (byte range, blocks per row) of `bytes` in place, a
+/// group of 8 rows at a time.
+fn repack_in_place(bytes: &mut [u8], targets: &[(Range<usize>, usize)]) {
+    use sift_quant::packed::{pack_q4k_x8, PACK_ROWS};
     let mut group = Vec::new();
-    for (range, ty, nb) in targets {
-        let gb = PACK_ROWS * nb * ty.block_bytes();
+    for (range, nb) in targets {
+        let gb = PACK_ROWS * nb * 144;
         for at in (range.start..range.end).step_by(gb) {
             group.clear();
             group.extend_from_slice(&bytes[at..at + gb]);
-            pack_x8(*ty, &group, *nb, &mut bytes[at..at + gb]);
+            pack_q4k_x8(&group, *nb, &mut bytes[at..at + gb]);
         }
     }
 }

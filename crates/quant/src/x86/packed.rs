@@ -15,11 +15,9 @@
 
 use super::helpers::prefetch_weights;
 use crate::blocks::BlockQ8K;
-use crate::packed::q6k::BlockQ6Kx8;
 use crate::packed::{BlockQ4Kx8, PACK_ROWS};
 use crate::scalar_k::QK_K;
 use crate::Isa;
-use crate::WeightType;
 use std::arch::x86_64::*;
 
 /// The 32 bytes of `v` from byte `off` (panics unless they are all inside `v`; with constant
@@ -39,14 +37,6 @@ fn load128<V: bytemuck::Pod>(v: &V, off: usize) -> __m128i {
     let b: &[u8; 16] = bytemuck::bytes_of(v)[off..off + 16].try_into().unwrap();
     // SAFETY: `b` is exactly the 16 bytes loaded (unaligned load).
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
-}
-
-/// The 8 bytes of `v` from byte `off` in the low half of a vector (the rest zero).
-#[inline]
-#[target_feature(enable = "sse2")]
-fn load64<V: bytemuck::Pod>(v: &V, off: usize) -> __m128i {
-    let b: [u8; 8] = bytemuck::bytes_of(v)[off..off + 8].try_into().unwrap();
-    _mm_cvtsi64_si128(i64::from_le_bytes(b))
 }
 
 /// The 4 bytes of `v` from byte `off`, broadcast to every 32-bit lane.
@@ -172,6 +162,20 @@ const fn scale_i32(u: u8) -> [u8; 32] {
 
 const SCALE_I32: [[u8; 32]; 4] = [scale_i32(0), scale_i32(1), scale_i32(2), scale_i32(3)];
 
+/// `vpermd` indices putting 32-bit activation group `2p` in lanes 0..8 and `2p + 1` in lanes
+/// 8..16, for the pair of 4-value groups one 64-byte load of quants holds.
+const fn pair_index(p: i32) -> [i32; 16] {
+    let mut c = [0i32; 16];
+    let mut i = 0;
+    while i < 16 {
+        c[i] = 2 * p + (i / 8) as i32;
+        i += 1;
+    }
+    c
+}
+
+const PAIR_INDEX: [[i32; 16]; 4] = [pair_index(0), pair_index(1), pair_index(2), pair_index(3)];
+
 /// The 64 bytes of `v` from byte `off`, as [`load256`].
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -188,14 +192,14 @@ fn load512<V: bytemuck::Pod>(v: &V, off: usize) -> __m512i {
 /// the scalar reference's exactly, and the float steps are the same, so it is bit for bit both.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn gemm_q4k_x8_avx512<const T: usize>(xs: &[BlockQ4Kx8], ys: [&[BlockQ8K]; T]) -> [[f32; PACK_ROWS]; T] {
-    let idx: [__m512i; 4] = std::array::from_fn(|p| {
-        let b: &[u8; 64] = bytemuck::cast_ref(&PAIR_INDEX[p]);
-        load512(b, 0)
-    });
     let m4 = _mm256_set1_epi8(0x0F);
     let m4w = _mm512_set1_epi8(0x0F);
     let m6 = _mm256_set1_epi8(0x3F);
     let m30 = _mm256_set1_epi8(0x30);
+    let idx: [__m512i; 4] = std::array::from_fn(|p| {
+        let b: &[u8; 64] = bytemuck::cast_ref(&PAIR_INDEX[p]);
+        load512(b, 0)
+    });
     let mut acc = [_mm256_setzero_ps(); T];
     let mut accm = [_mm256_setzero_ps(); T];
     for (b, x) in xs.iter().enumerate() {
@@ -266,125 +270,24 @@ fn gemm_q4k_x8_avx512<const T: usize>(xs: &[BlockQ4Kx8], ys: [&[BlockQ8K]; T]) -
     out
 }
 
-/// The AVX-512 VNNI kernel of the packed Q6_K layout ([`crate::packed::q6k`]): the 8 rows of
-/// `xs` times each of `T` activation rows. As the Q4_K kernel: a 64-byte load of `ql` holds two
-/// 4-value groups of all eight rows; their high bits come from one 32-byte load of `qh` (the
-/// upper half shifted by 4); `vpdpbusd` adds four products per row and lane into one accumulator
-/// per sub-block; per sub-block `(Σ q·a − 32 · bsum) · scale`, exact, then one fused
-/// multiply-add: bit for bit [`crate::packed::q6k::gemv_q6k_x8`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn gemm_q6k_x8_avx512<const T: usize>(xs: &[BlockQ6Kx8], ys: [&[BlockQ8K]; T]) -> [[f32; PACK_ROWS]; T] {
-    let idx: [__m512i; 4] = std::array::from_fn(|p| {
-        let b: &[u8; 64] = bytemuck::cast_ref(&PAIR_INDEX[p]);
-        load512(b, 0)
-    });
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m30 = _mm512_set1_epi8(0x30);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for (b, x) in xs.iter().enumerate() {
-        prefetch_weights(std::ptr::from_ref(x).cast::<u8>(), std::mem::size_of::<BlockQ6Kx8>());
-        let dw = _mm256_cvtph_ps(load128(&x.d, 0));
-        let mut sumi = [_mm256_setzero_si256(); T];
-        for j in 0..QK_K / 64 {
-            // Per token: sub-blocks 4j (low nibbles, g < 4), 4j + 1 (low, g ≥ 4), 4j + 2 and
-            // 4j + 3 (high nibbles).
-            let mut parts = [[_mm512_setzero_si512(); 4]; T];
-            let alo: [__m512i; T] = std::array::from_fn(|t| _mm512_castsi256_si512(load256(&ys[t][b].qs, 64 * j)));
-            let ahi: [__m512i; T] = std::array::from_fn(|t| _mm512_castsi256_si512(load256(&ys[t][b].qs, 64 * j + 32)));
-            for (p, ix) in idx.iter().enumerate() {
-                let ql = load512(&x.ql, 256 * j + 64 * p);
-                let qh = load256(&x.qh, 128 * j + 32 * p);
-                let qh = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16::<4>(qh));
-                let lo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_slli_epi16::<4>(qh), m30));
-                let hi = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                    _mm512_and_si512(_mm512_slli_epi16::<2>(qh), m30),
-                );
-                let half = p / 2;
-                for t in 0..T {
-                    let part = &mut parts[t];
-                    part[half] = _mm512_dpbusd_epi32(part[half], lo, _mm512_permutexvar_epi32(*ix, alo[t]));
-                    part[2 + half] = _mm512_dpbusd_epi32(part[2 + half], hi, _mm512_permutexvar_epi32(*ix, ahi[t]));
-                }
-            }
-            // `k` picks the sub-block in every token's accumulators and the scales: a range loop.
-            #[allow(clippy::needless_range_loop)]
-            for k in 0..4 {
-                let s = 4 * j + k;
-                let sc = _mm256_cvtepi8_epi32(load64(&x.sc, 8 * s));
-                for t in 0..T {
-                    let v = parts[t][k];
-                    let dot = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
-                    let bsum = i32::from(i16::from_le_bytes(ys[t][b].bsums[s]));
-                    let centred = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * bsum));
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_mullo_epi32(centred, sc));
-                }
-            }
-        }
-        for t in 0..T {
-            let da = _mm256_set1_ps(ys[t][b].d());
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(dw, da), acc[t]);
-        }
-    }
-    let mut out = [[0f32; PACK_ROWS]; T];
-    for t in 0..T {
-        // SAFETY: `out[t]` is 8 f32s, exactly one unaligned 256-bit store.
-        unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
-    }
-    out
-}
-
-/// `vpermd` indices putting 32-bit activation group `2p` in lanes 0..8 and `2p + 1` in lanes
-/// 8..16, for the pair of 4-value groups one 64-byte load of quants holds.
-const fn pair_index(p: i32) -> [i32; 16] {
-    let mut c = [0i32; 16];
-    let mut i = 0;
-    while i < 16 {
-        c[i] = 2 * p + (i / 8) as i32;
-        i += 1;
-    }
-    c
-}
-
-const PAIR_INDEX: [[i32; 16]; 4] = [pair_index(0), pair_index(1), pair_index(2), pair_index(3)];
-
-/// One packed group of type `ty` (Q4_K or Q6_K) times `T` activation rows on the AVX-512 VNNI
-/// kernels; `None` where `isa` is below that or the CPU lacks it. Safe: checks the lengths, and
-/// that the CPU runs the kernel.
+/// The packed product of one group of 8 rows with `T` activation rows on `isa` where it has a
+/// kernel for that (AVX-512 VNNI), `None` otherwise. Safe: checks the lengths, and that the CPU
+/// runs the kernel.
 ///
 /// # Panics
-/// If `n` is not a multiple of 256, `w` / each of `a` are not `n / 256` blocks, or `ty` has no
-/// packed kernel.
-pub fn gemm_x8<const T: usize>(
-    ty: WeightType,
-    isa: Isa,
-    n: usize,
-    w: &[u8],
-    a: [&[u8]; T],
-) -> Option<[[f32; PACK_ROWS]; T]> {
+/// If `n` is not a multiple of 256 or `w` / each of `a` are not `n / 256` blocks.
+pub fn gemm_q4k_x8<const T: usize>(isa: Isa, n: usize, w: &[u8], a: [&[u8]; T]) -> Option<[[f32; PACK_ROWS]; T]> {
     if isa < Isa::Avx512Vnni || !isa.is_supported() {
         return None;
     }
     assert!(n.is_multiple_of(QK_K), "row length {n} is not a multiple of {QK_K}");
     let nb = n / QK_K;
+    let xs: &[BlockQ4Kx8] = bytemuck::cast_slice(w);
     let ys: [&[BlockQ8K]; T] = a.map(bytemuck::cast_slice);
-    assert!(ys.iter().all(|y| y.len() == nb), "{nb} blocks of activations");
-    match ty {
-        WeightType::Q4_K => {
-            let xs: &[BlockQ4Kx8] = bytemuck::cast_slice(w);
-            assert_eq!(xs.len(), nb, "{nb} blocks of weights");
-            // SAFETY: `isa ≥ Avx512Vnni` is supported by this CPU (checked above): AVX-512
-            // F/BW/VL/VNNI with AVX2, FMA and F16C; the kernel reads only these checked blocks.
-            Some(unsafe { gemm_q4k_x8_avx512(xs, ys) })
-        }
-        WeightType::Q6_K => {
-            let xs: &[BlockQ6Kx8] = bytemuck::cast_slice(w);
-            assert_eq!(xs.len(), nb, "{nb} blocks of weights");
-            // SAFETY: as for Q4_K above.
-            Some(unsafe { gemm_q6k_x8_avx512(xs, ys) })
-        }
-        other => panic!("no packed kernel for {other:?}"),
-    }
+    assert!(xs.len() == nb && ys.iter().all(|y| y.len() == nb), "{nb} blocks of weights and of activations");
+    // SAFETY: `isa ≥ Avx512Vnni` is supported by this CPU (checked above): AVX-512 F/BW/VL/VNNI
+    // with AVX2, FMA and F16C.
+    Some(unsafe { gemm_q4k_x8_avx512(xs, ys) })
 }
 
 /// The packed gemv on `isa` where it has a kernel (AVX2 and up), `None` otherwise. Safe: checks
@@ -401,8 +304,9 @@ pub fn gemv_q4k_x8(isa: Isa, n: usize, w: &[u8], a: &[u8]) -> Option<[f32; PACK_
     let xs: &[BlockQ4Kx8] = bytemuck::cast_slice(w);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(a);
     assert!(xs.len() == nb && ys.len() == nb, "{nb} blocks of weights and of activations");
-    if let Some([y]) = gemm_x8(WeightType::Q4_K, isa, n, w, [a]) {
-        return Some(y);
+    if isa >= Isa::Avx512Vnni {
+        // SAFETY: `isa ≥ Avx512Vnni` is supported by this CPU (checked above).
+        return Some(unsafe { gemm_q4k_x8_avx512::<1>(xs, [ys]) }[0]);
     }
     // SAFETY: `isa ≥ Avx2` is supported by this CPU (checked above), which includes FMA and F16C.
     Some(unsafe { gemv_q4k_x8_avx2(xs, ys) })

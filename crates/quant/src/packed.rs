@@ -22,11 +22,8 @@
 //! of the kernels: per row and super-block the exact integer sums, then two fused multiply-adds,
 //! in an order a SIMD kernel can follow bit for bit.
 
-pub mod q6k;
-
 use crate::blocks::{scale_min_k4, BlockQ4K, BlockQ8K};
 use crate::scalar_k::QK_K;
-use crate::{Isa, WeightType};
 use bytemuck::{Pod, Zeroable};
 
 /// Rows in one packed group.
@@ -223,75 +220,10 @@ pub const GEMM_TOKENS: usize = 4;
 /// [`gemv_q4k_x8_on`] per token).
 pub fn gemm_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; GEMM_TOKENS]) -> [[f32; PACK_ROWS]; GEMM_TOKENS] {
     #[cfg(target_arch = "x86_64")]
-    if let Some(out) = crate::x86::packed::gemm_x8(WeightType::Q4_K, isa, n, w, a) {
+    if let Some(out) = crate::x86::packed::gemm_q4k_x8(isa, n, w, a) {
         return out;
     }
     a.map(|a| gemv_q4k_x8_on(isa, n, w, a))
-}
-
-/// Whether the load-time repack stores matrices of type `ty` in 8-row groups on `isa`: Q4_K
-/// always (AVX2, AVX-512 VNNI and scalar kernels), Q6_K where the AVX-512 VNNI kernel runs (on
-/// AVX2 its plain kernel stays).
-pub fn packs(ty: WeightType, isa: Isa) -> bool {
-    match ty {
-        WeightType::Q4_K => true,
-        WeightType::Q6_K => isa >= Isa::Avx512Vnni && isa.is_supported(),
-        _ => false,
-    }
-}
-
-/// Packs 8 rows of a matrix of type `ty` (one [`packs`] accepts; `nb` super-blocks per row).
-///
-/// # Panics
-/// For another type, or slices that are not 8 rows of `nb` blocks.
-pub fn pack_x8(ty: WeightType, src: &[u8], nb: usize, dst: &mut [u8]) {
-    match ty {
-        WeightType::Q4_K => pack_q4k_x8(src, nb, dst),
-        WeightType::Q6_K => q6k::pack_q6k_x8(src, nb, dst),
-        other => panic!("no packed layout for {other:?}"),
-    }
-}
-
-/// One packed group of type `ty` times one activation row, on the best kernel `isa` has.
-///
-/// # Panics
-/// As [`gemv_q4k_x8`], or for a type without a packed layout.
-pub fn gemv_x8_on(ty: WeightType, isa: Isa, n: usize, w: &[u8], a: &[u8]) -> [f32; PACK_ROWS] {
-    match ty {
-        WeightType::Q4_K => gemv_q4k_x8_on(isa, n, w, a),
-        WeightType::Q6_K => gemm_q6k_x8_on(isa, n, w, [a])[0],
-        other => panic!("no packed layout for {other:?}"),
-    }
-}
-
-/// One packed group of type `ty` times [`GEMM_TOKENS`] activation rows (each bit for bit its
-/// [`gemv_x8_on`]).
-///
-/// # Panics
-/// As [`gemv_x8_on`].
-pub fn gemm_x8_on(
-    ty: WeightType,
-    isa: Isa,
-    n: usize,
-    w: &[u8],
-    a: [&[u8]; GEMM_TOKENS],
-) -> [[f32; PACK_ROWS]; GEMM_TOKENS] {
-    match ty {
-        WeightType::Q4_K => gemm_q4k_x8_on(isa, n, w, a),
-        WeightType::Q6_K => gemm_q6k_x8_on(isa, n, w, a),
-        other => panic!("no packed layout for {other:?}"),
-    }
-}
-
-/// The packed Q6_K group times `T` activation rows: the AVX-512 VNNI kernel where it runs, else
-/// [`q6k::gemv_q6k_x8`] per row (bit for bit the same).
-pub fn gemm_q6k_x8_on<const T: usize>(isa: Isa, n: usize, w: &[u8], a: [&[u8]; T]) -> [[f32; PACK_ROWS]; T] {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(out) = crate::x86::packed::gemm_x8(WeightType::Q6_K, isa, n, w, a) {
-        return out;
-    }
-    let _ = isa;
-    a.map(|a| q6k::gemv_q6k_x8(n, w, a))
 }
 
 #[cfg(test)]
