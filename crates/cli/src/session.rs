@@ -34,19 +34,21 @@ pub fn build(
 
 /// The session options of a command's flags.
 ///
-/// With `--memory` on a `.gguf`, the model becomes the pack built from it (once; see
-/// [`sift_session::autopack`]).
+/// With `--memory`, or a sparsity method on the column kernels (`--sparsity` other than dense, or
+/// `--sparsity-config`, without `--dense-kernels`), on a `.gguf`, the model becomes the pack
+/// built from it (once; see [`sift_session::autopack`]): its columns are what makes a sparse
+/// decode read less.
 pub fn options(
     model: &Path,
     engine: EngineOptions,
     sparsity: &SparsityOptions,
     memory: &MemoryOptions,
 ) -> anyhow::Result<SessionOptions> {
-    let model = if memory.memory.is_some() && model.exists() {
-        column_file(model, memory.pack_dir.as_deref())?
-    } else {
-        model.to_path_buf()
-    };
+    let sparse =
+        sparsity.method.is_some_and(|m| m != sift_engine::sparsity::Method::Dense) || sparsity.config.is_some();
+    let columns = memory.memory.is_some() || (sparse && !sparsity.dense_kernels);
+    let model =
+        if columns && model.exists() { column_file(model, memory.pack_dir.as_deref())? } else { model.to_path_buf() };
     Ok(SessionOptions { model, engine, sparsity: sparsity.clone(), memory: memory.clone() })
 }
 

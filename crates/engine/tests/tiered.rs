@@ -232,7 +232,12 @@ fn a_damaged_or_invalid_unit_order_is_refused() {
     let out = dir.path().join("never.sift");
     let err = pack_model(&src, &out, &PackOptions { unit_orders, ..PackOptions::default() }, |_| {}).unwrap_err();
     assert!(err.to_string().contains("layer 2 site 3 unit order: unit 5 appears twice"), "{err}");
-    assert!(!out.exists() && !dir.path().join("never.sift.tmp").exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("never."))
+        .collect();
+    assert!(!out.exists() && left.is_empty(), "left behind: {left:?}");
 }
 
 #[test]

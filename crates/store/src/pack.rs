@@ -468,8 +468,13 @@ pub fn pack_model(
             msg: "model dimensions are not multiples of 32; columns cannot be blocked".into(),
         });
     }
-    let tmp = dst.with_extension("sift.tmp");
-    let f = File::create(&tmp).map_err(io(&tmp))?;
+    // A name of its own per build (process and call): two builds of one pack at once (two runs
+    // on a GGUF without its column file yet) each write their own file, and the last rename wins
+    // with a whole pack.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dst.with_extension(format!("sift.{}-{build}.tmp", std::process::id()));
+    let f = File::create_new(&tmp).map_err(io(&tmp))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let mut pos: u64 = 0;
     let pad_to = |w: &mut BufWriter<File>, pos: &mut u64, to: u64| -> Result<(), PackError> {
