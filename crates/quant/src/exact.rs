@@ -38,7 +38,8 @@
 //! outputs the run's columns are summed in registers as `t = Σ coef·q` (integers converted to
 //! f32, one FMA each) with `s = Σ coef`, and the scales are applied once per run:
 //! `y += a·(t − zero·s) + b·s`. The scalar reference [`axpy_exact_scalar`] computes the same sums
-//! in the same order; AVX2 ([`crate::x86::exact`]) differs from it by f32 FMA rounding only.
+//! in the same order; AVX2 ([`crate::x86::exact`]) differs from it by f32 FMA rounding only, and
+//! AVX-512 ([`crate::x86::exact_avx512`]) gives the AVX2 result bit for bit.
 //!
 //! [`axpy_exact_batch`] (many tokens, `--all-columns`): the one-token kernel per token.
 
@@ -489,6 +490,12 @@ pub fn axpy_exact_scalar(
 /// The fastest [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU.
 pub fn axpy_exact_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
     let isa = isa.min(Isa::detect());
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512Vnni {
+        if let Some(f) = crate::x86::exact_avx512::avx512_axpy_fn(fmt) {
+            return f;
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         if let Some(f) = crate::x86::exact::avx2_axpy_fn(fmt) {

@@ -12,6 +12,8 @@
 //!   `≤ 2·10⁻⁵ · S_k`, `S_k = |y0_k| + Σ_i |coef_i|·(|a·(q − zero)| + |b|)`: the kernels sum
 //!   `coef · q` per run then scale, so rounding is relative to the two terms of each weight.
 //! - Batch kernel vs the one-token scalar kernel per token, same tolerance.
+//! - AVX-512 vs AVX2, bit for bit (the same operations per lane in the same order), where the CPU
+//!   runs both.
 //! - Bad arguments panic with the checker's message, before anything is written.
 
 use sift_quant::exact::{axpy_exact_scalar, check_axpy_exact, ExactFormat, ExactMatrix};
@@ -196,6 +198,35 @@ fn kernels_agree_with_f64_sums() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn avx512_gives_the_avx2_result_bit_for_bit() {
+    let isas = Isa::available();
+    if !isas.contains(&Isa::Avx512Vnni) {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    let mut rng = Rng(11);
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        let (n_out, n_in) = (96, 1024);
+        let (_, cols, scales) = tensor(t, n_out, n_in, 9);
+        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        for keep in [1, 2, 5, 64] {
+            // Runs of every length, up to whole sub-blocks and more than one group of columns.
+            let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect();
+            let coef: Vec<f32> = units.iter().map(|_| rng.f() * 2.0).collect();
+            for chunks in [0..n_out / 32, 1..2] {
+                let y0: Vec<f32> = (0..32 * chunks.len()).map(|_| rng.f()).collect();
+                let (mut a, mut b) = (y0.clone(), y0.clone());
+                axpy_exact_fn(f, Isa::Avx2)(&m, &units, &units, &coef, chunks.clone(), &mut a);
+                axpy_exact_fn(f, Isa::Avx512Vnni)(&m, &units, &units, &coef, chunks.clone(), &mut b);
+                let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{t:?}, {} active, chunks {chunks:?}: AVX-512 differs from AVX2", units.len());
             }
         }
     }

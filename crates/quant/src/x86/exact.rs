@@ -24,7 +24,7 @@ use std::ops::Range;
 
 /// Columns per pass over the outputs (a run of up to this many sums in registers only; 4 and 8
 /// measured alike on matrices that stream from memory, 8 faster on short runs).
-const GROUP: usize = 8;
+pub(super) const GROUP: usize = 8;
 
 /// The AVX2 kernel for `fmt` (`None` if this CPU lacks AVX2 / FMA / F16C).
 pub(crate) fn avx2_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
@@ -135,9 +135,24 @@ unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> __m256 {
     _mm256_cvtepi32_ps(if SIGNED { _mm256_cvtepi8_epi32(v) } else { _mm256_cvtepu8_epi32(v) })
 }
 
+/// The column groups of a call in order: `(start, end, start of its run, last group of its run)`,
+/// runs ([`runs`]) cut into groups of at most [`GROUP`] columns.
+pub(super) fn plan_groups(units: &[u32], sub_block: usize) -> Vec<(usize, usize, usize, bool)> {
+    let mut groups = Vec::with_capacity(units.len() / GROUP + 8);
+    for (i0, i1) in runs(units, sub_block) {
+        let mut g = i0;
+        while g < i1 {
+            let e = (g + GROUP).min(i1);
+            groups.push((g, e, i0, e == i1));
+            g = e;
+        }
+    }
+    groups
+}
+
 thread_local! {
     /// Per-thread run sums `t` (32 per output chunk), reused across calls.
-    static RUN_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    pub(super) static RUN_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// # Safety
@@ -192,16 +207,7 @@ unsafe fn axpy_avx2_with<const BITS: u8, const SUB: u8, const OFF: bool>(
     let yp = y.as_mut_ptr();
     let tp = t.as_mut_ptr();
     let line_step = (64 / kb).max(1);
-    // The groups in order: (start, end, start of its run, last group of its run).
-    let mut groups: Vec<(usize, usize, usize, bool)> = Vec::with_capacity(idx.len() / GROUP + 8);
-    for (i0, i1) in runs(units, f.sub_block) {
-        let mut g = i0;
-        while g < i1 {
-            let e = (g + GROUP).min(i1);
-            groups.push((g, e, i0, e == i1));
-            g = e;
-        }
-    }
+    let groups = plan_groups(units, f.sub_block);
     for (gi, &(g0, g1, i0, last)) in groups.iter().enumerate() {
         let (n0, n1, _, n_last) = groups.get(gi + 1).copied().unwrap_or((0, 0, 0, false));
         // Where the next group's scale rows are, when it applies them.

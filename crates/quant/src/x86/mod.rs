@@ -14,8 +14,9 @@
 //! | Q4_0, Q4_1, Q5_0, Q8_0, one and four tokens | [`legacy_avx2`] | [`legacy_avx512`] |
 //! | Q4_0, Q4_1, Q5_0, Q8_0, many rows × four tokens | [`legacy_avx2`] | [`pair`] (512-bit) |
 //! | Q4_K, Q5_K, Q6_K | [`k_quants`] | [`k_quants`] |
-//! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | (the AVX2 one) |
+//! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | [`packed`] |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
+//! | exact column kernels | [`exact`] | [`exact_avx512`] |
 //! | activation quantizers (Q8_0, Q8_1, Q8_K) | [`quantize`] | (the AVX2 ones) |
 //!
 //! Shared by the non-K block kernels: [`block_dot`] (the `block_dot!` loop every one of them runs,
@@ -45,6 +46,7 @@ use crate::{Dot4Fn, Dot4RowsFn, DotFn, Isa, WeightType};
 pub mod block_dot;
 pub mod columns;
 pub mod exact;
+pub mod exact_avx512;
 pub mod float;
 pub mod helpers;
 pub mod k_quants;
