@@ -72,7 +72,7 @@ pub(crate) struct Scratch {
     col_acc: Vec<f32>,
     /// The sparse output head's scores and selection scratch.
     head_scores: Vec<f32>,
-    head_scratch: Vec<f32>,
+    head_scratch: Vec<u32>,
 }
 
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
@@ -445,9 +445,8 @@ impl Engine {
                 }
             }
             for (v, &k) in row.iter_mut().zip(keep.iter()) {
-                if !k {
-                    *v = 0.0;
-                }
+                // An unconditional store (a blend), not a branch per input.
+                *v = if k { *v } else { 0.0 };
             }
         }
         subset && n == 1

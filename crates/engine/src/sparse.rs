@@ -144,9 +144,10 @@ pub fn column_matmul_part(
     }
     // Pieces of the active list per op: `COLUMN_PIECE` columns each, whatever the thread count.
     let pieces = n_active.div_ceil(COLUMN_PIECE).max(1);
-    scratch.clear();
-    scratch.resize(pieces * total, 0.0);
-    let acc = SharedMut::new(&mut scratch[..]);
+    if scratch.len() < pieces * total {
+        scratch.resize(pieces * total, 0.0);
+    }
+    let acc = SharedMut::new(&mut scratch[..pieces * total]);
     // Per job: op, columns, column indices, scale plane.
     type Part<'a> = (&'a ColOp, &'a [u8], &'a [u32], &'a [u8]);
     let ops: Vec<Part<'_>> = jobs.iter().map(|j| (j.op, j.data, j.idx, j.scales)).collect();
@@ -159,25 +160,48 @@ pub fn column_matmul_part(
             // SAFETY: piece `pi` of job `ji` owns accumulator range `start..start + n_out`;
             // every (job, piece) item runs exactly once.
             let y = unsafe { acc.slice(start..start + op.n_out) };
+            y.fill(0.0);
             op.axpy(data, scales, &idx[r.clone()], &units[r.clone()], &coef[r], y);
         }
     });
-    for (j, &off) in jobs.iter_mut().zip(&offsets) {
-        let n = j.op.n_out;
-        let out = &mut j.out[..n];
-        if accumulate {
-            for (o, v) in out.iter_mut().zip(&scratch[off..off + n]) {
-                *o += v;
+    // The pieces' sums added in piece order, into each output: in parallel over ranges of the
+    // outputs (one after the other, `offsets` order) when there is enough to add.
+    let sums = &scratch[..pieces * total];
+    let lens: Vec<usize> = jobs.iter().map(|j| j.op.n_out).collect();
+    let outs: Vec<SharedMut<'_, f32>> = jobs.iter_mut().map(|j| SharedMut::new(&mut j.out[..j.op.n_out])).collect();
+    let reduce = |lo: usize, hi: usize| {
+        for (ji, &off) in offsets.iter().enumerate() {
+            let n = lens[ji];
+            let (a, b) = (lo.max(off), hi.min(off + n));
+            if a >= b {
+                continue;
             }
-        } else {
-            out.copy_from_slice(&scratch[off..off + n]);
-        }
-        for p in 1..pieces {
-            let part = &scratch[p * total + off..p * total + off + n];
-            for (o, v) in out.iter_mut().zip(part) {
-                *o += v;
+            // SAFETY: output positions `a..b` of the concatenated outputs belong to the range
+            // `lo..hi` being reduced, and the ranges handed out are disjoint.
+            let out = unsafe { outs[ji].slice(a - off..b - off) };
+            if accumulate {
+                for (o, v) in out.iter_mut().zip(&sums[a..b]) {
+                    *o += v;
+                }
+            } else {
+                out.copy_from_slice(&sums[a..b]);
+            }
+            for p in 1..pieces {
+                for (o, v) in out.iter_mut().zip(&sums[p * total + a..p * total + b]) {
+                    *o += v;
+                }
             }
         }
+    };
+    const REDUCE_BLOCK: usize = 2048;
+    if pieces * total < 8 * REDUCE_BLOCK {
+        reduce(0, total);
+    } else {
+        pool.for_each(total.div_ceil(REDUCE_BLOCK), 1, &|range, _| {
+            for b in range {
+                reduce(b * REDUCE_BLOCK, ((b + 1) * REDUCE_BLOCK).min(total));
+            }
+        });
     }
 }
 

@@ -26,7 +26,7 @@ pub struct CoreParams {
 }
 
 /// Writes the token-wise core neurons of activation `x` (Def. 1) to `out`, ascending.
-pub fn token_core(x: &[f32], alpha: f32, scores: &mut Vec<f32>, scratch: &mut Vec<f32>, out: &mut Vec<u32>) {
+pub fn token_core(x: &[f32], alpha: f32, scores: &mut Vec<f32>, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
     let positives = x.iter().filter(|&&v| v > 0.0).count();
     // alpha arrives as f32 (0.4 is 0.40000000596): round it to the decimal the user gave and take
     // off floating-point error before the ceiling, so that 0.4 × 770 keeps 308 neurons, not 309.
@@ -49,7 +49,7 @@ pub struct CoreNeuronSelector {
     clusters: Option<CoreClusters>,
     cluster: Option<usize>,
     scores: Vec<f32>,
-    scratch: Vec<f32>,
+    scratch: Vec<u32>,
     token: Vec<u32>,
 }
 

@@ -120,7 +120,7 @@ pub struct DipSelector {
     ratios: Ratios,
     cache_aware: Option<(LfuCacheState, f32)>,
     scores: Vec<f32>,
-    scratch: Vec<f32>,
+    scratch: Vec<u32>,
     /// The tiered store's cache state for the next selection, and which (layer, site) it is for.
     live: Vec<bool>,
     live_for: Option<(usize, Site)>,

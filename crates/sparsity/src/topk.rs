@@ -7,7 +7,7 @@ pub struct TopKSelector {
     name: &'static str,
     ratios: Ratios,
     mags: Vec<f32>,
-    scratch: Vec<f32>,
+    scratch: Vec<u32>,
 }
 
 impl TopKSelector {
@@ -24,8 +24,12 @@ pub fn kept(n: usize, ratio: f32) -> usize {
 
 /// Writes the indices of the `k` largest `scores` to `out` in ascending index order.
 /// Ties at the boundary are broken by index (lower first), so the result is deterministic.
-/// O(n): the k-th largest value is found by selection on a copy, then one pass collects.
-pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<f32>, out: &mut Vec<u32>) {
+/// Scores are ordered as [`f32::total_cmp`] orders them.
+///
+/// O(n): the k-th largest score is found by a radix select on keys whose unsigned order is
+/// `total_cmp`'s ([`order_key`]): a histogram of the keys' top 11 bits finds the bucket that holds
+/// it, then the next 11 and the last 10 bits among that bucket's keys only; one more pass collects.
+pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
     out.clear();
     let n = scores.len();
     if k >= n {
@@ -35,22 +39,76 @@ pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<f32>, out: &mut
     if k == 0 {
         return;
     }
+    // `scratch`: the keys, then room for the select's candidates.
     scratch.clear();
-    scratch.extend_from_slice(scores);
-    let (_, &mut t, _) = scratch.select_nth_unstable_by(n - k, |a, b| a.total_cmp(b));
-    let above = scores.iter().filter(|v| v.total_cmp(&t).is_gt()).count();
-    let mut equal_left = k - above;
-    out.reserve(k);
-    for (j, v) in scores.iter().enumerate() {
-        match v.total_cmp(&t) {
-            std::cmp::Ordering::Greater => out.push(j as u32),
-            std::cmp::Ordering::Equal if equal_left > 0 => {
-                out.push(j as u32);
-                equal_left -= 1;
-            }
-            _ => {}
-        }
+    scratch.extend(scores.iter().map(|&v| order_key(v)));
+    scratch.resize(2 * n, 0);
+    let (keys, cand) = scratch.split_at_mut(n);
+    let t = kth_largest_key(keys, cand, k);
+    let above = keys.iter().filter(|&&key| key > t).count();
+    let equal_left = k - above;
+    // Branch-free collection (whether an input is taken is a coin flip at ratio 0.5): every
+    // index is written, the write position moves on only for the taken ones.
+    out.resize(n, 0);
+    let (mut w, mut equal) = (0, 0);
+    for (j, &key) in keys.iter().enumerate() {
+        let eq = key == t;
+        let take = (key > t) | (eq & (equal < equal_left));
+        equal += eq as usize;
+        out[w] = j as u32;
+        w += take as usize;
     }
+    debug_assert_eq!(w, k);
+    out.truncate(k);
+}
+
+/// A key whose unsigned order is [`f32::total_cmp`]'s order of `v` (negative values' bits
+/// inverted, positive values' sign bit set).
+#[inline]
+fn order_key(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// The `k`-th largest (1-based, `1 ≤ k ≤ keys.len()`) of `keys`, by radix select; `cand`
+/// (as long as `keys`) holds the candidates of each pass.
+fn kth_largest_key(keys: &[u32], cand: &mut [u32], k: usize) -> u32 {
+    let mut len = keys.len();
+    let mut rank = k;
+    let mut prefix = 0u32;
+    for (pass, (shift, bits)) in [(21u32, 11u32), (10, 11), (0, 10)].into_iter().enumerate() {
+        let mask = (1u32 << bits) - 1;
+        let src: &[u32] = if pass == 0 { keys } else { &cand[..len] };
+        let mut hist = [0u32; 2048];
+        for &c in src {
+            hist[((c >> shift) & mask) as usize] += 1;
+        }
+        // The digit holding the rank-th largest: count down from the top digit.
+        let mut d = mask as usize;
+        let mut above = 0usize;
+        while above + (hist[d] as usize) < rank {
+            above += hist[d] as usize;
+            d -= 1;
+        }
+        rank -= above;
+        prefix |= (d as u32) << shift;
+        // The candidates left: the keys with this digit (in place after the first pass: the
+        // write position never passes the read position).
+        let mut w = 0;
+        for i in 0..len {
+            let c = if pass == 0 { keys[i] } else { cand[i] };
+            if (c >> shift) & mask == d as u32 {
+                cand[w] = c;
+                w += 1;
+            }
+        }
+        len = w;
+    }
+    prefix
 }
 
 impl Selector for TopKSelector {
@@ -68,5 +126,61 @@ impl Selector for TopKSelector {
         self.mags.extend(x.iter().map(|v| v.abs()));
         top_k_indices(&self.mags, k, &mut self.scratch, active);
         Selection::Subset
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference: a stable sort by score, descending, the first `k` indices ascending.
+    fn by_sorting(scores: &[f32], k: usize) -> Vec<u32> {
+        let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
+        idx.sort_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
+        let mut top = idx[..k.min(scores.len())].to_vec();
+        top.sort_unstable();
+        top
+    }
+
+    #[test]
+    fn radix_select_gives_what_sorting_gives() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, 1e-40, -1e-40];
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        for n in [1usize, 2, 7, 100, 1536, 8960] {
+            for kind in 0..4 {
+                let scores: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let r = next();
+                        match kind {
+                            // Magnitudes, as Top-K sees them.
+                            0 => ((r >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0).abs(),
+                            // Few distinct values: many ties at the boundary.
+                            1 => (r % 5) as f32,
+                            // Signed values with the special ones mixed in.
+                            2 => {
+                                if r % 7 == 0 {
+                                    specials[(r >> 8) as usize % specials.len()]
+                                } else {
+                                    (r >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+                                }
+                            }
+                            // All equal.
+                            _ => 0.5,
+                        }
+                    })
+                    .collect();
+                for k in [0, 1, n / 3, n / 2, n - 1, n, n + 1] {
+                    top_k_indices(&scores, k, &mut scratch, &mut out);
+                    assert_eq!(out, by_sorting(&scores, k), "n {n}, kind {kind}, k {k}");
+                }
+            }
+        }
     }
 }

@@ -137,12 +137,12 @@ unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> __m256 {
 
 /// The column groups of a call in order: `(start, end, start of its run, last group of its run)`,
 /// runs ([`runs`]) cut into groups of at most [`GROUP`] columns.
-pub(super) fn plan_groups(units: &[u32], sub_block: usize) -> Vec<(usize, usize, usize, bool)> {
-    let mut groups = Vec::with_capacity(units.len() / GROUP + 8);
+pub(super) fn plan_groups(units: &[u32], sub_block: usize, group: usize) -> Vec<(usize, usize, usize, bool)> {
+    let mut groups = Vec::with_capacity(units.len() / group + 8);
     for (i0, i1) in runs(units, sub_block) {
         let mut g = i0;
         while g < i1 {
-            let e = (g + GROUP).min(i1);
+            let e = (g + group).min(i1);
             groups.push((g, e, i0, e == i1));
             g = e;
         }
@@ -207,7 +207,7 @@ unsafe fn axpy_avx2_with<const BITS: u8, const SUB: u8, const OFF: bool>(
     let yp = y.as_mut_ptr();
     let tp = t.as_mut_ptr();
     let line_step = (64 / kb).max(1);
-    let groups = plan_groups(units, f.sub_block);
+    let groups = plan_groups(units, f.sub_block, GROUP);
     for (gi, &(g0, g1, i0, last)) in groups.iter().enumerate() {
         let (n0, n1, _, n_last) = groups.get(gi + 1).copied().unwrap_or((0, 0, 0, false));
         // Where the next group's scale rows are, when it applies them.

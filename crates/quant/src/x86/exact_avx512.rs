@@ -21,6 +21,9 @@ use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubS
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+/// Columns per pass over the outputs.
+const GROUP: usize = 8;
+
 /// The AVX-512 kernel for `fmt` (`None` if this CPU lacks AVX-512 F/BW/VL + VNNI).
 pub(crate) fn avx512_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
     if !has_avx512() {
@@ -141,12 +144,11 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
     let yp = y.as_mut_ptr();
     let tp = t.as_mut_ptr();
     let line_step = (64 / kb).max(1);
-    let groups = plan_groups(units, f.sub_block);
+    let groups = plan_groups(units, f.sub_block, GROUP);
     let sub_at_of = |c: usize| {
         let base = (c / f.super_block) * rec;
         (base, base + f16s * n_out + ((c % f.super_block) / f.sub_block) * sub_stride)
     };
-    const G: usize = super::exact::GROUP;
     for (gi, &(g0, g1, i0, last)) in groups.iter().enumerate() {
         let (n0, n1, _, n_last) = groups.get(gi + 1).copied().unwrap_or((0, 0, 0, false));
         let next_scales = (n_last && n1 > n0).then(|| sub_at_of(units[n0] as usize));
@@ -158,12 +160,12 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
             (0.0, 0, 0)
         };
         let (sv, zs) = (_mm512_set1_ps(s), _mm512_set1_ps(zero * s));
-        let mut ptrs = [cols; G];
-        let mut cf = [_mm512_setzero_ps(); G];
+        let mut ptrs = [cols; GROUP];
+        let mut cf = [0f32; GROUP];
         for (k, i) in (g0..g1).enumerate() {
             // `idx[i]` names a whole column (checked): its bytes lie within `m.cols`.
             ptrs[k] = cols.wrapping_add(idx[i] as usize * cb);
-            cf[k] = _mm512_set1_ps(coef[i]);
+            cf[k] = coef[i];
         }
         let n = g1 - g0;
         for (ci, ch) in chunks.clone().enumerate() {
@@ -198,8 +200,9 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
             for k in 0..n {
                 // SAFETY: `ch < n_out / 32`: chunk `ch` of column `k`, `kb` bytes within it.
                 let q = unsafe { load_q::<BITS>(ptrs[k].add(ch * kb)) };
-                acc[0] = _mm512_fmadd_ps(cf[k], q[0], acc[0]);
-                acc[1] = _mm512_fmadd_ps(cf[k], q[1], acc[1]);
+                let c = _mm512_set1_ps(cf[k]);
+                acc[0] = _mm512_fmadd_ps(c, q[0], acc[0]);
+                acc[1] = _mm512_fmadd_ps(c, q[1], acc[1]);
             }
             if !last {
                 // SAFETY: as above.
