@@ -101,8 +101,11 @@ pub struct MatJob<'a> {
     pub stride: usize,
 }
 
-/// Rows per unit of work handed to a thread, for one token (decode: spread the weight reads).
-const ROW_CHUNK: usize = 16;
+/// Rows per unit of work handed to a thread, for one token. Long stretches of consecutive rows:
+/// each thread then streams its weights from DRAM in long runs and takes few work items from the
+/// shared counter (16 rows per item made decode 1.4-1.9x slower on a 2-core Zen 5: see
+/// docs/benchmarks.md, issue 17, fourth step).
+const ROW_CHUNK: usize = 256;
 
 /// Rows per unit of work when the batch has four tokens or more: a [`Dot4RowsFn`] call prepares
 /// its four activation rows once (about as much work as one to two weight rows), so calls should
