@@ -1,10 +1,11 @@
 //! Sparse products over a pack's column layout: `y = Σ_{j active} x_j · W[:, j]`.
 //!
 //! When a selector keeps a subset of a site's inputs for a single decoded token, only those
-//! columns of the site's weights are read. Each op's outputs are cut into ranges of 32-value
-//! blocks handed to the pool's threads; a thread sums the active columns' slices of its range with
-//! the `sift_quant` column kernel (AVX-512 / AVX2 / scalar, chosen at run time). Columns are
-//! stored contiguously, so a thread reads `blocks × block_bytes` contiguous bytes per column.
+//! columns of the site's weights are read. The active list is cut into pieces of
+//! [`COLUMN_PIECE`] columns, each summed over the op's whole output into its own accumulator;
+//! a thread takes a long stretch of consecutive pieces in one call of the `sift_quant` column
+//! kernel (AVX-512 / AVX2 / scalar, chosen at run time), so it reads each column whole and its
+//! columns in ascending order, one stream. The accumulators are added in piece order.
 //! Exact columns (`sift_quant::exact`) also read the op's scale plane, which stays in memory.
 
 use crate::pool::{SharedMut, ThreadPool};
@@ -67,13 +68,24 @@ impl ColOp {
         }
     }
 
-    /// `y += Σ_i coef[i] · column units[i]` (found at `data[idx[i]·col_bytes..]`), all outputs.
+    /// `y += Σ_i coef[i] · column units[i]` (found at `data[idx[i]·col_bytes..]`) over all
+    /// outputs: `y` holds `n_out` values, or `n_out` per piece of [`COLUMN_PIECE`] active inputs,
+    /// each piece's sum in its own (see [`sift_quant::ExactAxpyFn`]).
     fn axpy(&self, data: &[u8], scales: &[u8], idx: &[u32], units: &[u32], coef: &[f32], y: &mut [f32]) {
+        let blocks = 0..self.n_out / 32;
         match (self.kernel, self.ty) {
-            (ColKernel::Requant(f), _) => f(data, self.col_bytes, idx, coef, 0..self.n_out / 32, y),
+            (ColKernel::Requant(f), _) => {
+                // The re-quantized kernels add into one output: one call per piece.
+                let one = y.len() == self.n_out;
+                for (p, yp) in y.chunks_mut(self.n_out).enumerate() {
+                    let r = (p * COLUMN_PIECE).min(idx.len())..((p + 1) * COLUMN_PIECE).min(idx.len());
+                    let r = if one { 0..idx.len() } else { r };
+                    f(data, self.col_bytes, &idx[r.clone()], &coef[r], blocks.clone(), yp);
+                }
+            }
             (ColKernel::Exact(f), ColFormat::Exact(fmt)) => {
                 let m = ExactMatrix { fmt, n_out: self.n_out, n_in: self.n_in, cols: data, scales };
-                f(&m, idx, units, coef, 0..self.n_out / 32, y)
+                f(&m, idx, units, coef, blocks, y)
             }
             (ColKernel::Exact(_), ColFormat::Requant(_)) => unreachable!("an exact kernel for re-quantized columns"),
         }
@@ -103,20 +115,22 @@ fn blocks_per_chunk(total_blocks: usize, n_threads: usize) -> usize {
     (total_blocks / (n_threads * 4).max(1)).clamp(2, 16)
 }
 
-/// Active columns per piece of [`column_matmul`]'s work. A site streamed in parts
+/// Active columns per piece of [`column_matmul`]'s work: the column kernels always end a run at
+/// multiples of it ([`sift_quant::exact::RUN_BREAK`]). A site streamed in parts
 /// ([`column_matmul_part`]) must cut its active list at multiples of it.
-pub const COLUMN_PIECE: usize = 64;
+pub const COLUMN_PIECE: usize = sift_quant::exact::RUN_BREAK;
 
 /// Runs several column products over the same active inputs in one pool dispatch.
 ///
-/// Work is split by *columns*: the active list is cut into pieces of [`COLUMN_PIECE`] columns
-/// (the last one shorter); each unit of work sums one piece of one op's active
-/// columns over the op's whole output into the piece's own accumulator, and the accumulators are
-/// added in piece order at the end. Each column is thus read whole and in ascending order
-/// (near-sequential memory access), and the result does not depend on which thread ran which
-/// piece, nor on where the columns sit (a tensor or a cache): the same inputs give the same bits.
-/// `scratch` holds the accumulators between calls.
-/// `units` are the active inputs (ascending), `coef` their values.
+/// The active list is cut into pieces of [`COLUMN_PIECE`] columns (the last one shorter), and
+/// each piece of each op sums its columns over the op's whole output into the piece's own
+/// accumulator; the accumulators are then added in piece order. A unit of work is a stretch of
+/// consecutive pieces of one op (about one per thread), run as one kernel call that keeps the
+/// pieces' sums apart (see [`sift_quant::ExactAxpyFn`]): each column is read whole, in ascending
+/// order, as one stream from the first piece to the last. The result does not depend on which
+/// thread ran which piece, on how pieces are grouped, nor on where the columns sit (a tensor or a
+/// cache): the same inputs give the same bits. `units` are the active inputs (ascending), `coef`
+/// their values; `scratch` holds the accumulators between calls.
 pub fn column_matmul(pool: &ThreadPool, units: &[u32], coef: &[f32], jobs: &mut [ColJob<'_>], scratch: &mut Vec<f32>) {
     column_matmul_part(pool, units, coef, jobs, scratch, false);
 }
@@ -134,74 +148,74 @@ pub fn column_matmul_part(
     accumulate: bool,
 ) {
     let n_active = coef.len();
+    // Job `j`'s accumulators: `pieces` outputs of `n_out`, from `offsets[j]`.
+    let pieces = n_active.div_ceil(COLUMN_PIECE).max(1);
     let mut offsets = Vec::with_capacity(jobs.len());
     let mut total = 0;
     for j in jobs.iter() {
         assert!(j.out.len() >= j.op.n_out, "column product output too small");
         assert_eq!(j.idx.len(), n_active, "one column index per active input");
         offsets.push(total);
-        total += j.op.n_out;
+        total += pieces * j.op.n_out;
     }
-    // Pieces of the active list per op: `COLUMN_PIECE` columns each, whatever the thread count.
-    let pieces = n_active.div_ceil(COLUMN_PIECE).max(1);
-    if scratch.len() < pieces * total {
-        scratch.resize(pieces * total, 0.0);
+    if scratch.len() < total {
+        scratch.resize(total, 0.0);
     }
-    let acc = SharedMut::new(&mut scratch[..pieces * total]);
+    let acc = SharedMut::new(&mut scratch[..total]);
     // Per job: op, columns, column indices, scale plane.
     type Part<'a> = (&'a ColOp, &'a [u8], &'a [u32], &'a [u8]);
     let ops: Vec<Part<'_>> = jobs.iter().map(|j| (j.op, j.data, j.idx, j.scales)).collect();
-    pool.for_each(ops.len() * pieces, 1, &|range, _worker| {
+    // Stretches of consecutive pieces: one per thread and op, or pieces alone when that would
+    // leave threads idle.
+    let stretch = pieces.div_ceil(pool.n_threads()).max(1);
+    let per_job = pieces.div_ceil(stretch);
+    pool.for_each(ops.len() * per_job, 1, &|range, _worker| {
         for item in range {
-            let (ji, pi) = (item / pieces, item % pieces);
+            let (ji, si) = (item / per_job, item % per_job);
             let (op, data, idx, scales) = ops[ji];
-            let r = pi * COLUMN_PIECE..((pi + 1) * COLUMN_PIECE).min(n_active);
-            let start = pi * total + offsets[ji];
-            // SAFETY: piece `pi` of job `ji` owns accumulator range `start..start + n_out`;
-            // every (job, piece) item runs exactly once.
-            let y = unsafe { acc.slice(start..start + op.n_out) };
+            let (p0, p1) = (si * stretch, ((si + 1) * stretch).min(pieces));
+            let r = p0 * COLUMN_PIECE..(p1 * COLUMN_PIECE).min(n_active);
+            let start = offsets[ji] + p0 * op.n_out;
+            // SAFETY: stretch `si` of job `ji` owns the accumulators of its pieces,
+            // `start..start + (p1 − p0)·n_out`; every item runs exactly once.
+            let y = unsafe { acc.slice(start..start + (p1 - p0) * op.n_out) };
             y.fill(0.0);
             op.axpy(data, scales, &idx[r.clone()], &units[r.clone()], &coef[r], y);
         }
     });
     // The pieces' sums added in piece order, into each output: in parallel over ranges of the
-    // outputs (one after the other, `offsets` order) when there is enough to add.
-    let sums = &scratch[..pieces * total];
+    // outputs when there is enough to add.
+    let sums = &scratch[..total];
     let lens: Vec<usize> = jobs.iter().map(|j| j.op.n_out).collect();
     let outs: Vec<SharedMut<'_, f32>> = jobs.iter_mut().map(|j| SharedMut::new(&mut j.out[..j.op.n_out])).collect();
-    let reduce = |lo: usize, hi: usize| {
-        for (ji, &off) in offsets.iter().enumerate() {
-            let n = lens[ji];
-            let (a, b) = (lo.max(off), hi.min(off + n));
-            if a >= b {
-                continue;
+    const REDUCE_BLOCK: usize = 2048;
+    // (job, output range) items.
+    let items: Vec<(usize, usize, usize)> = lens
+        .iter()
+        .enumerate()
+        .flat_map(|(ji, &n)| (0..n).step_by(REDUCE_BLOCK).map(move |a| (ji, a, (a + REDUCE_BLOCK).min(n))))
+        .collect();
+    let reduce = |&(ji, a, b): &(usize, usize, usize)| {
+        let (n, off) = (lens[ji], offsets[ji]);
+        // SAFETY: output range `a..b` of job `ji` belongs to this item only.
+        let out = unsafe { outs[ji].slice(a..b) };
+        if accumulate {
+            for (o, v) in out.iter_mut().zip(&sums[off + a..off + b]) {
+                *o += v;
             }
-            // SAFETY: output positions `a..b` of the concatenated outputs belong to the range
-            // `lo..hi` being reduced, and the ranges handed out are disjoint.
-            let out = unsafe { outs[ji].slice(a - off..b - off) };
-            if accumulate {
-                for (o, v) in out.iter_mut().zip(&sums[a..b]) {
-                    *o += v;
-                }
-            } else {
-                out.copy_from_slice(&sums[a..b]);
-            }
-            for p in 1..pieces {
-                for (o, v) in out.iter_mut().zip(&sums[p * total + a..p * total + b]) {
-                    *o += v;
-                }
+        } else {
+            out.copy_from_slice(&sums[off + a..off + b]);
+        }
+        for p in 1..pieces {
+            for (o, v) in out.iter_mut().zip(&sums[off + p * n + a..off + p * n + b]) {
+                *o += v;
             }
         }
     };
-    const REDUCE_BLOCK: usize = 2048;
-    if pieces * total < 8 * REDUCE_BLOCK {
-        reduce(0, total);
+    if total < 8 * REDUCE_BLOCK {
+        items.iter().for_each(reduce);
     } else {
-        pool.for_each(total.div_ceil(REDUCE_BLOCK), 1, &|range, _| {
-            for b in range {
-                reduce(b * REDUCE_BLOCK, ((b + 1) * REDUCE_BLOCK).min(total));
-            }
-        });
+        pool.for_each(items.len(), 1, &|range, _| range.for_each(|i| reduce(&items[i])));
     }
 }
 
@@ -222,9 +236,9 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
         if let ColFormat::Exact(fmt) = op.ty {
             // Exact columns: the one-token kernel per token over all outputs, tokens split
             // across threads (each token's outputs are its own). Columns in a unit order of
-            // their own go through the sparse kernel, every unit active, found at its position.
+            // their own go through the sparse kernel over the same nonzero inputs
+            // `axpy_exact_batch` takes (so the same runs, the same bits), found at their positions.
             let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: j.data, scales: j.scales };
-            let all_units: Vec<u32> = if op.positions.is_some() { (0..op.n_in as u32).collect() } else { Vec::new() };
             let out = SharedMut::new(&mut j.out[..n * width]);
             pool.for_each(n, 1, &|range, _| {
                 for t in range {
@@ -233,7 +247,12 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
                     y.fill(0.0);
                     let xt = &x[t * op.n_in..(t + 1) * op.n_in];
                     match &op.positions {
-                        Some(pos) => op.axpy(j.data, j.scales, pos, &all_units, xt, y),
+                        Some(pos) => {
+                            let units: Vec<u32> = (0..op.n_in as u32).filter(|&c| xt[c as usize] != 0.0).collect();
+                            let idx: Vec<u32> = units.iter().map(|&c| pos[c as usize]).collect();
+                            let coef: Vec<f32> = units.iter().map(|&c| xt[c as usize]).collect();
+                            op.axpy(j.data, j.scales, &idx, &units, &coef, y)
+                        }
                         None => axpy_exact_batch(&m, xt, 1, 0..n_blocks, y, width),
                     }
                 }

@@ -34,7 +34,8 @@
 //!
 //! [`ExactAxpyFn`] (one token): `y[k] += Σ_i coef[i] · W[32·chunks.start + k][units[i]]`, the
 //! column of input `units[i]` found at `cols[idx[i]·col_bytes..]` (a cache slot, or the channel
-//! itself in a whole tensor). Consecutive entries of the same sub-block form a *run*: per 32
+//! itself in a whole tensor). Consecutive entries of the same sub-block form a *run* (cut at list
+//! positions that are multiples of [`RUN_BREAK`]): per 32
 //! outputs the run's columns are summed in registers as `t = Σ coef·q` (integers converted to
 //! f32, one FMA each) with `s = Σ coef`, and the scales are applied once per run:
 //! `y += a·(t − zero·s) + b·s`. The scalar reference [`axpy_exact_scalar`] computes the same sums
@@ -77,7 +78,10 @@ pub enum SubScales {
 }
 
 /// A column kernel over exact columns (see the module docs); panics on arguments
-/// [`check_axpy_exact`] rejects.
+/// [`check_axpy_exact`] rejects. `y` holds the outputs of `chunks` (`32·chunks.len()` values), or
+/// one such output per piece of [`RUN_BREAK`] entries of the active list ([`piece_count`]), each
+/// piece's runs added into its own: several pieces in one call read each column as one stream,
+/// and give what one call per piece gives, bit for bit.
 pub type ExactAxpyFn =
     fn(m: &ExactMatrix<'_>, idx: &[u32], units: &[u32], coef: &[f32], chunks: Range<usize>, y: &mut [f32]);
 
@@ -425,8 +429,9 @@ pub fn check_axpy_exact(
     if idx.len() != coef.len() || units.len() != coef.len() {
         return Err(ColsError::Len { what: "idx / units", expected: coef.len(), got: idx.len().min(units.len()) });
     }
-    if y_len != 32 * chunks.len() {
-        return Err(ColsError::Len { what: "y", expected: 32 * chunks.len(), got: y_len });
+    let width = 32 * chunks.len();
+    if y_len != width && y_len != piece_count(coef.len()) * width {
+        return Err(ColsError::Len { what: "y", expected: width, got: y_len });
     }
     let n_cols = m.cols.len() / m.col_bytes();
     if let Some(&i) = idx.iter().find(|&&i| i as usize >= n_cols) {
@@ -438,7 +443,34 @@ pub fn check_axpy_exact(
     Ok(())
 }
 
-/// Runs of consecutive entries of `units` in the same sub-block: `(start, end)` into the lists.
+/// The pieces of [`RUN_BREAK`] entries an active list of `n` entries has (at least one).
+pub const fn piece_count(n: usize) -> usize {
+    if n == 0 {
+        1
+    } else {
+        n.div_ceil(RUN_BREAK)
+    }
+}
+
+/// Where the run starting at list position `i0` adds its outputs in `y` (of `y_len` values, for
+/// output blocks of `width` values): `0` when `y` is one output, or piece `i0 / RUN_BREAK`'s
+/// slice when `y` holds one output per piece (see [`ExactAxpyFn`]).
+#[inline]
+pub(crate) fn piece_offset(i0: usize, y_len: usize, width: usize) -> usize {
+    if y_len > width {
+        (i0 / RUN_BREAK) * width
+    } else {
+        0
+    }
+}
+
+/// List positions where a run always ends: a call over a part of an active list that starts at
+/// a multiple of this sees the same runs as a call over the whole list, so the parts of a site
+/// streamed in pieces of it add up to the whole site's result bit for bit.
+pub const RUN_BREAK: usize = 64;
+
+/// Runs of consecutive entries of `units` in the same sub-block, also cut at list positions
+/// that are multiples of [`RUN_BREAK`]: `(start, end)` into the lists.
 pub(crate) fn runs(units: &[u32], sub_block: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
     std::iter::from_fn(move || {
@@ -447,7 +479,8 @@ pub(crate) fn runs(units: &[u32], sub_block: usize) -> impl Iterator<Item = (usi
         }
         let g = units[i] as usize / sub_block;
         let start = i;
-        while i < units.len() && units[i] as usize / sub_block == g {
+        let end = ((start / RUN_BREAK + 1) * RUN_BREAK).min(units.len());
+        while i < end && units[i] as usize / sub_block == g {
             i += 1;
         }
         Some((start, i))
@@ -481,7 +514,7 @@ pub fn axpy_exact_scalar(
             }
             for (k, tv) in t.iter().enumerate() {
                 let (a, b) = m.fmt.scale_of(m.scales, m.n_out, ch * 32 + k, c);
-                y[ci * 32 + k] += a * (tv - zero * s) + b * s;
+                y[piece_offset(i0, y.len(), 32 * chunks.len()) + ci * 32 + k] += a * (tv - zero * s) + b * s;
             }
         }
     }

@@ -12,11 +12,13 @@
 //!   `≤ 2·10⁻⁵ · S_k`, `S_k = |y0_k| + Σ_i |coef_i|·(|a·(q − zero)| + |b|)`: the kernels sum
 //!   `coef · q` per run then scale, so rounding is relative to the two terms of each weight.
 //! - Batch kernel vs the one-token scalar kernel per token, same tolerance.
+//! - Pieces: one call with one output per piece of [`RUN_BREAK`] entries gives, bit for bit, what
+//!   one call per piece gives, for every kernel.
 //! - AVX-512 vs AVX2, bit for bit (the same operations per lane in the same order), where the CPU
 //!   runs both.
 //! - Bad arguments panic with the checker's message, before anything is written.
 
-use sift_quant::exact::{axpy_exact_scalar, check_axpy_exact, ExactFormat, ExactMatrix};
+use sift_quant::exact::{axpy_exact_scalar, check_axpy_exact, piece_count, ExactFormat, ExactMatrix, RUN_BREAK};
 use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, Isa, WeightType};
 
 const FORMATS: [WeightType; 7] = [
@@ -290,4 +292,39 @@ fn bad_arguments_are_refused_before_anything_is_written() {
     }
     let short = ExactMatrix { scales: &scales[..scales.len() - 1], ..m };
     assert!(check_axpy_exact(&short, &[0], &[0], &[1.0], &(0..2), 64).unwrap_err().to_string().contains("scale plane"));
+}
+
+#[test]
+fn one_call_over_pieces_gives_one_call_per_piece() {
+    let mut rng = Rng(31);
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        let (n_out, n_in) = (96, 1024);
+        let (_, cols, scales) = tensor(t, n_out, n_in, 17);
+        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        // Runs that cross piece boundaries (consecutive units), and a last piece that is short.
+        let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 8 < 5).take(3 * RUN_BREAK + 17).collect();
+        let coef: Vec<f32> = units.iter().map(|_| rng.f() * 2.0).collect();
+        let pieces = piece_count(units.len());
+        assert_eq!(pieces, 4);
+        let mut kernels: Vec<(String, sift_quant::ExactAxpyFn)> =
+            vec![("scalar".into(), axpy_exact_scalar as sift_quant::ExactAxpyFn)];
+        for isa in Isa::available() {
+            kernels.push((format!("{isa:?}"), axpy_exact_fn(f, isa)));
+        }
+        for (name, k) in &kernels {
+            for chunks in [0..n_out / 32, 1..2] {
+                let width = 32 * chunks.len();
+                let mut together = vec![0f32; pieces * width];
+                k(&m, &units, &units, &coef, chunks.clone(), &mut together);
+                for p in 0..pieces {
+                    let r = p * RUN_BREAK..((p + 1) * RUN_BREAK).min(units.len());
+                    let mut alone = vec![0f32; width];
+                    k(&m, &units[r.clone()], &units[r.clone()], &coef[r], chunks.clone(), &mut alone);
+                    let same = alone.iter().zip(&together[p * width..]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{t:?} {name} piece {p}, chunks {chunks:?}");
+                }
+            }
+        }
+    }
 }

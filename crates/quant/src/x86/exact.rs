@@ -18,7 +18,7 @@
 
 use super::has_avx2;
 use super::helpers::{bytes_from_bits, nibbles};
-use crate::exact::{check_axpy_exact, runs, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
+use crate::exact::{check_axpy_exact, piece_offset, runs, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -204,11 +204,14 @@ unsafe fn axpy_avx2_with<const BITS: u8, const SUB: u8, const OFF: bool>(
     let zero = f.zero as f32;
     let cols = m.cols.as_ptr();
     let scales = m.scales.as_ptr();
+    let (y_len, width) = (y.len(), 32 * chunks.len());
     let yp = y.as_mut_ptr();
     let tp = t.as_mut_ptr();
     let line_step = (64 / kb).max(1);
     let groups = plan_groups(units, f.sub_block, GROUP);
     for (gi, &(g0, g1, i0, last)) in groups.iter().enumerate() {
+        // The run's output: `y`, or its piece's slice of it (`check_axpy_exact` checked the length).
+        let y_off = piece_offset(i0, y_len, width);
         let (n0, n1, _, n_last) = groups.get(gi + 1).copied().unwrap_or((0, 0, 0, false));
         // Where the next group's scale rows are, when it applies them.
         let next_scales = (n_last && n1 > n0).then(|| {
@@ -311,9 +314,10 @@ unsafe fn axpy_avx2_with<const BITS: u8, const SUB: u8, const OFF: bool>(
                     }
                 }
                 let tz = _mm256_sub_ps(*a, zs);
-                // SAFETY: `y` and `t` are `32 · chunks.len()` long and `ci < chunks.len()`.
+                // SAFETY: `ci < chunks.len()`, and `y` holds `32 · chunks.len()` values from `y_off` (the
+                // run's piece exists: `check_axpy_exact` checked the length).
                 unsafe {
-                    let yk = yp.add(ci * 32 + 8 * k);
+                    let yk = yp.add(y_off + ci * 32 + 8 * k);
                     let mut v = _mm256_fmadd_ps(da, tz, _mm256_loadu_ps(yk));
                     if OFF {
                         v = _mm256_fmadd_ps(db, sv, v);

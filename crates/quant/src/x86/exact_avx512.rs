@@ -17,7 +17,7 @@
 
 use super::exact::{plan_groups, RUN_SUMS};
 use super::has_avx512;
-use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
+use crate::exact::{check_axpy_exact, piece_offset, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -141,6 +141,7 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
     let zero = f.zero as f32;
     let cols = m.cols.as_ptr();
     let scales = m.scales.as_ptr();
+    let (y_len, width) = (y.len(), 32 * chunks.len());
     let yp = y.as_mut_ptr();
     let tp = t.as_mut_ptr();
     let line_step = (64 / kb).max(1);
@@ -150,6 +151,8 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
         (base, base + f16s * n_out + ((c % f.super_block) / f.sub_block) * sub_stride)
     };
     for (gi, &(g0, g1, i0, last)) in groups.iter().enumerate() {
+        // The run's output: `y`, or its piece's slice of it (`check_axpy_exact` checked the length).
+        let y_off = piece_offset(i0, y_len, width);
         let (n0, n1, _, n_last) = groups.get(gi + 1).copied().unwrap_or((0, 0, 0, false));
         let next_scales = (n_last && n1 > n0).then(|| sub_at_of(units[n0] as usize));
         let first = g0 == i0;
@@ -242,9 +245,10 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
                     }
                 }
                 let tz = _mm512_sub_ps(*a, zs);
-                // SAFETY: `y` is `32 · chunks.len()` long and `ci < chunks.len()`.
+                // SAFETY: `ci < chunks.len()`, and `y` holds `32 · chunks.len()` values from `y_off` (the
+                // run's piece exists: `check_axpy_exact` checked the length).
                 unsafe {
-                    let yk = yp.add(ci * 32 + 16 * k);
+                    let yk = yp.add(y_off + ci * 32 + 16 * k);
                     let mut v = _mm512_fmadd_ps(da, tz, _mm512_loadu_ps(yk));
                     if OFF {
                         v = _mm512_fmadd_ps(db, sv, v);
