@@ -231,6 +231,28 @@ pub(crate) fn load_tile(
     debug_assert!(n <= TILE_K && p0 % KV_PAGE + n <= KV_PAGE);
     let hd = head.len();
     tmp.resize(hd, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if let KvRows::F16(b) = rows {
+        // The next tile's rows of this head, one tile ahead (in the same page): the rows of a
+        // head are strided by the whole KV width, which the hardware prefetchers follow poorly.
+        let next = p0 + TILE_K;
+        if !next.is_multiple_of(KV_PAGE) && next + TILE_K <= p0 - p0 % KV_PAGE + KV_PAGE {
+            let page = &b[p0 / KV_PAGE];
+            for j in 0..TILE_K {
+                let at = ((next + j) % KV_PAGE) * kv_dim + head.start;
+                for line in (0..hd).step_by(32) {
+                    if let Some(v) = page.get(at + line) {
+                        // SAFETY: a prefetch hint of an address inside the page.
+                        unsafe {
+                            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                                (v as *const f16).cast(),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
     let mut j0 = 0;
     #[cfg(target_arch = "x86_64")]
     if let (KvRows::F16(b), true, true) = (rows, transposed, hd.is_multiple_of(8)) {
@@ -243,6 +265,17 @@ pub(crate) fn load_tile(
                 unsafe { x86::transpose_f16_8(src, j0, out) };
                 j0 += 8;
             }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (KvRows::F16(b), false, true) = (rows, transposed, hd.is_multiple_of(8)) {
+        if sift_quant::Isa::detect() >= sift_quant::Isa::Avx2 {
+            // Value rows converted straight into the tile, 8 at a time.
+            for j in 0..n {
+                // SAFETY: as above.
+                unsafe { x86::convert_f16(&row(b, p0 + j, kv_dim)[head.clone()], &mut out[j * hd..(j + 1) * hd]) };
+            }
+            return;
         }
     }
     for j in j0..n {
@@ -276,6 +309,16 @@ mod x86 {
     use super::TILE_K;
     use half::f16;
     use std::arch::x86_64::*;
+
+    /// `dst = src` converted to f32 (equal lengths, a multiple of 8), exactly.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn convert_f16(src: &[f16], dst: &mut [f32]) {
+        assert!(src.len() == dst.len() && src.len().is_multiple_of(8));
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            // SAFETY: `s` is 8 f16 (16 bytes) and `d` 8 f32: an unaligned load and store within them.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) };
+        }
+    }
 
     /// Keys `j0..j0 + 8` of a transposed tile from their f16 rows `src` (equal lengths, a multiple
     /// of 8): `out[d · TILE_K + j0 + r] = src[r][d]`, converted exactly, in 8 × 8 blocks transposed
@@ -336,8 +379,8 @@ mod tests {
     use super::*;
 
     /// A transposed f16 tile (the SIMD 8 × 8 transpose where the CPU has it, the scalar loop for
-    /// the keys past the last group of 8) holds exactly the stored values, at every tile length,
-    /// page offset and head.
+    /// the keys past the last group of 8) and a value tile (F16C conversion) hold exactly the
+    /// stored values, at every tile length, page offset and head.
     #[test]
     fn transposed_f16_tiles_hold_the_stored_values() {
         let (kv_dim, hd) = (3 * 64, 64);
@@ -356,6 +399,17 @@ mod tests {
                         out[d * TILE_K + j].to_bits(),
                         want.to_bits(),
                         "tile at {p0}, {n} keys, head {g}: key {j} dim {d}"
+                    );
+                }
+            }
+            load_tile(&rows, kv_dim, head.clone(), p0, n, false, &mut out, &mut tmp);
+            for j in 0..n {
+                for d in 0..hd {
+                    let want = page[(p0 + j) * kv_dim + head.start + d].to_f32();
+                    assert_eq!(
+                        out[j * hd + d].to_bits(),
+                        want.to_bits(),
+                        "value tile at {p0}, {n} keys, head {g}: key {j} dim {d}"
                     );
                 }
             }
