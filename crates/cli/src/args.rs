@@ -15,6 +15,8 @@ pub struct ModelArgs {
     /// Threads to compute with (default: all cores)
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threading: ThreadingArgs,
     /// Context size in tokens (0 = the model's training context)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
@@ -23,6 +25,25 @@ pub struct ModelArgs {
     pub batch_size: usize,
     #[command(flatten)]
     pub kv: KvCacheArgs,
+}
+
+/// llama.cpp's other threading flags: `-tb` (threads for prompt batches) and `--poll`.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct ThreadingArgs {
+    /// Threads for prompt batches (-tb; default: the same as --threads)
+    #[arg(long = "threads-batch", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads_batch: Option<u16>,
+    /// How long idle threads poll for work before they sleep, 0-100 (0: sleep at once, which
+    /// leaves a busy machine's cores to the other processes)
+    #[arg(long = "poll", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub poll: u8,
+}
+
+impl ThreadingArgs {
+    /// `eo` with these settings.
+    pub fn apply(&self, eo: EngineOptions) -> EngineOptions {
+        EngineOptions { n_threads_batch: self.threads_batch.map_or(0, usize::from), poll: self.poll, ..eo }
+    }
 }
 
 /// Storage types of the KV cache, as llama.cpp names them (`-ctk` / `-ctv` are accepted too).
@@ -44,9 +65,11 @@ impl KvCacheArgs {
 }
 
 /// llama.cpp's multi-letter short flags, spelled as sift's long ones: `-ctk X` is
-/// `--cache-type-k X`, `-ctv X` is `--cache-type-v X` (also with `=X`).
+/// `--cache-type-k X`, `-ctv X` is `--cache-type-v X`, `-tb N` is `--threads-batch N` (also with
+/// `=X`).
 pub fn llama_spellings(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const SPELLINGS: [(&str, &str); 2] = [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
+    const SPELLINGS: [(&str, &str); 3] =
+        [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"), ("-tb", "--threads-batch")];
     args.into_iter()
         .map(|a| {
             let Some(s) = a.to_str() else { return a };
@@ -65,7 +88,7 @@ pub fn llama_spellings(args: impl IntoIterator<Item = std::ffi::OsString>) -> Ve
 
 impl ModelArgs {
     pub fn engine_options(&self) -> EngineOptions {
-        self.kv.apply(EngineOptions {
+        self.threading.apply(self.kv.apply(EngineOptions {
             n_threads: self.threads.unwrap_or_else(sift_engine::default_threads).max(1),
             n_ctx: self.ctx_size,
             n_batch: self.batch_size.max(1),
@@ -73,7 +96,7 @@ impl ModelArgs {
             column_kernels: true,
             all_columns: false,
             ..Default::default()
-        })
+        }))
     }
 }
 
@@ -213,6 +236,8 @@ pub struct PerplexityArgs {
     /// Threads to compute with (default: all cores)
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threading: ThreadingArgs,
     /// Tokens per forward batch
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
@@ -232,6 +257,9 @@ pub struct BenchArgs {
     /// Threads (comma-separated list allowed)
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
+    /// How long idle threads poll for work before they sleep, 0-100 (as llama-bench's --poll)
+    #[arg(long = "poll", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub poll: u8,
     /// Prompt lengths to test (comma-separated; 0 skips the pp test)
     #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
     pub n_prompt: Vec<usize>,

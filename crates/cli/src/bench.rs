@@ -12,8 +12,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let deepest = depths.iter().copied().max().unwrap_or(0);
     let n_ctx = longest.checked_add(deepest).ok_or_else(|| anyhow::anyhow!("-d {deepest} is too large"))?.max(16);
     let opts = |t: usize| {
-        let eo =
-            a.kv.apply(EngineOptions { n_threads: t, n_ctx, n_batch: a.batch_size.max(1), ..EngineOptions::default() });
+        let eo = a.kv.apply(EngineOptions {
+            n_threads: t,
+            n_ctx,
+            n_batch: a.batch_size.max(1),
+            poll: a.poll,
+            ..EngineOptions::default()
+        });
         crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
     };
     let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
@@ -107,6 +112,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "model_size": size,
                     "model_n_params": params,
                     "n_threads": t,
+                    "poll": a.poll,
                     "n_batch": a.batch_size,
                     "type_k": a.kv.k.name(),
                     "type_v": a.kv.v.name(),

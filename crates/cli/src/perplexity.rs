@@ -8,12 +8,12 @@ use std::io::Write;
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
-    let eo = a.kv.apply(EngineOptions {
+    let eo = a.threading.apply(a.kv.apply(EngineOptions {
         n_threads: threads,
         n_ctx: a.ctx_size,
         n_batch: a.batch_size.min(a.ctx_size).max(1),
         ..EngineOptions::default()
-    });
+    }));
     let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory)?;
     let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();

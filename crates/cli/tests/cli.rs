@@ -72,6 +72,33 @@ fn generate_greedy_streams_the_continuation_and_reports_speed() {
     ]);
     assert!(copied.status.success(), "{}", text(&copied.stderr));
     assert_eq!(text(&copied.stdout), stdout);
+    // llama.cpp's threading flags: one thread for the prompt (-tb 1), two for decoding, helpers
+    // that never poll (--poll 0): the same text (the kernels' sums do not depend on the split).
+    let threaded = sift(&[
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "-tb",
+        "1",
+        "--poll",
+        "0",
+    ]);
+    assert!(threaded.status.success(), "{}", text(&threaded.stderr));
+    assert_eq!(text(&threaded.stdout), stdout);
+    for (flag, value) in [("--poll", "101"), ("-tb", "0"), ("--threads-batch", "1099511627776")] {
+        let bad = sift(&["generate", "-m", m.to_str().unwrap(), "-p", "x", "-n", "1", flag, value]);
+        assert!(!bad.status.success(), "{flag} {value} was accepted");
+        let err = text(&bad.stderr);
+        assert!(err.contains("invalid value") && err.contains(value), "{flag} {value}: {err}");
+    }
 }
 
 #[test]

@@ -81,7 +81,7 @@ impl Engine {
         let scratch = b * (e + e.max(q) + q + 2 * kv + q + e + 2 * ff) * 4;
         // Quantized activations (≤ one byte and a bit per value), attention's tiles, logits.
         let acts = b * ff.max(e) * 2;
-        let scores = AttnScratch::bytes(c, opts.n_threads, n_ctx as usize);
+        let scores = AttnScratch::bytes(c, opts.max_threads(), n_ctx as usize);
         let logits = c.n_vocab as u64 * 4 * 2;
         kv_cache + scratch + acts + scores + logits
     }

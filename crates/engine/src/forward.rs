@@ -79,6 +79,10 @@ pub(crate) struct Scratch {
 pub struct Engine {
     pub model: Model,
     pool: ThreadPool,
+    /// Threads for one-token steps and for batches (`-t`, `-tb`).
+    threads: (usize, usize),
+    /// llama.cpp's `--poll` level the pool was started with.
+    poll: u8,
     /// Where each site's weights come from (GGUF rows, pack columns, the tiered store).
     pub(crate) source: Box<dyn WeightSource>,
     /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
@@ -106,7 +110,10 @@ impl Engine {
         let c = model.config.clone();
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
         let b = opts.n_batch.max(1);
-        let pool = ThreadPool::new(opts.n_threads);
+        let pool = ThreadPool::new(opts.max_threads());
+        pool.set_poll(opts.poll);
+        let threads = (opts.n_threads.max(1), opts.threads_batch());
+        pool.set_active(threads.0);
         // A type this model's heads cannot use (q8_0 needs whole blocks of 32) falls back to f16;
         // the session refuses it with a message first.
         let usable = |t: KvType| if t.check_head_dim(c.head_dim).is_ok() { t } else { KvType::F16 };
@@ -146,6 +153,8 @@ impl Engine {
             kv,
             model,
             pool,
+            threads,
+            poll: opts.poll,
             source,
             selector: Box::new(DenseSelector),
             phase: Phase::Prompt,
@@ -166,7 +175,7 @@ impl Engine {
         self.source = Box::new(TieredSource::new(&self.model, store)?);
         // Decoding under a budget blocks on reads between jobs: helpers park soon instead of
         // spinning through the wait on a core the loader thread needs.
-        self.pool.set_spin(TIERED_SPIN);
+        self.pool.set_spin(TIERED_SPIN.min(crate::pool::spin_for_poll(self.poll)));
         Ok(())
     }
 
@@ -249,8 +258,14 @@ impl Engine {
         self.n_ctx
     }
 
+    /// Threads of one-token decode steps (`-t`).
     pub fn n_threads(&self) -> usize {
-        self.pool.n_threads()
+        self.threads.0
+    }
+
+    /// Threads of prompt batches (`-tb`).
+    pub fn n_threads_batch(&self) -> usize {
+        self.threads.1
     }
 
     /// Tokens currently in the KV cache.
@@ -355,6 +370,7 @@ impl Engine {
     /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
     fn forward_batch(&mut self, tokens: &[u32], n_logits: usize) -> Result<(), EvalError> {
         let n = tokens.len();
+        self.pool.set_active(if n == 1 { self.threads.0 } else { self.threads.1 });
         if let Some(t) = &mut self.tracer {
             if n == 1 {
                 t.token(self.n_past);

@@ -6,7 +6,13 @@ use crate::kv::KvType;
 /// Engine settings.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
+    /// Threads for one-token decode steps (llama.cpp's `-t`).
     pub n_threads: usize,
+    /// Threads for prompt batches (llama.cpp's `-tb`; 0 = `n_threads`).
+    pub n_threads_batch: usize,
+    /// How long idle threads poll for work before they sleep, 0-100 (llama.cpp's `--poll`; 0 sleeps
+    /// at once, which suits a busy machine).
+    pub poll: u8,
     /// Context size in tokens (KV cache capacity). 0 = the model's training context.
     pub n_ctx: usize,
     /// Tokens per forward batch (llama.cpp's `-ub`).
@@ -27,6 +33,8 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             n_threads: default_threads(),
+            n_threads_batch: 0,
+            poll: 50,
             n_ctx: 4096,
             n_batch: 512,
             sparse_head: 0.0,
@@ -35,6 +43,22 @@ impl Default for EngineOptions {
             cache_type_k: KvType::F16,
             cache_type_v: KvType::F16,
         }
+    }
+}
+
+impl EngineOptions {
+    /// Threads for prompt batches: `n_threads_batch`, or `n_threads` when it is 0.
+    pub fn threads_batch(&self) -> usize {
+        if self.n_threads_batch == 0 {
+            self.n_threads.max(1)
+        } else {
+            self.n_threads_batch
+        }
+    }
+
+    /// Threads the engine's pool starts: the larger of the decode and batch counts.
+    pub fn max_threads(&self) -> usize {
+        self.n_threads.max(self.threads_batch()).max(1)
     }
 }
 

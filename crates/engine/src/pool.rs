@@ -9,12 +9,20 @@
 //! claimed the last chunk it closes the job and waits only for helpers that are inside it. On a
 //! busy machine (more runnable threads than cores) a descheduled helper therefore costs nothing,
 //! instead of a scheduler time slice per op.
+//!
+//! Two of llama.cpp's threading settings map onto the pool: the workers that take part in jobs
+//! ([`ThreadPool::set_active`]: `-t` for one-token decode steps, `-tb` for prompt batches; the
+//! others park) and how long idle workers poll for the next job ([`ThreadPool::set_poll`],
+//! `--poll 0..100`; 0 parks at once, which leaves a busy machine's cores to other processes).
+//! The pool also stops polling by itself while another process takes its cores
+//! ([`ThreadPool::adapt_polling`]).
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -32,8 +40,17 @@ struct Shared {
     job: Mutex<Option<JobPtr>>,
     sleeping: Vec<AtomicBool>,
     stop: AtomicBool,
-    /// Spins before parking ([`ThreadPool::set_spin`]).
+    /// Spins before parking: the configured count ([`ThreadPool::set_spin`]), or 0 while
+    /// contention is detected ([`ThreadPool::adapt_polling`]).
     spin: AtomicU32,
+    configured_spin: AtomicU32,
+    /// Contention control's state (written by the publishing thread only).
+    window_jobs: AtomicU32,
+    window_stalls: AtomicU32,
+    parked_jobs_left: AtomicU32,
+    stall_episodes: AtomicU64,
+    /// Workers that take part in jobs (ids `0..active`; [`ThreadPool::set_active`]).
+    active: AtomicUsize,
 }
 
 #[derive(Clone, Copy)]
@@ -60,6 +77,12 @@ impl ThreadPool {
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
             stop: AtomicBool::new(false),
             spin: AtomicU32::new(SPIN_BEFORE_PARK),
+            configured_spin: AtomicU32::new(SPIN_BEFORE_PARK),
+            window_jobs: AtomicU32::new(0),
+            window_stalls: AtomicU32::new(0),
+            parked_jobs_left: AtomicU32::new(0),
+            stall_episodes: AtomicU64::new(0),
+            active: AtomicUsize::new(n),
         });
         let threads = (1..n)
             .map(|id| {
@@ -80,19 +103,42 @@ impl ThreadPool {
     /// a memory budget — sets it low, so idle helpers give their core to the I/O thread instead of
     /// spinning through the wait.
     pub fn set_spin(&self, iterations: u32) {
-        self.shared.spin.store(iterations, Relaxed);
+        self.shared.configured_spin.store(iterations, Relaxed);
+        if self.shared.parked_jobs_left.load(Relaxed) == 0 {
+            self.shared.spin.store(iterations, Relaxed);
+        }
     }
 
-    /// Number of workers, the caller included.
+    /// llama.cpp's `--poll` level (0-100, default 50): how long idle helpers spin before parking,
+    /// in proportion ([`SPIN_BEFORE_PARK`] at 50, twice that at 100). 0 parks at once: each job
+    /// then wakes helpers through the OS (a few µs), but a helper never holds a core that another
+    /// process wants while it waits.
+    pub fn set_poll(&self, level: u8) {
+        self.set_spin(spin_for_poll(level));
+    }
+
+    /// Number of workers that take part in jobs, the caller included.
     pub fn n_threads(&self) -> usize {
+        self.shared.active.load(Relaxed)
+    }
+
+    /// Workers the pool was started with: the most [`ThreadPool::set_active`] can ask for.
+    pub fn capacity(&self) -> usize {
         self.n
+    }
+
+    /// Lets workers `0..k` (clamped to `1..=capacity()`) take part in the next jobs; the others
+    /// park until they are asked again. Called between jobs by the thread that publishes them (an
+    /// engine switches between its decode and batch thread counts).
+    pub fn set_active(&self, k: usize) {
+        self.shared.active.store(k.clamp(1, self.n), SeqCst);
     }
 
     /// Calls `f(range, worker)` for consecutive chunks of `0..n` of `chunk` items until all are
     /// done; `worker` (< `n_threads()`) identifies the physical thread, for per-thread scratch.
     pub fn for_each(&self, n: usize, chunk: usize, f: &(dyn Fn(Range<usize>, usize) + Sync)) {
         let chunk = chunk.max(1);
-        if self.n == 1 || n <= chunk {
+        if self.n_threads() == 1 || n <= chunk {
             if n > 0 {
                 f(0..n, 0);
             }
@@ -111,7 +157,7 @@ impl ThreadPool {
     /// Runs `f(part, n_threads)` once for every `part` in `0..n_threads`, spread over the workers
     /// that are free (a part's number is not a thread id; use it with [`split`]).
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
-        let n = self.n;
+        let n = self.n_threads();
         self.for_each(n, 1, &|r, _| f(r.start, n));
     }
 
@@ -124,13 +170,15 @@ impl ThreadPool {
         let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(job) };
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(ptr));
         let gen = s.generation.fetch_add(1, SeqCst) + 1;
-        for (i, (_, t)) in self.threads.iter().enumerate() {
+        let active = self.n_threads();
+        for (i, (_, t)) in self.threads.iter().enumerate().take(active - 1) {
             if s.sleeping[i + 1].load(SeqCst) {
                 t.unpark();
             }
         }
         job(0);
         s.closed.store(gen, SeqCst);
+        let finished = Instant::now();
         let mut spins = 0u32;
         while s.entered.load(SeqCst) != 0 {
             spins = spins.wrapping_add(1);
@@ -140,8 +188,60 @@ impl ThreadPool {
                 std::hint::spin_loop();
             }
         }
+        self.adapt_polling(finished.elapsed());
+    }
+
+    /// Contention control, run by the publishing thread after each job with how long it waited
+    /// for helpers once its own part was done. A long wait (a stall: far longer than any work
+    /// item) means a helper lost its core mid-job, to another process. Helpers that spin between
+    /// jobs then compete with that process all the time and are preempted inside jobs again and
+    /// again; helpers that sleep are woken with priority and finish their item at once. So after
+    /// [`STALLS_TO_PARK`] stalls within [`STALL_WINDOW`] jobs the helpers stop polling for
+    /// [`PARKED_JOBS`] jobs (a few tokens), then poll again as configured; a stall while they
+    /// sleep extends that.
+    fn adapt_polling(&self, waited: Duration) {
+        let s = &*self.shared;
+        let stalled = waited > STALL;
+        // Only this thread writes these counters: plain loads and stores suffice.
+        let parked = s.parked_jobs_left.load(Relaxed);
+        if parked > 0 {
+            let left = if stalled { PARKED_JOBS } else { parked - 1 };
+            s.parked_jobs_left.store(left, Relaxed);
+            if left == 0 {
+                s.spin.store(s.configured_spin.load(Relaxed), Relaxed);
+            }
+            return;
+        }
+        let jobs = s.window_jobs.load(Relaxed) + 1;
+        let stalls = s.window_stalls.load(Relaxed) + u32::from(stalled);
+        if stalls >= STALLS_TO_PARK {
+            s.spin.store(0, Relaxed);
+            s.parked_jobs_left.store(PARKED_JOBS, Relaxed);
+            s.stall_episodes.fetch_add(1, Relaxed);
+            s.window_jobs.store(0, Relaxed);
+            s.window_stalls.store(0, Relaxed);
+        } else if jobs >= STALL_WINDOW {
+            s.window_jobs.store(0, Relaxed);
+            s.window_stalls.store(0, Relaxed);
+        } else {
+            s.window_jobs.store(jobs, Relaxed);
+            s.window_stalls.store(stalls, Relaxed);
+        }
+    }
+
+    /// How many times contention made the helpers stop polling ([`ThreadPool::adapt_polling`]).
+    pub fn stall_episodes(&self) -> u64 {
+        self.shared.stall_episodes.load(Relaxed)
     }
 }
+
+/// A wait for helpers longer than this is a stall (a work item takes a few µs to tens of µs).
+const STALL: Duration = Duration::from_micros(200);
+/// Stalls within [`STALL_WINDOW`] jobs that make the helpers stop polling.
+const STALLS_TO_PARK: u32 = 3;
+const STALL_WINDOW: u32 = 256;
+/// Jobs the helpers then sleep between (a decode token of a small model is ~300 jobs).
+const PARKED_JOBS: u32 = 8192;
 
 fn worker(s: Arc<Shared>, id: usize) {
     let mut seen = 0usize;
@@ -156,7 +256,8 @@ fn worker(s: Arc<Shared>, id: usize) {
                 break g;
             }
             spins += 1;
-            if spins < s.spin.load(Relaxed) {
+            // A worker outside the active set parks at once: it has no job to wait for.
+            if spins < s.spin.load(Relaxed) && id < s.active.load(Relaxed) {
                 std::hint::spin_loop();
             } else {
                 s.sleeping[id].store(true, SeqCst);
@@ -168,6 +269,9 @@ fn worker(s: Arc<Shared>, id: usize) {
             }
         };
         seen = gen;
+        if id >= s.active.load(SeqCst) {
+            continue;
+        }
         s.entered.fetch_add(1, SeqCst);
         if s.closed.load(SeqCst) < gen {
             // The job is open, so the caller is still inside `publish(gen)` and waits for us.
@@ -190,6 +294,11 @@ impl Drop for ThreadPool {
             let _ = h.join();
         }
     }
+}
+
+/// Spin iterations for a `--poll` level (0-100; 50 is [`SPIN_BEFORE_PARK`]).
+pub fn spin_for_poll(level: u8) -> u32 {
+    (u64::from(SPIN_BEFORE_PARK) * u64::from(level.min(100)) / 50) as u32
 }
 
 /// Splits `0..n` into `parts` nearly equal contiguous ranges and returns range `i`.
@@ -304,6 +413,58 @@ mod tests {
             });
         }
         assert_eq!(total.load(Relaxed), 20000);
+    }
+
+    #[test]
+    fn only_active_workers_take_part() {
+        let pool = ThreadPool::new(3);
+        for (active, poll) in [(1, 50), (2, 0), (3, 0), (2, 100), (3, 50)] {
+            pool.set_active(active);
+            pool.set_poll(poll);
+            assert_eq!(pool.n_threads(), active);
+            let seen: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            let parts = AtomicUsize::new(0);
+            for _ in 0..200 {
+                pool.for_each(64, 1, &|r, w| {
+                    seen[w].fetch_add(r.len(), Relaxed);
+                });
+                pool.run(&|part, n| {
+                    assert!(part < n && n == active);
+                    parts.fetch_add(1, Relaxed);
+                });
+            }
+            let total: usize = seen.iter().map(|s| s.load(Relaxed)).sum();
+            assert_eq!(total, 200 * 64, "active {active}");
+            assert!(seen[active..].iter().all(|s| s.load(Relaxed) == 0), "a parked worker ran a job (active {active})");
+            assert_eq!(parts.load(Relaxed), 200 * active);
+        }
+        pool.set_active(0);
+        assert_eq!(pool.n_threads(), 1, "at least the caller");
+        pool.set_active(9);
+        assert_eq!(pool.n_threads(), 3, "at most the pool's capacity");
+        assert_eq!(spin_for_poll(50), SPIN_BEFORE_PARK);
+        assert_eq!(spin_for_poll(0), 0);
+        assert_eq!(spin_for_poll(255), 2 * SPIN_BEFORE_PARK);
+    }
+
+    #[test]
+    fn a_helper_that_keeps_stalling_stops_the_polling() {
+        // Worker 1 stalls inside its chunk (as when another process takes its core).
+        let pool = ThreadPool::new(2);
+        for _ in 0..20 {
+            let done = AtomicUsize::new(0);
+            pool.for_each(8, 1, &|r, w| {
+                // The caller's items take long enough for the helper to claim one.
+                let ms = if w == 1 { 4.0 } else { 0.2 };
+                std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1000.0));
+                done.fetch_add(r.len(), Relaxed);
+            });
+            assert_eq!(done.load(Relaxed), 8);
+        }
+        // Every job stalled on the helper: the pool stopped polling (once: the stalls while it
+        // sleeps extend that episode), and still runs every item.
+        assert_eq!(pool.stall_episodes(), 1);
+        assert_eq!(pool.shared.spin.load(Relaxed), 0);
     }
 
     #[test]
