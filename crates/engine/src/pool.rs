@@ -176,6 +176,7 @@ impl ThreadPool {
                 t.unpark();
             }
         }
+        let started = Instant::now();
         job(0);
         s.closed.store(gen, SeqCst);
         let finished = Instant::now();
@@ -188,20 +189,22 @@ impl ThreadPool {
                 std::hint::spin_loop();
             }
         }
-        self.adapt_polling(finished.elapsed());
+        self.adapt_polling(finished.elapsed(), finished - started);
     }
 
     /// Contention control, run by the publishing thread after each job with how long it waited
-    /// for helpers once its own part was done. A long wait (a stall: far longer than any work
-    /// item) means a helper lost its core mid-job, to another process. Helpers that spin between
+    /// for helpers once its own part was done and how long that part took. Items are claimed one
+    /// at a time, so a helper that keeps its core finishes at most one item after the caller ran
+    /// out, and the caller's part took at least one item: a wait longer than twice that part and
+    /// [`STALL`] (a stall) means a helper lost its core mid-job, to another process. Helpers that spin between
     /// jobs then compete with that process all the time and are preempted inside jobs again and
     /// again; helpers that sleep are woken with priority and finish their item at once. So after
     /// [`STALLS_TO_PARK`] stalls within [`STALL_WINDOW`] jobs the helpers stop polling for
     /// [`PARKED_JOBS`] jobs (a few tokens), then poll again as configured; a stall while they
     /// sleep extends that.
-    fn adapt_polling(&self, waited: Duration) {
+    fn adapt_polling(&self, waited: Duration, own_part: Duration) {
         let s = &*self.shared;
-        let stalled = waited > STALL;
+        let stalled = waited > STALL + 2 * own_part;
         // Only this thread writes these counters: plain loads and stores suffice.
         let parked = s.parked_jobs_left.load(Relaxed);
         if parked > 0 {
@@ -235,7 +238,8 @@ impl ThreadPool {
     }
 }
 
-/// A wait for helpers longer than this is a stall (a work item takes a few µs to tens of µs).
+/// A wait for helpers longer than this (plus twice the caller's own part) is a stall (a decode
+/// work item takes a few µs to tens of µs, a time slice lost to another process milliseconds).
 const STALL: Duration = Duration::from_micros(200);
 /// Stalls within [`STALL_WINDOW`] jobs that make the helpers stop polling.
 const STALLS_TO_PARK: u32 = 3;
@@ -451,11 +455,16 @@ mod tests {
     fn a_helper_that_keeps_stalling_stops_the_polling() {
         // Worker 1 stalls inside its chunk (as when another process takes its core).
         let pool = ThreadPool::new(2);
-        for _ in 0..20 {
+        // Long items shared evenly (a prompt batch's products) are no stall.
+        for _ in 0..10 {
+            pool.for_each(6, 1, &|_, _| std::thread::sleep(std::time::Duration::from_millis(1)));
+        }
+        assert_eq!(pool.stall_episodes(), 0);
+        for _ in 0..10 {
             let done = AtomicUsize::new(0);
             pool.for_each(8, 1, &|r, w| {
                 // The caller's items take long enough for the helper to claim one.
-                let ms = if w == 1 { 4.0 } else { 0.2 };
+                let ms = if w == 1 { 12.0 } else { 0.2 };
                 std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1000.0));
                 done.fetch_add(r.len(), Relaxed);
             });

@@ -112,12 +112,21 @@ pub enum Isa {
 
 impl Isa {
     /// The best instruction set this CPU supports ([`Isa::hardware`]), or [`Isa::Scalar`] when the
-    /// environment variable `SIFT_FORCE_SCALAR` is set (read once, cached). Kernel selection
-    /// starts here.
+    /// environment variable `SIFT_FORCE_SCALAR` is set, or at most [`Isa::Avx2`] when
+    /// `SIFT_FORCE_AVX2` is (to compare kernels on one machine; read once, cached). Kernel
+    /// selection starts here.
     pub fn detect() -> Isa {
         use std::sync::OnceLock;
         static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| if std::env::var_os("SIFT_FORCE_SCALAR").is_some() { Isa::Scalar } else { Isa::hardware() })
+        *ISA.get_or_init(|| {
+            if std::env::var_os("SIFT_FORCE_SCALAR").is_some() {
+                Isa::Scalar
+            } else if std::env::var_os("SIFT_FORCE_AVX2").is_some() {
+                Isa::hardware().min(Isa::Avx2)
+            } else {
+                Isa::hardware()
+            }
+        })
     }
 
     /// The best instruction set the CPU supports, whatever `SIFT_FORCE_SCALAR` says (detected
