@@ -493,7 +493,7 @@ mod tests {
             let done = AtomicUsize::new(0);
             pool.for_each(8, 1, &|r, w| {
                 // The caller's items take long enough for the helper to claim one.
-                let ms = if w == 1 { 12.0 } else { 0.2 };
+                let ms = if w == 1 { 30.0 } else { 1.0 };
                 std::thread::sleep(std::time::Duration::from_secs_f64(ms / 1000.0));
                 done.fetch_add(r.len(), Relaxed);
             });
