@@ -37,6 +37,16 @@
 //! changes the last bits of the batch column kernel (`all-columns-dense`: same tokens;
 //! `all-columns-topk`: its first decoded token was a near tie, 15.03 against 14.85, and went the
 //! other way). Every other path was checked bit for bit unchanged before re-blessing.
+//!
+//! Re-blessed at issue 17's seventh step, a declared change in the paths that compute on exact
+//! columns: on CPUs with AVX-512 VBMI/BITALG the column kernels now round each group's
+//! coefficients to 8 bits (`sift_quant::exact_q8`), as the dense kernels round activations.
+//! `all-columns-dense`, `row-gather-core-pack` and `tiered-core` keep their tokens; the sparse
+//! column paths diverge where SmolLM2 at sparsity 0.5 has near ties (e.g. `columns-topk` at its
+//! sixth token, 19.84 against 19.76) or after the prompt's logits moved (`all-columns-topk`: top
+//! logit 14.2 → 18.0, where the masked dense kernels give 15.7). The paths that do not compute on
+//! columns (`dense-gguf`, `masked-topk`, `masked-core`, `row-gather-core-gguf`) were checked bit
+//! for bit unchanged before re-blessing.
 
 use serde_json::{json, Value};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};

@@ -2,9 +2,10 @@
 //! and refusing corrupt, truncated, stale and foreign packs.
 
 use sift_engine::pool::ThreadPool;
-use sift_engine::sparse::{column_matmul, column_matmul_part, tensor_job, ColOp};
+use sift_engine::sparse::{column_matmul, column_matmul_part, tensor_job, ColOp, COLUMN_PIECE};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
 use sift_engine::{Engine, EngineOptions, Logits};
+use sift_quant::exact_q8::group_scales;
 use sift_quant::{ColFormat, ColType};
 use sift_store::OpKind;
 use sift_store::{open_model, pack_model, ColPolicy, PackError, PackOptions};
@@ -70,17 +71,21 @@ fn exact_columns_run_like_the_gguf() {
     let mut p = Engine::new(open_model(&pack).unwrap(), &opts());
     assert_eq!(decode_logits(&mut p, 6), want, "dense on the pack reads the embedded GGUF");
     // Every column active, through the exact column kernels: the GGUF's own weights, so the only
-    // difference to the dense kernels is theirs — activations quantized to Q8_1 before each
-    // product; the column kernels take them in f32. Stated tolerance: max |diff| <= 1.2, mean
-    // <= 0.35 over the 49152 logits of each step (they span about ±25). Measured: max 0.45-0.81,
-    // mean 0.08-0.24 (re-quantized Q8_0 columns: max 0.6-1.2, mean 0.1-0.52).
+    // difference to the dense kernels is how each rounds the activations — Q8_1 per 32-input
+    // block for the dense kernels; for the column kernels f32 (CPUs without AVX-512 VBMI) or 8 bits
+    // per group of a block's active inputs cut at 64-entry pieces (`sift_quant::exact_q8`), whose
+    // boundaries move with the one input the selector drops, so the two roundings are
+    // independent. Stated tolerance: max |diff| <= 1.6, mean <= 0.5 over the 49152 logits of each
+    // step (they span about ±25). Measured: f32 columns max 0.45-0.81, mean 0.08-0.24; 8-bit
+    // columns max 0.50-1.03, mean 0.14-0.43 (re-quantized Q8_0 columns: max 0.6-1.2, mean
+    // 0.1-0.52).
     p.set_selector(topk(&p, 1e-6));
     let got = decode_logits(&mut p, 6);
     for (a, b) in got.iter().zip(&want) {
         let max = max_abs_diff(a, b);
         let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
         eprintln!("exact columns vs dense: max {max}, mean {mean}");
-        assert!(max <= 1.2 && mean <= 0.35, "exact columns vs dense: max {max}, mean {mean}");
+        assert!(max <= 1.6 && mean <= 0.5, "exact columns vs dense: max {max}, mean {mean}");
     }
     assert!(p.sparsity_stats().column_bytes > 0, "the column kernels ran");
 }
@@ -166,16 +171,16 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
             let coef: Vec<f32> = active.iter().map(|&j| x[j as usize]).collect();
             let mut y = vec![0f32; t.n_out];
             column_matmul(&pool, &active, &coef, &mut [tensor_job(&cop, file, &active, &mut y)], &mut Vec::new());
-            // The same product in three parts whose outputs add up (a site streamed in parts).
+            // The same product in three parts whose outputs add up (a site streamed in parts, cut
+            // at multiples of COLUMN_PIECE as the store cuts them): the same bits.
             let mut parts = vec![0f32; t.n_out];
-            let third = active.len().div_ceil(3);
+            let third = active.len().div_ceil(3).next_multiple_of(COLUMN_PIECE);
             for (p, (units, c)) in active.chunks(third).zip(coef.chunks(third)).enumerate() {
                 let job = tensor_job(&cop, file, units, &mut parts);
                 column_matmul_part(&pool, units, c, &mut [job], &mut Vec::new(), p > 0);
             }
-            let worst = y.iter().zip(&parts).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            let top = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-            assert!(worst <= 1e-5 * top, "layer {l} {op:?} keep {keep}: parts differ by {worst}");
+            let same = y.iter().zip(&parts).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "layer {l} {op:?} keep {keep}: the parts do not add up to the whole bit for bit");
             // Masked dense: zero the inactive inputs, multiply by the whole matrix.
             let mut masked = vec![0f32; t.n_in];
             for &j in &active {
@@ -187,9 +192,25 @@ fn column_products_equal_masked_dense_products_on_real_weights() {
                     *w += xj as f64 * dense[j * t.n_out + o] as f64;
                 }
             }
+            // The kernels' rounding of the coefficients (8-bit kernels: at most half the group's
+            // scale each; `group_scales` is that scale) bounds their difference to the f64 sum,
+            // plus the f32 sums' 1e-4 of the largest output.
+            let half: Vec<f64> = match t.ty {
+                ColFormat::Exact(f) if sift_quant::axpy_exact_q8_fn(f, sift_quant::Isa::detect()).is_some() => {
+                    group_scales(&active, &f, &coef).iter().map(|&s| s as f64 / 2.0).collect()
+                }
+                _ => vec![0.0; active.len()],
+            };
+            let mut bound = vec![0f64; t.n_out];
+            for (&j, &h) in active.iter().zip(&half) {
+                for (o, b) in bound.iter_mut().enumerate() {
+                    *b += h * (dense[j as usize * t.n_out + o] as f64).abs();
+                }
+            }
             let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-6);
             for (o, (&a, &b)) in y.iter().zip(&want).enumerate() {
-                assert!(((a as f64) - b).abs() <= 1e-4 * scale, "layer {l} {op:?} keep {keep}: y[{o}] {a} vs {b}");
+                let tol = 1e-4 * scale + 1.0001 * bound[o];
+                assert!(((a as f64) - b).abs() <= tol, "layer {l} {op:?} keep {keep}: y[{o}] {a} vs {b} (tol {tol})");
             }
         }
     }

@@ -4,10 +4,12 @@
 //! For each case an `O × I` matrix is quantized from random data in the source format (a GGUF's
 //! row-major blocks), transposed into exact columns ([`ExactFormat::transpose`]), and also
 //! dequantized and re-quantized into the [`ColType`] of the same bits per value (what packs held
-//! before exact columns: Q4_1 for 4-bit sources, Q5_0 for 5- and 6-bit, Q8_0 for 8-bit). Both
+//! before exact columns: Q4_1 for 4-bit sources, Q5_0 for 5- and 6-bit, Q8_0 for 8-bit). The
 //! kernels then run over the same random active set (sorted ascending, as selectors give it) at
-//! 0 / 50 / 75 % sparsity. Reported: µs per call of each (the fastest of repeated calls) and the
-//! exact kernel's speed relative to the re-quantized one (> 1: exact is faster). The `mem` cases
+//! 0 / 50 / 75 % sparsity: the fastest exact kernel of this CPU (8-bit coefficients,
+//! [`sift_quant::exact_q8`], where it has AVX-512 VBMI/BITALG), the f32-coefficient exact kernel,
+//! and the re-quantized one. Reported: µs per call of each (the fastest of repeated calls) and the
+//! fastest exact kernel's speed relative to the f32 one (> 1: faster). The `mem` cases
 //! rotate through enough copies (≥ 400 MB per layout) that every call reads from DRAM, as a
 //! decode step does; the others stay in cache.
 //!
@@ -16,6 +18,7 @@
 use rand::rngs::StdRng;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
+use sift_quant::exact::axpy_exact_f32_fn;
 use sift_quant::exact::ExactMatrix;
 use sift_quant::{axpy_cols_fn, axpy_exact_fn, scalar, ColType, ExactFormat, Isa, WeightType};
 use std::hint::black_box;
@@ -50,7 +53,7 @@ fn best_time(mut f: impl FnMut(), total: Duration) -> Duration {
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let isa = Isa::detect();
-    println!("ISA {isa:?}; one thread; µs per call: exact | re-quantized | exact speed relative to re-quantized");
+    println!("ISA {isa:?}; one thread; µs per call: exact (this CPU's fastest: 8-bit coefficients where it has them) | exact, f32 coefficients | re-quantized | fastest exact relative to f32");
     let mut rng = StdRng::seed_from_u64(5);
     for &(src, o, i, mem, what) in CASES {
         let label = format!("{} {o}x{i} {what}", src.name());
@@ -87,7 +90,7 @@ fn main() {
         let copies = if mem { MEM_BYTES.div_ceil(ecols.len()) } else { 1 };
         let ecopies: Vec<Vec<u8>> = (0..copies).map(|_| ecols.clone()).collect();
         let rcopies: Vec<Vec<u8>> = (0..copies).map(|_| rcols.clone()).collect();
-        let (fe, fr) = (axpy_exact_fn(fmt, isa), axpy_cols_fn(req, isa));
+        let (fe, ff, fr) = (axpy_exact_fn(fmt, isa), axpy_exact_f32_fn(fmt, isa), axpy_cols_fn(req, isa));
         let budget = Duration::from_millis(if mem { 400 } else { 150 });
         print!("{:<5} {:>10} vs {:<5}", src.name(), format!("{o}x{i}"), req.name());
         for s in SPARSITY {
@@ -106,6 +109,15 @@ fn main() {
                 },
                 budget,
             );
+            let tf = best_time(
+                || {
+                    let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: &ecopies[k % copies], scales: &scales };
+                    k += 1;
+                    ff(black_box(&m), &active, &active, &coef, 0..o / 32, &mut y);
+                    black_box(&y);
+                },
+                budget,
+            );
             let tr = best_time(
                 || {
                     fr(black_box(&rcopies[k % copies]), rcb, &active, &coef, 0..o / 32, &mut y);
@@ -115,10 +127,11 @@ fn main() {
                 budget,
             );
             print!(
-                "  {s:>2}%: {:>6.0} | {:>6.0} | {:>4.2}x",
+                "  {s:>2}%: {:>5.0} | {:>5.0} | {:>5.0} | {:>4.2}x",
                 te.as_secs_f64() * 1e6,
+                tf.as_secs_f64() * 1e6,
                 tr.as_secs_f64() * 1e6,
-                tr.as_secs_f64() / te.as_secs_f64()
+                tf.as_secs_f64() / te.as_secs_f64()
             );
         }
         println!("  {what}");

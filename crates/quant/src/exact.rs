@@ -42,6 +42,11 @@
 //! in the same order; AVX2 ([`crate::x86::exact`]) differs from it by f32 FMA rounding only, and
 //! AVX-512 ([`crate::x86::exact_avx512`]) gives the AVX2 result bit for bit.
 //!
+//! [`axpy_exact_fn`] hands out the 8-bit-coefficient kernel of [`crate::exact_q8`] where the CPU
+//! has it (AVX-512 VNNI + VBMI + BITALG: the coefficients of a super-block quantized to `i8`, as
+//! the dense kernels quantize activations, four columns per `vpdpbusd`), else the f32 kernels
+//! above ([`axpy_exact_f32_fn`]).
+//!
 //! [`axpy_exact_batch`] (many tokens, `--all-columns`): the one-token kernel per token.
 
 use crate::blocks::{scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0};
@@ -225,6 +230,31 @@ impl ExactFormat {
         }
     }
 
+    /// Row `r`'s super-block factors at input `c`: `(d, b)` as f32 (`b = 0` without an offset).
+    #[inline]
+    pub fn super_scale_of(&self, scales: &[u8], n_out: usize, r: usize, c: usize) -> (f32, f32) {
+        let base = (c / self.super_block) * self.scale_record_bytes(n_out);
+        let f = |at: usize| f16::from_le_bytes([scales[at], scales[at + 1]]).to_f32();
+        (f(base + 2 * r), if self.has_offset { f(base + 2 * n_out + 2 * r) } else { 0.0 })
+    }
+
+    /// Row `r`'s integer sub-block factors at input `c`: `(sc, m)`, `(1, 1)` for formats without
+    /// sub-scales (then `a = d·sc`, `b = bd·m` as in [`Self::scale_of`]).
+    #[inline]
+    pub fn sub_scale_of(&self, scales: &[u8], n_out: usize, r: usize, c: usize) -> (i32, i32) {
+        if self.sub_scales == SubScales::None {
+            return (1, 1);
+        }
+        let f16s = if self.has_offset { 4 } else { 2 };
+        let sub_stride = if self.has_offset { 2 * n_out } else { n_out };
+        let at = (c / self.super_block) * self.scale_record_bytes(n_out)
+            + f16s * n_out
+            + ((c % self.super_block) / self.sub_block) * sub_stride
+            + r;
+        let sc = if self.sub_scales == SubScales::Signed { scales[at] as i8 as i32 } else { scales[at] as i32 };
+        (sc, if self.has_offset { scales[at + n_out] as i32 } else { 0 })
+    }
+
     /// Dequantizes column `c` (`col`: its bytes) into `dst` (`n_out` values), as the kernels see it.
     pub fn dequantize_col(&self, col: &[u8], scales: &[u8], c: usize, dst: &mut [f32]) {
         let n_out = dst.len();
@@ -377,7 +407,7 @@ fn put_q(bits: u8, chunk: &mut [u8], k: usize, q: u8) {
 
 /// Value `k` (< 32) of a 32-value chunk.
 #[inline]
-fn get_q(bits: u8, chunk: &[u8], k: usize) -> u8 {
+pub(crate) fn get_q(bits: u8, chunk: &[u8], k: usize) -> u8 {
     if bits == 8 {
         return chunk[k];
     }
@@ -520,8 +550,15 @@ pub fn axpy_exact_scalar(
     }
 }
 
-/// The fastest [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU.
+/// The fastest [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU: the 8-bit-coefficient
+/// kernel ([`crate::exact_q8`]) where the CPU has it, else the f32 one ([`axpy_exact_f32_fn`]).
 pub fn axpy_exact_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
+    crate::exact_q8::axpy_exact_q8_fn(fmt, isa).unwrap_or_else(|| axpy_exact_f32_fn(fmt, isa))
+}
+
+/// The fastest f32-coefficient [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU (the
+/// kernels of the module docs: AVX-512, AVX2 or the scalar reference).
+pub fn axpy_exact_f32_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
     let isa = isa.min(Isa::detect());
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512Vnni {

@@ -58,6 +58,7 @@ pub(crate) use rows_by_dot4;
 pub mod blocks;
 pub mod columns;
 pub mod exact;
+pub mod exact_q8;
 pub mod packed;
 pub mod scalar;
 pub mod scalar_k;
@@ -68,6 +69,7 @@ pub use columns::{
     axpy_cols_batch, axpy_cols_fn, check_axpy_cols, check_axpy_cols_batch, AxpyColsFn, ColMatrix, ColType, ColsError,
 };
 pub use exact::{axpy_exact_batch, axpy_exact_fn, ColFormat, ExactAxpyFn, ExactFormat, ExactMatrix};
+pub use exact_q8::axpy_exact_q8_fn;
 
 /// A weight storage format sift can compute with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -18,8 +18,11 @@
 //!   runs both.
 //! - Bad arguments panic with the checker's message, before anything is written.
 
-use sift_quant::exact::{axpy_exact_scalar, check_axpy_exact, piece_count, ExactFormat, ExactMatrix, RUN_BREAK};
-use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, Isa, WeightType};
+use sift_quant::exact::{
+    axpy_exact_f32_fn, axpy_exact_scalar, check_axpy_exact, piece_count, ExactFormat, ExactMatrix, RUN_BREAK,
+};
+use sift_quant::exact_q8::{axpy_exact_q8_fn, axpy_exact_q8_scalar, group_scales, quantize_group};
+use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, ExactAxpyFn, Isa, WeightType};
 
 const FORMATS: [WeightType; 7] = [
     WeightType::Q4_0,
@@ -110,6 +113,19 @@ fn bound(
     coef: &[f32],
     y0: &[f32],
 ) -> Vec<f64> {
+    weighted_sum(f, cols, scales, n_out, units, coef, y0)
+}
+
+/// `|y0_k| + Σ_i |coef_i|·(|a·(q − zero)| + |b|)` per output `k`.
+fn weighted_sum(
+    f: &ExactFormat,
+    cols: &[u8],
+    scales: &[u8],
+    n_out: usize,
+    units: &[u32],
+    coef: &[f32],
+    y0: &[f32],
+) -> Vec<f64> {
     let cb = f.col_bytes(n_out);
     let mut s: Vec<f64> = y0.iter().map(|v| v.abs() as f64).collect();
     let mut q = vec![0f32; n_out];
@@ -123,6 +139,13 @@ fn bound(
         }
     }
     s
+}
+
+/// The 8-bit kernels' extra error bound per output: each coefficient is rounded by at most half
+/// its group's scale ([`group_scales`]), so `Σ_i s_i/2 · (|a·(q − zero)| + |b|)`.
+fn q8_bound(f: &ExactFormat, cols: &[u8], scales: &[u8], n_out: usize, units: &[u32], coef: &[f32]) -> Vec<f64> {
+    let half: Vec<f32> = group_scales(units, f, coef).iter().map(|s| s / 2.0).collect();
+    weighted_sum(f, cols, scales, n_out, units, &half, &vec![0.0; n_out])
 }
 
 fn reference(
@@ -139,6 +162,21 @@ fn reference(
                 + units.iter().zip(coef).map(|(&u, &c)| c as f64 * dense[r * n_in + u as usize] as f64).sum::<f64>()
         })
         .collect()
+}
+
+/// Every kernel this CPU runs for `f`: `(name, kernel, has 8-bit coefficients)`.
+fn all_kernels(f: ExactFormat, isas: &[Isa]) -> Vec<(String, ExactAxpyFn, bool)> {
+    let mut k: Vec<(String, ExactAxpyFn, bool)> = vec![
+        ("scalar".into(), axpy_exact_scalar as ExactAxpyFn, false),
+        ("q8 scalar".into(), axpy_exact_q8_scalar as ExactAxpyFn, true),
+    ];
+    for &isa in isas {
+        k.push((format!("{isa:?}"), axpy_exact_f32_fn(f, isa), false));
+        if let Some(q) = axpy_exact_q8_fn(f, isa) {
+            k.push((format!("q8 {isa:?}"), q, true));
+        }
+    }
+    k
 }
 
 #[test]
@@ -178,16 +216,13 @@ fn kernels_agree_with_f64_sums() {
                         ("slots", &slots, units.iter().map(|&u| slot_of[u as usize]).collect::<Vec<u32>>()),
                     ] {
                         let m = ExactMatrix { fmt: f, n_out, n_in, cols: data, scales: &scales };
-                        let mut kernels: Vec<(String, sift_quant::ExactAxpyFn)> =
-                            vec![("scalar".into(), axpy_exact_scalar as sift_quant::ExactAxpyFn)];
-                        for &isa in &isas {
-                            kernels.push((format!("{isa:?}"), axpy_exact_fn(f, isa)));
-                        }
-                        for (kname, k) in &kernels {
+                        let q8 = q8_bound(&f, &cols, &scales, n_out, units, &coef);
+                        for (kname, k, is_q8) in all_kernels(f, &isas) {
                             let mut y = y0.clone();
                             k(&m, &idx, units, &coef, chunks.clone(), &mut y);
                             for (j, r) in rows.clone().enumerate() {
-                                let tol = 2e-5 * (s_all[r] + y0[j].abs() as f64) + 1e-30;
+                                let extra = if is_q8 { 1.0001 * q8[r] } else { 0.0 };
+                                let tol = 2e-5 * (s_all[r] + y0[j].abs() as f64) + extra + 1e-30;
                                 let err = (y[j] as f64 - want[j]).abs();
                                 assert!(
                                     err <= tol,
@@ -225,8 +260,8 @@ fn avx512_gives_the_avx2_result_bit_for_bit() {
             for chunks in [0..n_out / 32, 1..2] {
                 let y0: Vec<f32> = (0..32 * chunks.len()).map(|_| rng.f()).collect();
                 let (mut a, mut b) = (y0.clone(), y0.clone());
-                axpy_exact_fn(f, Isa::Avx2)(&m, &units, &units, &coef, chunks.clone(), &mut a);
-                axpy_exact_fn(f, Isa::Avx512Vnni)(&m, &units, &units, &coef, chunks.clone(), &mut b);
+                axpy_exact_f32_fn(f, Isa::Avx2)(&m, &units, &units, &coef, chunks.clone(), &mut a);
+                axpy_exact_f32_fn(f, Isa::Avx512Vnni)(&m, &units, &units, &coef, chunks.clone(), &mut b);
                 let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{t:?}, {} active, chunks {chunks:?}: AVX-512 differs from AVX2", units.len());
             }
@@ -249,12 +284,12 @@ fn batch_kernel_agrees_with_the_one_token_kernel() {
             let xr = &x[tk * n_in..(tk + 1) * n_in];
             let units: Vec<u32> = (0..n_in as u32).filter(|&c| xr[c as usize] != 0.0).collect();
             let coef: Vec<f32> = units.iter().map(|&c| xr[c as usize]).collect();
+            // The batch runs this CPU's one-token kernel per token: the same bits.
             let mut want = vec![0f32; n_out];
-            axpy_exact_scalar(&m, &units, &units, &coef, 0..n_out / 32, &mut want);
-            let s = bound(&f, &cols, &scales, n_out, &units, &coef, &want.iter().map(|_| 0.0).collect::<Vec<_>>());
+            axpy_exact_fn(f, Isa::detect())(&m, &units, &units, &coef, 0..n_out / 32, &mut want);
             for r in 0..n_out {
-                let err = (y[tk * n_out + r] - want[r]).abs() as f64;
-                assert!(err <= 2e-5 * s[r] + 1e-30, "{t:?} token {tk} row {r}: {} vs {}", y[tk * n_out + r], want[r]);
+                let got = y[tk * n_out + r];
+                assert_eq!(got.to_bits(), want[r].to_bits(), "{t:?} token {tk} row {r}: {got} vs {}", want[r]);
             }
         }
     }
@@ -280,8 +315,8 @@ fn bad_arguments_are_refused_before_anything_is_written() {
     for (idx, units, chunks, ylen, msg) in cases {
         let e = check_axpy_exact(&m, idx, units, &[1.0], &chunks, ylen).unwrap_err().to_string();
         assert!(e.contains(msg), "{e} lacks {msg}");
-        for isa in Isa::available() {
-            let k = axpy_exact_fn(f, isa);
+        for (name, k, _) in all_kernels(f, &Isa::available()) {
+            let isa = name;
             let mut y = vec![7.0f32; ylen];
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 k(&m, idx, units, &[1.0], chunks.clone(), &mut y)
@@ -307,12 +342,7 @@ fn one_call_over_pieces_gives_one_call_per_piece() {
         let coef: Vec<f32> = units.iter().map(|_| rng.f() * 2.0).collect();
         let pieces = piece_count(units.len());
         assert_eq!(pieces, 4);
-        let mut kernels: Vec<(String, sift_quant::ExactAxpyFn)> =
-            vec![("scalar".into(), axpy_exact_scalar as sift_quant::ExactAxpyFn)];
-        for isa in Isa::available() {
-            kernels.push((format!("{isa:?}"), axpy_exact_fn(f, isa)));
-        }
-        for (name, k) in &kernels {
+        for (name, k, _) in &all_kernels(f, &Isa::available()) {
             for chunks in [0..n_out / 32, 1..2] {
                 let width = 32 * chunks.len();
                 let mut together = vec![0f32; pieces * width];
@@ -326,5 +356,71 @@ fn one_call_over_pieces_gives_one_call_per_piece() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
+    let Some(isa) = Isa::available()
+        .into_iter()
+        .find(|&i| axpy_exact_q8_fn(ExactFormat::of(WeightType::Q4_0).unwrap(), i).is_some())
+    else {
+        eprintln!("skipped: this CPU has no 8-bit-coefficient kernel (AVX-512 VNNI + VBMI + BITALG)");
+        return;
+    };
+    let mut rng = Rng(23);
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        let simd = axpy_exact_q8_fn(f, isa).unwrap();
+        for &(n_out, n_in) in &[(32usize, 256usize), (96, 1024), (640, 512)] {
+            let (_, cols, scales) = tensor(t, n_out, n_in, 3 + n_out as u64);
+            let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+            let mut sets: Vec<Vec<u32>> = [1u64, 2, 5, 13, 32, 64]
+                .iter()
+                .map(|&keep| (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect())
+                .collect();
+            // Unsorted with repeats; one column 70 times (runs longer than a sub-block, cut at
+            // RUN_BREAK); none.
+            sets.push(vec![5, 3, 3, (n_in - 1) as u32, 0, 40, 41, 3, 200]);
+            sets.push(vec![7; 70]);
+            sets.push(vec![]);
+            for units in &sets {
+                // Coefficients of mixed magnitudes, some exactly zero.
+                let coef: Vec<f32> =
+                    units.iter().map(|_| if rng.next().is_multiple_of(9) { 0.0 } else { rng.f() * 4.0 }).collect();
+                for chunks in [0..n_out / 32, (n_out / 32) / 2..n_out / 32] {
+                    let y0: Vec<f32> = (0..32 * chunks.len()).map(|_| rng.f()).collect();
+                    let (mut a, mut b) = (y0.clone(), y0.clone());
+                    axpy_exact_q8_scalar(&m, units, units, &coef, chunks.clone(), &mut a);
+                    simd(&m, units, units, &coef, chunks.clone(), &mut b);
+                    for (r, (x, z)) in a.iter().zip(&b).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            z.to_bits(),
+                            "{t:?} {n_out}x{n_in}, {} active, chunks {chunks:?}, row {r}: {x} vs {z}",
+                            units.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_coefficients_keep_a_nan_visible() {
+    let mut c8 = [0i8; 3];
+    assert_eq!(quantize_group(&[0.5, -1.27, 0.0], &mut c8), 0.01);
+    assert_eq!(c8, [50, -127, 0]);
+    assert_eq!(quantize_group(&[0.0, 0.0, 0.0], &mut c8), 0.0);
+    assert!(quantize_group(&[1.0, f32::NAN, 2.0], &mut c8).is_nan());
+    let t = WeightType::Q4_K;
+    let f = ExactFormat::of(t).unwrap();
+    let (_, cols, scales) = tensor(t, 64, 256, 2);
+    let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
+    for (name, k, _) in all_kernels(f, &Isa::available()) {
+        let mut y = vec![0f32; 64];
+        k(&m, &[1, 2], &[1, 2], &[0.5, f32::NAN], 0..2, &mut y);
+        assert!(y.iter().all(|v| v.is_nan()), "{name}: a NaN coefficient was lost");
     }
 }

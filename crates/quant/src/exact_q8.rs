@@ -1,0 +1,134 @@
+//! Exact columns with 8-bit coefficients: the integer form of [`crate::exact`]'s column kernels.
+//!
+//! The f32 column kernels widen every stored integer to f32 and multiply-add it by its column's
+//! coefficient: about six vector operations per 32 weights, so at sparsity 0.5 they run out of
+//! compute before they run out of memory bandwidth (~20 GB/s on two Zen 4 cores against a dense
+//! decode's ~28). Here the coefficients of a *group* (the active inputs of one source
+//! super-block) are quantized to `i8` with one scale, as the dense kernels quantize activations to
+//! Q8, and the VNNI kernel ([`crate::x86::exact_vnni`]) multiplies four columns' integers by their
+//! four coefficients and sums them in one `vpdpbusd`. The weights stay the source's, value for
+//! value; the coefficients carry the same 8-bit rounding the dense path's activations carry
+//! (per 256 inputs for the K-quants, as Q8_K; per 32 for the legacy formats, as Q8_0).
+//!
+//! # Numerics (the scalar reference [`axpy_exact_q8_scalar`]; the SIMD kernel gives it bit for bit)
+//!
+//! - **Groups**: consecutive entries of the active list in the same super-block (32 inputs for
+//!   the legacy formats, 256 for the K-quants), also cut at list positions that are multiples of
+//!   [`RUN_BREAK`] (so pieces of a list add up to the whole list's result, as for the f32
+//!   kernels). **Runs**: consecutive entries of a group in the same sub-block.
+//! - Per group ([`quantize_group`]): `amax = max |coef|`, `s = amax / 127`,
+//!   `C_i = round(coef_i / s)` in `−127..=127` (all zero when `amax` is zero; a NaN or infinite
+//!   coefficient makes `s` non-finite, so the group's outputs become NaN instead of silently
+//!   losing it).
+//! - Per run `r` and output row `k`: `T = Σ_i C_i·q_ik − zero·ΣC_r`; per group
+//!   `acc_k = Σ_r sc_rk·T_rk` and `M_k = Σ_r m_rk·ΣC_r` (`sc = m = 1` for the legacy formats),
+//!   exact in `i32` (at most 64 entries per group: `|acc| < 2^28`).
+//! - `y_k = fma(d_k·s, acc_k, y_k)`, then for formats with an offset `y_k = fma(b_k·s, M_k, y_k)`
+//!   (`d`, `b` the row's f16 super-block scale and offset).
+//!
+//! The error against the f32 kernels is the coefficients' rounding, at most `s/2` each
+//! (`tests/exact.rs` bounds it per output); perplexity through the pack's columns is measured in
+//! docs/benchmarks.md.
+
+use crate::exact::{check_axpy_exact, piece_offset, runs, ExactAxpyFn, ExactFormat, ExactMatrix, RUN_BREAK};
+use crate::Isa;
+use std::ops::Range;
+
+/// Quantizes a group's coefficients to `out` (the same length) and returns their scale `s`
+/// (`coef_i ≈ s · out_i`): `s = max |coef| / 127`, NaN or infinite when a coefficient is.
+pub fn quantize_group(coef: &[f32], out: &mut [i8]) -> f32 {
+    assert_eq!(coef.len(), out.len(), "quantize_group: lengths differ");
+    let amax = coef.iter().fold(0f32, |m, &c| if c.abs() > m || c.is_nan() { c.abs() } else { m });
+    if amax == 0.0 || !amax.is_finite() {
+        out.fill(0);
+        return if amax == 0.0 { 0.0 } else { f32::NAN };
+    }
+    let inv = 127.0 / amax;
+    for (o, &c) in out.iter_mut().zip(coef) {
+        *o = (c * inv).round() as i8;
+    }
+    amax / 127.0
+}
+
+/// The groups of an active list (`(start, end)` into it, see the module docs): runs of one
+/// super-block, cut at multiples of [`RUN_BREAK`]; never longer than [`RUN_BREAK`] entries.
+pub(crate) fn groups<'a>(units: &'a [u32], fmt: &ExactFormat) -> impl Iterator<Item = (usize, usize)> + 'a {
+    runs(units, fmt.super_block)
+}
+
+/// The scale `s` of each entry's group (its coefficient is rounded by at most `s / 2`): what
+/// tests need to bound the kernels' error against exact sums.
+pub fn group_scales(units: &[u32], fmt: &ExactFormat, coef: &[f32]) -> Vec<f32> {
+    assert_eq!(units.len(), coef.len(), "group_scales: lengths differ");
+    let mut out = vec![0f32; units.len()];
+    let mut c8 = [0i8; RUN_BREAK];
+    for (g0, g1) in groups(units, fmt) {
+        let s = quantize_group(&coef[g0..g1], &mut c8[..g1 - g0]);
+        out[g0..g1].fill(s);
+    }
+    out
+}
+
+/// The scalar reference of the 8-bit-coefficient kernels (an [`ExactAxpyFn`]): the sums of the
+/// module docs, in that order.
+///
+/// # Panics
+/// On arguments [`check_axpy_exact`] rejects, with its message.
+pub fn axpy_exact_q8_scalar(
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    chunks: Range<usize>,
+    y: &mut [f32],
+) {
+    if let Err(e) = check_axpy_exact(m, idx, units, coef, &chunks, y.len()) {
+        panic!("{e}");
+    }
+    let f = m.fmt;
+    let (cb, kb, n_out) = (m.col_bytes(), f.chunk_bytes(), m.n_out);
+    let zero = f.zero as i32;
+    let mut c8 = [0i8; RUN_BREAK];
+    for (g0, g1) in groups(units, &f) {
+        let s = quantize_group(&coef[g0..g1], &mut c8[..g1 - g0]);
+        let y_off = piece_offset(g0, y.len(), 32 * chunks.len());
+        let first = units[g0] as usize;
+        for (ci, ch) in chunks.clone().enumerate() {
+            let (mut acc, mut macc) = ([0i32; 32], [0i32; 32]);
+            for (r0, r1) in runs(&units[g0..g1], f.sub_block) {
+                let sum_c: i32 = c8[r0..r1].iter().map(|&c| c as i32).sum();
+                let unit = units[g0 + r0] as usize;
+                for k in 0..32 {
+                    let mut t: i32 = 0;
+                    for i in r0..r1 {
+                        let col = &m.cols[idx[g0 + i] as usize * cb + ch * kb..][..kb];
+                        t += c8[i] as i32 * crate::exact::get_q(f.bits, col, k) as i32;
+                    }
+                    t -= zero * sum_c;
+                    let (sc, mm) = f.sub_scale_of(m.scales, n_out, ch * 32 + k, unit);
+                    acc[k] += sc * t;
+                    macc[k] += mm * sum_c;
+                }
+            }
+            for k in 0..32 {
+                let (d, b) = f.super_scale_of(m.scales, n_out, ch * 32 + k, first);
+                let v = &mut y[y_off + ci * 32 + k];
+                *v = (d * s).mul_add(acc[k] as f32, *v);
+                if f.has_offset {
+                    *v = (b * s).mul_add(macc[k] as f32, *v);
+                }
+            }
+        }
+    }
+}
+
+/// The SIMD 8-bit-coefficient kernel for `fmt` at or below `isa`, if this CPU has one (AVX-512
+/// VNNI with VBMI and BITALG).
+pub fn axpy_exact_q8_fn(fmt: ExactFormat, isa: Isa) -> Option<ExactAxpyFn> {
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(Isa::detect()) >= Isa::Avx512Vnni {
+        return crate::x86::exact_vnni::vnni_axpy_fn(fmt);
+    }
+    let _ = (fmt, isa);
+    None
+}
