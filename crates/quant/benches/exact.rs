@@ -136,4 +136,94 @@ fn main() {
         }
         println!("  {what}");
     }
+    tokens_section(filter.as_deref(), isa);
+}
+
+/// Many tokens over one active list (FastForward's block-wise sparse FFN down projection): the
+/// many-token kernel against the one-token kernel per token, and the dense four-token row kernel
+/// over the whole matrix (every input), for a 128-token block; one thread, µs per block.
+fn tokens_section(filter: Option<&str>, isa: Isa) {
+    const CASES: &[(WeightType, usize, usize, &str)] = &[
+        (WeightType::Q4_K, 896, 4864, "Qwen-0.5B ffn_down"),
+        (WeightType::Q6_K, 896, 4864, "Qwen-0.5B ffn_down (Q6_K layers)"),
+        (WeightType::Q4_1, 576, 1536, "SmolLM2 ffn_down"),
+    ];
+    let n_tok = 128;
+    println!("tokens: {n_tok}-token block, one thread, µs: many-token kernel | one-token kernel per token | dense rows (all inputs)");
+    let mut rng = StdRng::seed_from_u64(9);
+    for &(src, o, i, what) in CASES {
+        let label = format!("tokens {} {o}x{i} {what}", src.name());
+        if filter.is_some_and(|f| !label.contains(f)) {
+            continue;
+        }
+        let fmt = ExactFormat::of(src).unwrap();
+        let mut rows = Vec::new();
+        for _ in 0..o {
+            let x: Vec<f32> = (0..i).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            rows.extend(scalar::quantize_row(src, &x));
+        }
+        let (cols, scales) = fmt.transpose(&rows, o, i);
+        let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: &cols, scales: &scales };
+        let many = sift_quant::exact_q8::axpy_exact_tokens_fn(fmt, isa);
+        let one = axpy_exact_fn(fmt, isa);
+        // Dense: activations quantized once, the four-token row kernel over all rows.
+        let at = src.act_type();
+        let x: Vec<f32> = (0..n_tok * i).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut acts = vec![0u8; n_tok * at.row_bytes(i)];
+        let ab = at.row_bytes(i);
+        for t in 0..n_tok {
+            scalar::quantize_act(at, &x[t * i..(t + 1) * i], &mut acts[t * ab..(t + 1) * ab]);
+        }
+        let rb = rows.len() / o;
+        let d4 = src.dot4_rows_fn();
+        let mut out = vec![[0f32; 4]; o];
+        let td = best_time(
+            || {
+                for t in (0..n_tok).step_by(4) {
+                    let a = [0, 1, 2, 3].map(|k| &acts[(t + k) * ab..(t + k + 1) * ab]);
+                    d4(i, &rows, rb, a, &mut out);
+                }
+                black_box(&out);
+            },
+            Duration::from_millis(300),
+        );
+        print!("{:<5} {:>10}", src.name(), format!("{o}x{i}"));
+        for s in [0usize, 50] {
+            let n_active = i * (100 - s) / 100;
+            let mut active: Vec<u32> = sample(&mut rng, i, n_active).into_iter().map(|v| v as u32).collect();
+            active.sort_unstable();
+            let coef: Vec<f32> = (0..n_tok * n_active).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let mut y = vec![0f32; n_tok * o];
+            let tm = best_time(
+                || {
+                    many(&m, &active, &active, &coef, n_tok, 0..o / 32, &mut y, o);
+                    black_box(&y);
+                },
+                Duration::from_millis(300),
+            );
+            let t1 = best_time(
+                || {
+                    for t in 0..n_tok {
+                        one(
+                            &m,
+                            &active,
+                            &active,
+                            &coef[t * n_active..(t + 1) * n_active],
+                            0..o / 32,
+                            &mut y[t * o..(t + 1) * o],
+                        );
+                    }
+                    black_box(&y);
+                },
+                Duration::from_millis(300),
+            );
+            print!(
+                "  {s:>2}%: {:>6.0} | {:>6.0} | {:>6.0}",
+                tm.as_secs_f64() * 1e6,
+                t1.as_secs_f64() * 1e6,
+                td.as_secs_f64() * 1e6
+            );
+        }
+        println!("  {what}");
+    }
 }

@@ -30,6 +30,7 @@
 //! (`tests/exact.rs` bounds it per output); perplexity through the pack's columns is measured in
 //! docs/benchmarks.md.
 
+use crate::columns::ColsError;
 use crate::exact::{check_axpy_exact, piece_offset, runs, ExactAxpyFn, ExactFormat, ExactMatrix, RUN_BREAK};
 use crate::Isa;
 use std::ops::Range;
@@ -131,4 +132,119 @@ pub fn axpy_exact_q8_fn(fmt: ExactFormat, isa: Isa) -> Option<ExactAxpyFn> {
     }
     let _ = (fmt, isa);
     None
+}
+
+/// Many tokens over one active list: for every token `t < n_tok`, what the one-token
+/// [`ExactAxpyFn`] computes with the coefficients `coef[t·n..(t + 1)·n]` (`n = units.len()`) into
+/// `y[t·y_stride..t·y_stride + 32·chunks.len()]` (one output per token, no pieces). FastForward's
+/// block-wise sparse FFN: the tokens of a prompt block share one set of neurons, so the down
+/// projection reads each of their columns once for all of them.
+pub type ExactAxpyTokensFn = fn(
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    n_tok: usize,
+    chunks: Range<usize>,
+    y: &mut [f32],
+    y_stride: usize,
+);
+
+/// Checks an [`ExactAxpyTokensFn`]'s arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn check_axpy_exact_tokens(
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    n_tok: usize,
+    chunks: &Range<usize>,
+    y_len: usize,
+    y_stride: usize,
+) -> Result<(), ColsError> {
+    let n = units.len();
+    let need = n.checked_mul(n_tok).ok_or(ColsError::Overflow)?;
+    if coef.len() != need {
+        return Err(ColsError::Len { what: "coef (n_tok rows of the active list)", expected: need, got: coef.len() });
+    }
+    let width = 32 * chunks.len();
+    check_axpy_exact(m, idx, units, &coef[..n.min(coef.len())], chunks, width).or_else(|e| match e {
+        // With no token there are no coefficients to check against the list.
+        ColsError::Len { what: "idx / units", .. } if n_tok == 0 && idx.len() == n => Ok(()),
+        e => Err(e),
+    })?;
+    if y_stride < width {
+        return Err(ColsError::TooShort { what: "y_stride", need: width, got: y_stride });
+    }
+    if n_tok > 0 {
+        let need = (n_tok - 1).checked_mul(y_stride).and_then(|v| v.checked_add(width)).ok_or(ColsError::Overflow)?;
+        if y_len < need {
+            return Err(ColsError::TooShort { what: "y", need, got: y_len });
+        }
+    }
+    Ok(())
+}
+
+/// The scalar reference [`ExactAxpyTokensFn`]: [`axpy_exact_q8_scalar`] per token.
+#[allow(clippy::too_many_arguments)]
+pub fn axpy_exact_tokens_q8_scalar(
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    n_tok: usize,
+    chunks: Range<usize>,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    by_token(axpy_exact_q8_scalar, m, idx, units, coef, n_tok, chunks, y, y_stride)
+}
+
+/// This CPU's one-token kernel ([`crate::axpy_exact_fn`]) per token.
+#[allow(clippy::too_many_arguments)]
+fn axpy_exact_tokens_by_token(
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    n_tok: usize,
+    chunks: Range<usize>,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    by_token(crate::axpy_exact_fn(m.fmt, Isa::detect()), m, idx, units, coef, n_tok, chunks, y, y_stride)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn by_token(
+    f: ExactAxpyFn,
+    m: &ExactMatrix<'_>,
+    idx: &[u32],
+    units: &[u32],
+    coef: &[f32],
+    n_tok: usize,
+    chunks: Range<usize>,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    if let Err(e) = check_axpy_exact_tokens(m, idx, units, coef, n_tok, &chunks, y.len(), y_stride) {
+        panic!("{e}");
+    }
+    let (n, width) = (units.len(), 32 * chunks.len());
+    for t in 0..n_tok {
+        f(m, idx, units, &coef[t * n..(t + 1) * n], chunks.clone(), &mut y[t * y_stride..t * y_stride + width]);
+    }
+}
+
+/// The fastest [`ExactAxpyTokensFn`] for `fmt` at or below `isa` on this CPU: the VNNI kernel
+/// over four tokens at a time where the CPU has it, else this CPU's one-token kernel per token.
+pub fn axpy_exact_tokens_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyTokensFn {
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(Isa::detect()) >= Isa::Avx512Vnni {
+        if let Some(f) = crate::x86::exact_vnni_tokens::vnni_tokens_fn(fmt) {
+            return f;
+        }
+    }
+    let _ = (fmt, isa);
+    axpy_exact_tokens_by_token
 }

@@ -21,7 +21,10 @@
 use sift_quant::exact::{
     axpy_exact_f32_fn, axpy_exact_scalar, check_axpy_exact, piece_count, ExactFormat, ExactMatrix, RUN_BREAK,
 };
-use sift_quant::exact_q8::{axpy_exact_q8_fn, axpy_exact_q8_scalar, group_scales, quantize_group};
+use sift_quant::exact_q8::{
+    axpy_exact_q8_fn, axpy_exact_q8_scalar, axpy_exact_tokens_fn, axpy_exact_tokens_q8_scalar, check_axpy_exact_tokens,
+    group_scales, quantize_group, ExactAxpyTokensFn,
+};
 use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, ExactAxpyFn, Isa, WeightType};
 
 const FORMATS: [WeightType; 7] = [
@@ -422,5 +425,87 @@ fn q8_coefficients_keep_a_nan_visible() {
         let mut y = vec![0f32; 64];
         k(&m, &[1, 2], &[1, 2], &[0.5, f32::NAN], 0..2, &mut y);
         assert!(y.iter().all(|v| v.is_nan()), "{name}: a NaN coefficient was lost");
+    }
+}
+
+#[test]
+fn tokens_kernel_gives_the_one_token_kernel_per_token_bit_for_bit() {
+    let mut rng = Rng(41);
+    for t in FORMATS {
+        let f = ExactFormat::of(t).unwrap();
+        let fast = axpy_exact_tokens_fn(f, Isa::detect());
+        let one = axpy_exact_fn(f, Isa::detect());
+        for &(n_out, n_in) in &[(64usize, 512usize), (160, 1024)] {
+            let (_, cols, scales) = tensor(t, n_out, n_in, 77 + n_out as u64);
+            let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+            let mut sets: Vec<Vec<u32>> = [3u64, 32, 60]
+                .iter()
+                .map(|&keep| (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect())
+                .collect();
+            sets.push(vec![5, 3, 3, (n_in - 1) as u32, 0, 40, 41, 3, 200]);
+            sets.push(vec![9; 70]);
+            sets.push(vec![]);
+            for units in &sets {
+                for n_tok in [1usize, 3, 4, 5, 9] {
+                    let n = units.len();
+                    let coef: Vec<f32> = (0..n * n_tok)
+                        .map(|i| if rng.next().is_multiple_of(11) { 0.0 } else { rng.f() * (1.0 + (i % 5) as f32) })
+                        .collect();
+                    for chunks in [0..n_out / 32, 1..n_out / 32 - 1] {
+                        let width = 32 * chunks.len();
+                        let stride = width + 7;
+                        let y0: Vec<f32> = (0..n_tok * stride).map(|_| rng.f()).collect();
+                        let (mut a, mut b) = (y0.clone(), y0.clone());
+                        fast(&m, units, units, &coef, n_tok, chunks.clone(), &mut a, stride);
+                        axpy_exact_tokens_q8_scalar(&m, units, units, &coef, n_tok, chunks.clone(), &mut b, stride);
+                        let mut c = y0.clone();
+                        for tk in 0..n_tok {
+                            let y = &mut c[tk * stride..tk * stride + width];
+                            one(&m, units, units, &coef[tk * n..(tk + 1) * n], chunks.clone(), y);
+                        }
+                        let q8 = axpy_exact_q8_fn(f, Isa::detect()).is_some();
+                        for (i, ((x, z), w)) in a.iter().zip(&b).zip(&c).enumerate() {
+                            let what = format!(
+                                "{t:?} {n_out}x{n_in}, {n} active, {n_tok} tokens, chunks {chunks:?}, value {i}"
+                            );
+                            assert_eq!(x.to_bits(), w.to_bits(), "{what}: many tokens {x} vs one token {w}");
+                            if q8 {
+                                assert_eq!(x.to_bits(), z.to_bits(), "{what}: {x} vs the scalar reference {z}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tokens_kernel_refuses_bad_arguments_before_writing() {
+    let t = WeightType::Q4_K;
+    let f = ExactFormat::of(t).unwrap();
+    let (_, cols, scales) = tensor(t, 64, 256, 1);
+    let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
+    // (units, coef length, tokens, y length, y stride, the message).
+    type Case<'a> = (&'a [u32], usize, usize, usize, usize, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        (&[0, 1], 3, 2, 128, 64, "coef (n_tok rows of the active list) has length 3, expected 4"),
+        (&[0, 300], 4, 2, 128, 64, "column index 300 out of range"),
+        (&[0, 1], 4, 2, 127, 64, "y has length 127, need at least 128"),
+        (&[0, 1], 4, 2, 128, 63, "y_stride has length 63, need at least 64"),
+        (&[0, 1], 2, usize::MAX, 128, 64, "overflows"),
+    ];
+    for (units, n_coef, n_tok, ylen, stride, msg) in cases {
+        let coef = vec![1.0f32; n_coef];
+        let e = check_axpy_exact_tokens(&m, units, units, &coef, n_tok, &(0..2), ylen, stride).unwrap_err().to_string();
+        assert!(e.contains(msg), "{e} lacks {msg}");
+        for k in [axpy_exact_tokens_fn(f, Isa::detect()), axpy_exact_tokens_q8_scalar as ExactAxpyTokensFn] {
+            let mut y = vec![7.0f32; ylen];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                k(&m, units, units, &coef, n_tok, 0..2, &mut y, stride)
+            }));
+            assert!(r.is_err(), "accepted {msg}");
+            assert!(y.iter().all(|&v| v == 7.0), "wrote before refusing {msg}");
+        }
     }
 }

@@ -50,7 +50,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// AVX-512 VNNI ([`has_avx512`]) plus VBMI (byte permutes) and BITALG (bit shuffles).
-fn has_vnni_vbmi() -> bool {
+pub(super) fn has_vnni_vbmi() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512bitalg")
 }
 
@@ -149,7 +149,7 @@ const IDX_BITS_HI: [u8; 64] = idx_bits(true);
 
 /// The permute tables in registers.
 #[derive(Clone, Copy)]
-struct Tables {
+pub(super) struct Tables {
     nib4: __m512i,
     lo: __m512i,
     hi8: __m512i,
@@ -162,7 +162,7 @@ struct Tables {
 impl Tables {
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn load() -> Tables {
+    pub(super) fn load() -> Tables {
         let v = |a: &[u8; 64]| {
             // SAFETY: a 64-byte unaligned load from a 64-byte array.
             unsafe { _mm512_loadu_si512(a.as_ptr() as *const __m512i) }
@@ -186,7 +186,7 @@ impl Tables {
 /// AVX-512 F/BW/VL/VBMI/BITALG present; `p[j] + off .. + chunk_bytes` readable for every `j`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bitalg")]
-unsafe fn load_quad<const BITS: u8>(p: &[*const u8; 4], off: usize, t: &Tables) -> [__m512i; 2] {
+pub(super) unsafe fn load_quad<const BITS: u8>(p: &[*const u8; 4], off: usize, t: &Tables) -> [__m512i; 2] {
     // SAFETY: every load below reads within `p[j] + off .. p[j] + off + chunk_bytes` (16 bytes for
     // 4 bits, 32 for 8 bits, masked to 20 / 24 bytes for 5 / 6 bits), readable by the contract.
     unsafe {
@@ -236,7 +236,7 @@ unsafe fn load_quad<const BITS: u8>(p: &[*const u8; 4], off: usize, t: &Tables) 
 /// AVX-512 F present; `p..p + 16` readable.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
+pub(super) unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
     // SAFETY: an unaligned 16-byte load, readable by the caller's contract.
     let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
     if SIGNED {

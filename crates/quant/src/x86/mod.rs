@@ -16,7 +16,7 @@
 //! | Q4_K, Q5_K, Q6_K | [`k_quants`] | [`k_quants`] |
 //! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | [`packed`] |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
-//! | exact column kernels | [`exact`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`] |
+//! | exact column kernels | [`exact`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`], many tokens [`exact_vnni_tokens`] |
 //! | activation quantizers (Q8_0, Q8_1, Q8_K) | [`quantize`] | (the AVX2 ones) |
 //!
 //! Shared by the non-K block kernels: [`block_dot`] (the `block_dot!` loop every one of them runs,
@@ -48,6 +48,7 @@ pub mod columns;
 pub mod exact;
 pub mod exact_avx512;
 pub mod exact_vnni;
+pub mod exact_vnni_tokens;
 pub mod float;
 pub mod helpers;
 pub mod k_quants;
