@@ -79,6 +79,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             sparse_head: 0.0,
             dense_kernels: a.dense_kernels,
             all_columns: false,
+            prefill_sparsity: 0.0,
+            prefill_masks: Default::default(),
         };
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;
         engine.reset_stats();

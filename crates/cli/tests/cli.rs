@@ -99,6 +99,33 @@ fn generate_greedy_streams_the_continuation_and_reports_speed() {
         let err = text(&bad.stderr);
         assert!(err.contains("invalid value") && err.contains(value), "{flag} {value}: {err}");
     }
+    // Sparse prefill's flags: a short prompt is one block (dense), so the same text; bad values
+    // are refused with the flag named.
+    let prefill = sift(&[
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--prefill-sparsity",
+        "0.5",
+        "--prefill-masks",
+        "random",
+    ]);
+    assert!(prefill.status.success(), "{}", text(&prefill.stderr));
+    assert_eq!(text(&prefill.stdout), stdout);
+    for (flag, value, says) in
+        [("--prefill-sparsity", "1.5", "--prefill-sparsity"), ("--prefill-masks", "trained", "oracle, random")]
+    {
+        let bad = sift(&["generate", "-m", m.to_str().unwrap(), "-p", "x", "-n", "1", flag, value]);
+        assert!(!bad.status.success(), "{flag} {value} was accepted");
+        let err = text(&bad.stderr);
+        assert!(err.contains(says) && err.contains(value), "{flag} {value}: {err}");
+    }
 }
 
 #[test]

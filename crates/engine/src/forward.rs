@@ -13,6 +13,7 @@ use crate::kv::{KvCache, KvType, KV_PAGE};
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
+use crate::prefill::{PrefillMasks, PrefillScratch, PREFILL_BLOCK};
 use crate::source::{site_ops, MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
 use crate::sparse::{column_matmul_batch, column_matmul_part, tensor_job, ColJob};
 use crate::trace::{SparsityStats, Tracer};
@@ -50,17 +51,17 @@ pub enum EvalError {
 /// Per-batch working memory, sized for `n_batch` tokens.
 pub(crate) struct Scratch {
     pub(crate) x: Vec<f32>,
-    h: Vec<f32>,
+    pub(crate) h: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     att: Vec<f32>,
-    o: Vec<f32>,
-    g: Vec<f32>,
-    u: Vec<f32>,
+    pub(crate) o: Vec<f32>,
+    pub(crate) g: Vec<f32>,
+    pub(crate) u: Vec<f32>,
     /// Attention's tiles and softmax state, per worker thread.
     attn: AttnScratch,
-    acts: QuantActs,
+    pub(crate) acts: QuantActs,
     logits: Vec<f32>,
     /// A single token's active units at the current site (ascending), and the mask built from them.
     active: Vec<u32>,
@@ -78,7 +79,7 @@ pub(crate) struct Scratch {
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
 pub struct Engine {
     pub model: Model,
-    pool: ThreadPool,
+    pub(crate) pool: ThreadPool,
     /// Threads for one-token steps and for batches (`-t`, `-tb`).
     threads: (usize, usize),
     /// llama.cpp's `--poll` level the pool was started with.
@@ -100,6 +101,11 @@ pub struct Engine {
     /// Watches decoded tokens for `sift trace`.
     tracer: Option<Box<dyn Tracer>>,
     budget: LiveBudget,
+    /// FastForward's block-wise sparse prefill: the share of FFN neurons a sparse block skips
+    /// (0: off) and how they are chosen; whether the batch being run is a sparse block.
+    pub(crate) prefill: (f32, PrefillMasks),
+    pub(crate) prefill_scratch: PrefillScratch,
+    sparse_block: bool,
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -167,6 +173,9 @@ impl Engine {
             stats,
             tracer: None,
             budget: LiveBudget::default(),
+            prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
+            prefill_scratch: PrefillScratch::default(),
+            sparse_block: false,
         }
     }
 
@@ -321,17 +330,24 @@ impl Engine {
         if want == Logits::All {
             all.reserve(tokens.len() * n_vocab);
         }
-        let n_batches = tokens.len().div_ceil(self.n_batch);
+        // Sparse prefill runs a prompt in blocks of PREFILL_BLOCK tokens.
+        let sparse_prefill = self.prefill.0 > 0.0 && phase == Phase::Prompt;
+        let n_batch = if sparse_prefill { self.n_batch.min(PREFILL_BLOCK) } else { self.n_batch };
+        let n_batches = tokens.len().div_ceil(n_batch);
         self.phase = phase;
         self.selector.begin_batch(phase);
         let n_past0 = self.n_past;
-        for (i, batch) in tokens.chunks(self.n_batch).enumerate() {
+        for (i, batch) in tokens.chunks(n_batch).enumerate() {
+            // The first block (the attention sinks) and the last one stay dense.
+            self.sparse_block = sparse_prefill && self.n_past > 0 && i + 1 < n_batches && batch.len() > 1;
             let rows = match want {
                 Logits::All => batch.len(),
                 Logits::Last if i + 1 == n_batches => 1,
                 Logits::Last => 0,
             };
-            if let Err(e) = self.forward_batch(batch, rows) {
+            let r = self.forward_batch(batch, rows);
+            self.sparse_block = false;
+            if let Err(e) = r {
                 // The batch's KV entries are garbage: forget them, return no logits.
                 self.n_past = n_past0;
                 self.selector.end_batch(phase);
@@ -407,9 +423,15 @@ impl Engine {
         // Feed-forward (SwiGLU).
         let Engine { model, pool, s, .. } = self;
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
-        self.site(l, n, Site::FfnIn)?;
-        vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
-        self.site(l, n, Site::FfnMid)?;
+        // Sparse prefill reads GGUF rows and pack columns directly: not under a memory budget
+        // (the tiered store's reads) yet.
+        if self.sparse_block && self.store().is_none() {
+            self.ffn_sparse_block(l, n)?;
+        } else {
+            self.site(l, n, Site::FfnIn)?;
+            vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+            self.site(l, n, Site::FfnMid)?;
+        }
         vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
         Ok(())
     }
@@ -418,6 +440,11 @@ impl Engine {
     fn site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let subset = self.select_and_mask(l, site, n);
         self.project(l, n, site, subset)
+    }
+
+    /// A site's products on the dense (unmasked) input, without asking the selector.
+    pub(crate) fn project_site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+        self.project(l, n, site, false)
     }
 
     /// Asks the selector for each of `n` token rows of `site`'s input and zeroes the inactive

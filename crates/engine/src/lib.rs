@@ -15,6 +15,7 @@ pub mod matmul;
 mod options;
 pub mod perplexity;
 pub mod pool;
+pub mod prefill;
 pub mod sampling;
 pub mod source;
 pub mod sparse;

@@ -2,6 +2,7 @@
 //! batch, KV cache types, kernel choices), with llama.cpp's defaults.
 
 use crate::kv::KvType;
+use crate::prefill::PrefillMasks;
 
 /// Engine settings.
 #[derive(Clone, Debug)]
@@ -27,6 +28,11 @@ pub struct EngineOptions {
     /// Storage type of the K and V caches (llama.cpp's `-ctk` / `-ctv`).
     pub cache_type_k: KvType,
     pub cache_type_v: KvType,
+    /// FastForward's sparse prefill: the share of FFN neurons skipped in a prompt's middle blocks
+    /// of 128 tokens (0 = dense prefill).
+    pub prefill_sparsity: f32,
+    /// How a sparse block's neurons are chosen.
+    pub prefill_masks: PrefillMasks,
 }
 
 impl Default for EngineOptions {
@@ -42,6 +48,8 @@ impl Default for EngineOptions {
             all_columns: false,
             cache_type_k: KvType::F16,
             cache_type_v: KvType::F16,
+            prefill_sparsity: 0.0,
+            prefill_masks: PrefillMasks::Oracle,
         }
     }
 }

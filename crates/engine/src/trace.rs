@@ -37,6 +37,9 @@ pub struct SparsityStats {
     pub head_active: u64,
     /// Weight bytes read by the column kernels.
     pub column_bytes: u64,
+    /// Sparse prefill blocks: FFN neurons computed and neurons in the block's FFNs (token-layers
+    /// times `n_ff`).
+    pub prefill_neurons: [u64; 2],
 }
 
 impl SparsityStats {

@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use sift_engine::prefill::PrefillMasks;
 use sift_engine::sparsity::{build_selector, Calibration, Method, Ratios, Selector, SparsityConfig};
 use sift_engine::{Engine, EngineOptions};
 use sift_store::cache::Policy;
@@ -32,6 +33,8 @@ impl SessionOptions {
         eo.sparse_head = self.sparsity.sparse_head;
         eo.column_kernels = !self.sparsity.dense_kernels;
         eo.all_columns = self.sparsity.all_columns;
+        eo.prefill_sparsity = self.sparsity.prefill_sparsity;
+        eo.prefill_masks = self.sparsity.prefill_masks;
         self.memory.adjust(&mut eo);
         eo
     }
@@ -75,6 +78,24 @@ pub struct SparsityOptions {
     /// prompts and dense selections too (measures what re-quantizing the columns costs)
     #[arg(long = "all-columns", conflicts_with = "dense_kernels")]
     pub all_columns: bool,
+    /// FastForward's sparse prefill: share of FFN neurons skipped in the middle 128-token blocks
+    /// of a prompt (the first and last blocks stay dense; 0 = dense prefill)
+    #[arg(long = "prefill-sparsity", default_value_t = 0.0)]
+    pub prefill_sparsity: f32,
+    /// How sparse prefill chooses a block's neurons: oracle (the block's dense FFN's own top
+    /// neurons: the quality ceiling) or random (times the sparse FFN only: the speed ceiling)
+    #[arg(long = "prefill-masks", default_value = "oracle", value_parser = parse_prefill_masks)]
+    pub prefill_masks: PrefillMasks,
+}
+
+fn parse_prefill_masks(s: &str) -> Result<PrefillMasks, String> {
+    match s {
+        "oracle" => Ok(PrefillMasks::Oracle),
+        "random" => Ok(PrefillMasks::Random),
+        _ => Err(format!(
+            "unknown prefill mask source '{s}' (oracle, random; a trained predictor comes with `sift train prefill`)"
+        )),
+    }
 }
 
 impl SparsityOptions {
@@ -89,6 +110,11 @@ impl SparsityOptions {
             (0.0..1.0).contains(&self.sparse_head),
             "--sparse-head must be in [0, 1), got {}",
             self.sparse_head
+        );
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.prefill_sparsity),
+            "--prefill-sparsity must be in [0, 1), got {}",
+            self.prefill_sparsity
         );
         if let Some(f) = self.cache_frac {
             anyhow::ensure!((0.0..=1.0).contains(&f), "--cache-frac must be in [0, 1], got {f}");
@@ -129,6 +155,8 @@ impl SparsityOptions {
             sparse_head: 0.0,
             dense_kernels: false,
             all_columns: false,
+            prefill_sparsity: 0.0,
+            prefill_masks: PrefillMasks::Oracle,
         }
     }
 

@@ -1,0 +1,213 @@
+//! FastForward's block-wise sparse prefill (seed: "FastForward: accelerating LLM prefill with
+//! predictive FFN sparsity"): prompts go through the model in blocks of [`PREFILL_BLOCK`] tokens,
+//! and the FFN of a *sparse block* computes only `K = (1 − R)·n_ff` of its neurons, the same set
+//! for every token of the block: rows of gate and up, then the matching columns of down. The first
+//! block (it holds the attention sinks) and the last block of a prompt stay dense, as the paper's.
+//!
+//! This first step chooses the neurons without training ([`PrefillMasks`]): the **oracle** (the
+//! block's dense FFN's own top neurons by L2 norm over the block, GRIFFIN's labels: the quality
+//! ceiling, computed from the dense gate/up, so it saves only the down projection) or a **random**
+//! set of the same size (quality meaningless: it times the sparse FFN alone, the speed ceiling a
+//! trained predictor can reach).
+//!
+//! - Gate and up: the chosen rows are copied into a compact matrix per block (8-row groups when
+//!   the matrix is repacked for the 8-row kernels: the neurons are then chosen 8 at a time) and
+//!   run through the ordinary batch kernels.
+//! - Down: the chosen neurons are input channels of `ffn_down`, i.e. columns: with a pack, its exact
+//!   columns through the many-token column kernel ([`sift_quant::exact_q8::ExactAxpyTokensFn`]),
+//!   each column read once for the whole block; without one, the dense kernel on the masked GLU
+//!   (the same result within the kernels' rounding, no saving).
+//!
+//! Not yet under `--memory`: with a tiered store the blocks run dense.
+
+use crate::forward::{Engine, EvalError};
+use crate::matmul::{matmul_many, MatJob};
+use crate::pool::SharedMut;
+use crate::source::site_ops;
+use crate::vecops;
+use sift_model::layout::OpKind;
+use sift_model::QTensor;
+use sift_quant::exact_q8::axpy_exact_tokens_fn;
+use sift_quant::{ColFormat, ExactMatrix, Isa};
+use sift_sparsity::{top_k_indices, Site};
+
+/// Tokens per prompt block (the paper's unit).
+pub const PREFILL_BLOCK: usize = 128;
+
+/// How a sparse prompt block's FFN neurons are chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillMasks {
+    /// The block's dense FFN's own top neurons by L2 norm over the block's tokens (computes the
+    /// dense gate and up first): the quality ceiling of a predictor.
+    #[default]
+    Oracle,
+    /// A fixed pseudo-random set per block and layer: only for timing the sparse FFN.
+    Random,
+}
+
+/// Working memory of sparse blocks.
+#[derive(Default)]
+pub(crate) struct PrefillScratch {
+    /// The chosen neurons (ascending) and, for the pack's columns, their column positions.
+    units: Vec<u32>,
+    idx: Vec<u32>,
+    /// Per neuron (or 8-neuron group) scores, and the selection's scratch.
+    score: Vec<f32>,
+    topk: Vec<u32>,
+    picked: Vec<u32>,
+    /// The compact gate and up matrices of the chosen rows.
+    rows: Vec<u8>,
+    /// The chosen neurons' gate / GLU values (n × K) and up values.
+    gs: Vec<f32>,
+    us: Vec<f32>,
+}
+
+impl Engine {
+    /// The FFN of a sparse prompt block of `n` tokens (`s.h` holds its normed input): leaves the
+    /// output in `s.o`, as the dense FFN does.
+    pub(crate) fn ffn_sparse_block(&mut self, l: usize, n: usize) -> Result<(), EvalError> {
+        let (ff, e) = (self.model.config.n_ff, self.model.config.n_embd);
+        let (ratio, masks) = self.prefill;
+        let lw = &self.model.layers[l];
+        // Repacked gate/up hold rows in interleaved groups of 8: choose whole groups then.
+        let unit = if lw.w_gate.packed || lw.w_up.packed { 8 } else { 1 };
+        let n_units = ff / unit;
+        let k_units = (((1.0 - ratio as f64) * n_units as f64).round() as usize).clamp(1, n_units);
+        let k = k_units * unit;
+        match masks {
+            PrefillMasks::Oracle => {
+                // The dense gate and up, the GLU, and its norm per neuron over the block.
+                self.project_site(l, n, Site::FfnIn)?;
+                vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+                let p = &mut self.prefill_scratch;
+                p.score.clear();
+                p.score.resize(n_units, 0.0);
+                for row in self.s.g[..n * ff].chunks_exact(ff) {
+                    for (j, v) in row.iter().enumerate() {
+                        p.score[j / unit] += v * v;
+                    }
+                }
+                top_k_indices(&p.score, k_units, &mut p.topk, &mut p.picked);
+                p.picked.sort_unstable();
+                fill_units(&mut p.units, &p.picked, unit);
+                p.gs.clear();
+                for row in self.s.g[..n * ff].chunks_exact(ff) {
+                    p.gs.extend(p.units.iter().map(|&j| row[j as usize]));
+                }
+            }
+            PrefillMasks::Random => {
+                let p = &mut self.prefill_scratch;
+                let seed = (l as u64) << 32 ^ self.n_past as u64;
+                p.score.clear();
+                p.score.extend((0..n_units as u64).map(|j| hash01(seed, j)));
+                top_k_indices(&p.score, k_units, &mut p.topk, &mut p.picked);
+                p.picked.sort_unstable();
+                fill_units(&mut p.units, &p.picked, unit);
+                self.sparse_gate_up(l, n, k, unit)?;
+            }
+        }
+        self.stats.prefill_neurons[0] += (n * k) as u64;
+        self.stats.prefill_neurons[1] += (n * ff) as u64;
+        self.sparse_down(l, n, k, e)
+    }
+
+    /// Gate and up for the chosen rows only: copied into compact matrices, run as a batch; leaves
+    /// the GLU of the chosen neurons in `gs` (n × k).
+    fn sparse_gate_up(&mut self, l: usize, n: usize, k: usize, unit: usize) -> Result<(), EvalError> {
+        let e = self.model.config.n_embd;
+        let Engine { model, pool, s, prefill_scratch: p, .. } = self;
+        let lw = &model.layers[l];
+        let (gate, up) = (&lw.w_gate, &lw.w_up);
+        p.rows.clear();
+        let compact = |w: &QTensor, rows: &mut Vec<u8>| -> QTensor {
+            let start = rows.len();
+            let data = model.data(w);
+            // Groups of `unit` consecutive rows (`unit` = 8 for repacked matrices: a group's 8
+            // interleaved rows are `8·row_bytes` contiguous bytes).
+            for g in p.units.chunks(unit) {
+                let r = g[0] as usize;
+                rows.extend_from_slice(&data[r * w.row_bytes..(r + unit) * w.row_bytes]);
+            }
+            QTensor { rows: k, range: start..rows.len(), ..w.clone() }
+        };
+        let (cg, cu) = (compact(gate, &mut p.rows), compact(up, &mut p.rows));
+        let ws: Vec<&QTensor> = site_ops(Site::FfnIn).iter().map(|&op| lw.op(op)).collect();
+        s.acts.quantize_for(pool, &ws, &s.h[..n * e], e, n);
+        p.gs.clear();
+        p.gs.resize(n * k, 0.0);
+        p.us.clear();
+        p.us.resize(n * k, 0.0);
+        let mut jobs = [MatJob { w: &cg, stride: k, out: &mut p.gs }, MatJob { w: &cu, stride: k, out: &mut p.us }];
+        matmul_many(pool, &p.rows, &s.acts, n, &mut jobs);
+        vecops::silu_mul(&mut p.gs, &p.us);
+        Ok(())
+    }
+
+    /// Down over the chosen neurons (their GLU in `gs`, n × k) into `s.o`: the pack's exact columns
+    /// through the many-token kernel, or the dense kernel on the masked GLU.
+    fn sparse_down(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
+        let ff = self.model.config.n_ff;
+        let cols = self.model.columns.as_ref().map(|c| c.layers[l].op(OpKind::Down).clone());
+        let positions = self.model.columns.as_ref().and_then(|c| c.layers[l].positions(OpKind::Down).cloned());
+        match cols {
+            Some(t) if matches!(t.ty, ColFormat::Exact(_)) => {
+                let ColFormat::Exact(fmt) = t.ty else { unreachable!() };
+                let Engine { model, pool, s, prefill_scratch: p, .. } = self;
+                let file = model.pack_bytes();
+                let m = ExactMatrix {
+                    fmt,
+                    n_out: t.n_out,
+                    n_in: t.n_in,
+                    cols: &file[t.range()],
+                    scales: &file[t.scales_range()],
+                };
+                p.idx.clear();
+                p.idx.extend(p.units.iter().map(|&u| positions.as_ref().map_or(u, |pos| pos[u as usize])));
+                let kernel = axpy_exact_tokens_fn(fmt, Isa::detect());
+                let out = &mut s.o[..n * e];
+                out.fill(0.0);
+                let out = SharedMut::new(out);
+                let (units, idx, gs) = (&p.units, &p.idx, &p.gs);
+                // Tokens in fours per work item: each thread reads the block's columns for its
+                // tokens (after the first, from the shared cache).
+                let per_item = 4 * n.div_ceil(4 * pool.n_threads()).max(1);
+                pool.for_each(n.div_ceil(per_item), 1, &|range, _| {
+                    for it in range {
+                        let (t0, t1) = (it * per_item, ((it + 1) * per_item).min(n));
+                        // SAFETY: tokens `t0..t1`'s outputs belong to this item only.
+                        let y = unsafe { out.slice(t0 * e..t1 * e) };
+                        kernel(&m, idx, units, &gs[t0 * k..t1 * k], t1 - t0, 0..e / 32, y, e);
+                    }
+                });
+                Ok(())
+            }
+            _ => {
+                // The GLU scattered back, zero outside the chosen neurons; the dense down.
+                let Engine { s, prefill_scratch: p, .. } = self;
+                s.g[..n * ff].fill(0.0);
+                for (t, row) in s.g[..n * ff].chunks_exact_mut(ff).enumerate() {
+                    for (&j, &v) in p.units.iter().zip(&p.gs[t * k..(t + 1) * k]) {
+                        row[j as usize] = v;
+                    }
+                }
+                self.project_site(l, n, Site::FfnMid)
+            }
+        }
+    }
+}
+
+/// The neurons of the chosen `unit`-neuron groups, ascending.
+fn fill_units(units: &mut Vec<u32>, picked: &[u32], unit: usize) {
+    units.clear();
+    for &g in picked {
+        units.extend((0..unit as u32).map(|i| g * unit as u32 + i));
+    }
+}
+
+/// A pseudo-random number in `[0, 1)` from `(seed, j)` (splitmix64).
+fn hash01(seed: u64, j: u64) -> f32 {
+    let mut z = seed.wrapping_add(j.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+}

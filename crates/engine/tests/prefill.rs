@@ -1,0 +1,120 @@
+//! FastForward's block-wise sparse prefill (`sift_engine::prefill`) on the real SmolLM2-135M and
+//! real text (WikiText-2's first 16 KiB): a 300-token prompt runs as blocks of 128, 128 and 44
+//! tokens, the middle one sparse.
+//!
+//! - Keeping every neuron, the sparse block (compact gate/up, the pack's columns through the
+//!   many-token kernel for down) gives the dense prefill's logits within the column kernels'
+//!   rounding, and dense prefill in 128-token blocks gives ordinary prefill's.
+//! - With oracle masks at 0.5, the sparse block on the pack's columns gives what the masked dense
+//!   FFN (no pack: the GLU zeroed outside the mask, the dense down) gives, within the same rounding.
+//! - The statistics count what a sparse block computes: half the neurons of one block of three.
+
+use sift_engine::prefill::PrefillMasks;
+use sift_engine::{Engine, EngineOptions, Logits};
+use sift_model::tokenizer::Tokenizer;
+use sift_store::{open_model, pack_model, ColPolicy, PackOptions};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn gguf() -> PathBuf {
+    let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
+    p
+}
+
+fn prompt() -> Vec<u32> {
+    let model = sift_model::Model::load(gguf()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let ids = tok.encode(&text, true, false).unwrap();
+    ids[..300].to_vec()
+}
+
+fn opts(sparsity: f32, masks: PrefillMasks, n_batch: usize) -> EngineOptions {
+    EngineOptions {
+        n_threads: 2,
+        n_ctx: 512,
+        n_batch,
+        prefill_sparsity: sparsity,
+        prefill_masks: masks,
+        ..EngineOptions::default()
+    }
+}
+
+fn pack(dir: &Path) -> PathBuf {
+    let out = dir.join("m.sift");
+    pack_model(&gguf(), &out, &PackOptions { cols: ColPolicy::Auto, ..PackOptions::default() }, |_| {}).unwrap();
+    out
+}
+
+/// The prompt's last logits.
+fn last_logits(e: &mut Engine, ids: &[u32]) -> Vec<f32> {
+    e.truncate(0);
+    e.eval(ids, Logits::Last).unwrap().to_vec()
+}
+
+/// Max and mean |a − b|.
+fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let max = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
+    (max, mean)
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0
+}
+
+#[test]
+fn keeping_every_neuron_gives_the_dense_prefill() {
+    let ids = prompt();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pack(dir.path());
+    let mut dense = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.0, PrefillMasks::Oracle, 512));
+    let want = last_logits(&mut dense, &ids);
+    // Dense in 128-token blocks: the same products per token; attention over the cache in
+    // another batching. Stated tolerance 1e-3 (measured below it).
+    let mut blocks = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.0, PrefillMasks::Oracle, 128));
+    let (max, _) = diff(&last_logits(&mut blocks, &ids), &want);
+    assert!(max <= 1e-3, "dense prefill in 128-token blocks differs by {max}");
+    // Every neuron kept (ratio 1e-6 rounds to none skipped) through the sparse block's path: the
+    // middle block's down runs on the pack's columns with 8-bit coefficients. Stated tolerance (as
+    // `tests/pack.rs` states it for the column kernels against the dense ones): max 1.6, mean 0.5
+    // over the 49152 logits; the same top token.
+    for masks in [PrefillMasks::Oracle, PrefillMasks::Random] {
+        let mut e = Engine::new(open_model(&p).unwrap(), &opts(1e-6, masks, 512));
+        let got = last_logits(&mut e, &ids);
+        let (max, mean) = diff(&got, &want);
+        eprintln!("{masks:?}, every neuron kept: max {max}, mean {mean}");
+        assert!(max <= 1.6 && mean <= 0.5, "{masks:?}: max {max}, mean {mean}");
+        assert_eq!(argmax(&got), argmax(&want), "{masks:?}: another top token");
+        let st = e.sparsity_stats().prefill_neurons;
+        assert_eq!(st[0], st[1], "{masks:?}: every neuron of the sparse block computed");
+        assert_eq!(st[1], (128 * 30 * 1536) as u64, "{masks:?}: one sparse block of 128 tokens, 30 layers");
+    }
+}
+
+#[test]
+fn the_sparse_block_on_columns_equals_the_masked_dense_ffn() {
+    let ids = prompt();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pack(dir.path());
+    // No pack: the oracle's GLU masked, the dense down. The pack: the same mask (the same dense
+    // gate and up), down on the chosen columns only.
+    let mut masked = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.5, PrefillMasks::Oracle, 512));
+    let want = last_logits(&mut masked, &ids);
+    let mut cols = Engine::new(open_model(&p).unwrap(), &opts(0.5, PrefillMasks::Oracle, 512));
+    let got = last_logits(&mut cols, &ids);
+    let (max, mean) = diff(&got, &want);
+    eprintln!("oracle 0.5, columns vs masked dense: max {max}, mean {mean}");
+    assert!(max <= 1.6 && mean <= 0.5, "columns vs masked dense: max {max}, mean {mean}");
+    assert_eq!(argmax(&got), argmax(&want));
+    // Half of the middle block's neurons; and sparse prefill changed the result at all.
+    let st = cols.sparsity_stats().prefill_neurons;
+    assert_eq!(st[0] * 2, st[1], "half the neurons of the sparse block");
+    let mut dense = Engine::new(open_model(&p).unwrap(), &opts(0.0, PrefillMasks::Oracle, 512));
+    let (dmax, _) = diff(&last_logits(&mut dense, &ids), &got);
+    assert!(dmax > 1e-3, "sparse prefill gave the dense logits");
+}
