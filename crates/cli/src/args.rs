@@ -65,11 +65,16 @@ impl KvCacheArgs {
 }
 
 /// llama.cpp's multi-letter short flags, spelled as sift's long ones: `-ctk X` is
-/// `--cache-type-k X`, `-ctv X` is `--cache-type-v X`, `-tb N` is `--threads-batch N` (also with
-/// `=X`).
+/// `--cache-type-k X`, `-ctv X` is `--cache-type-v X`, `-tb N` is `--threads-batch N`, `-ngl N` is
+/// `--gpu-layers N`, `-mg I` is `--main-gpu I` (also with `=X`).
 pub fn llama_spellings(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const SPELLINGS: [(&str, &str); 3] =
-        [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"), ("-tb", "--threads-batch")];
+    const SPELLINGS: [(&str, &str); 5] = [
+        ("-ctk", "--cache-type-k"),
+        ("-ctv", "--cache-type-v"),
+        ("-tb", "--threads-batch"),
+        ("-ngl", "--gpu-layers"),
+        ("-mg", "--main-gpu"),
+    ];
     args.into_iter()
         .map(|a| {
             let Some(s) = a.to_str() else { return a };

@@ -27,7 +27,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let params = model.n_params();
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.file_type_name());
     let filename = a.model.display().to_string();
-    let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>)> = Vec::new();
+    let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>, usize)> = Vec::new();
     let md = a.output == "md";
     if md {
         println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
@@ -47,7 +47,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
                 tests.push(bench_pp(engine, p, d, a.reps)?);
                 if md {
-                    print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+                    print_row(&desc, size, params, backend(engine), t, tests.last().expect("just pushed"));
                 }
             }
             for &n in a.n_gen.iter().filter(|&&n| n > 0) {
@@ -79,7 +79,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     telemetry.insert(tests.len() - 1, tm);
                 }
                 if md {
-                    print_row(&desc, size, params, t, tests.last().expect("just pushed"));
+                    print_row(&desc, size, params, backend(engine), t, tests.last().expect("just pushed"));
                     for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
                         eprintln!("{line}");
                     }
@@ -87,12 +87,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let store = sift_session::report::stats_json(engine);
+        let ngl = engine.gpu().map_or(0, |g| g.placement.n_gpu_layers());
         rows.extend(tests.into_iter().enumerate().map(|(i, r)| {
             let mut st = store.clone();
             if let (Some(st), Some(tm)) = (st.as_mut(), telemetry.remove(&i)) {
                 st["decode"] = serde_json::to_value(tm).unwrap_or_default();
             }
-            (t, r, st)
+            (t, r, st, ngl)
         }));
     }
     if md {
@@ -104,7 +105,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         let arr: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(t, r, store)| {
+            .map(|(t, r, store, ngl)| {
                 let mut v = serde_json::json!({
                     "build_commit": "sift",
                     "model_filename": filename,
@@ -112,6 +113,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "model_size": size,
                     "model_n_params": params,
                     "n_threads": t,
+                    "n_gpu_layers": ngl,
                     "poll": a.poll,
                     "n_batch": a.batch_size,
                     "type_k": a.kv.k.name(),
@@ -138,9 +140,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_row(desc: &str, size: u64, params: u64, threads: usize, r: &BenchResult) {
+/// The backend column, as llama-bench names it: "CPU", or "CUDA" with layers on the GPU.
+fn backend(e: &sift_engine::Engine) -> &'static str {
+    if e.gpu().is_some() {
+        "CUDA"
+    } else {
+        "CPU"
+    }
+}
+
+fn print_row(desc: &str, size: u64, params: u64, backend: &str, threads: usize, r: &BenchResult) {
     println!(
-        "| {desc:<30} | {:>6.2} MiB | {:>8.2} M | CPU        | {threads:>7} | {:>15} | {:>20} |",
+        "| {desc:<30} | {:>6.2} MiB | {:>8.2} M | {backend:<10} | {threads:>7} | {:>15} | {:>20} |",
         size as f64 / (1 << 20) as f64,
         params as f64 / 1e6,
         r.test_name(),

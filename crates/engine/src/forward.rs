@@ -9,6 +9,7 @@
 
 use crate::attention::{attention, rope, round_to_f16, AttnScratch};
 use crate::budget::{current_rss, BudgetChange, BudgetHandle, LiveBudget};
+use crate::gpu::{GpuLayers, GpuWay};
 use crate::kv::{KvCache, KvType, KV_PAGE};
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
@@ -46,6 +47,8 @@ pub enum EvalError {
     KvBudget { positions: usize, kv_mib: f64, k_type: KvType, v_type: KvType, reason: String },
     #[error(transparent)]
     Store(#[from] TierError),
+    #[error("GPU: {0}")]
+    Gpu(#[from] sift_gpu::GpuError),
 }
 
 /// Per-batch working memory, sized for `n_batch` tokens.
@@ -106,6 +109,8 @@ pub struct Engine {
     pub(crate) prefill: (f32, PrefillMasks),
     pub(crate) prefill_scratch: PrefillScratch,
     sparse_block: bool,
+    /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
+    gpu: Option<GpuLayers>,
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -176,6 +181,7 @@ impl Engine {
             prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
             prefill_scratch: PrefillScratch::default(),
             sparse_block: false,
+            gpu: None,
         }
     }
 
@@ -186,6 +192,20 @@ impl Engine {
         // spinning through the wait on a core the loader thread needs.
         self.pool.set_spin(TIERED_SPIN.min(crate::pool::spin_for_poll(self.poll)));
         Ok(())
+    }
+
+    /// Runs the layers `gpu` holds on the GPU (see [`crate::gpu`]).
+    pub fn attach_gpu(&mut self, gpu: GpuLayers) {
+        self.gpu = Some(gpu);
+    }
+
+    /// The layers held on the GPU, if any.
+    pub fn gpu(&self) -> Option<&GpuLayers> {
+        self.gpu.as_ref()
+    }
+
+    fn gpu_holds(&self, l: usize) -> bool {
+        self.gpu.as_ref().is_some_and(|g| g.holds(l))
     }
 
     /// Where this engine's weights come from ("gguf rows", "pack columns", "tiered store").
@@ -286,6 +306,9 @@ impl Engine {
     /// resets the selector's sequence state).
     pub fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+        if let Some(g) = &mut self.gpu {
+            g.truncate(n);
+        }
         if n == 0 {
             // Every KV page but the first goes back (under a budget, to the weight cache).
             self.kv.set_capacity(self.kv_first_page());
@@ -395,14 +418,49 @@ impl Engine {
             }
         }
         self.embed(tokens)?;
-        for l in 0..self.model.layers.len() {
+        let way = self.gpu_way();
+        let n_layer = self.model.layers.len();
+        let cpu_layers = match (&mut self.gpu, way) {
+            (Some(g), Some(way)) => {
+                g.begin_batch(way, self.n_past, n)?;
+                if way == GpuWay::WholeLayers {
+                    g.first_layer()
+                } else {
+                    n_layer
+                }
+            }
+            _ => n_layer,
+        };
+        for l in 0..cpu_layers {
             self.layer(l, n)?;
         }
+        let mut logits_done = false;
+        if cpu_layers < n_layer {
+            // The held layers as whole layers on the GPU, the head too when it holds it.
+            let e = self.model.config.n_embd;
+            let nv = self.model.config.n_vocab;
+            let gpu = self.gpu.as_mut().expect("whole layers need the GPU");
+            let head = n_logits > 0 && gpu.holds_output() && self.sparse_head == 0.0;
+            if head && self.s.logits.len() < n_logits * nv {
+                self.s.logits.resize(n_logits * nv, 0.0);
+            }
+            let logits = if head { Some((n_logits, &mut self.s.logits[..n_logits * nv])) } else { None };
+            gpu.run_layers(&mut self.s.x[..n * e], n, self.n_past, logits)?;
+            logits_done = head;
+        }
         self.n_past += n;
-        if n_logits > 0 {
-            self.output_head(n, n_logits);
+        if n_logits > 0 && !logits_done {
+            self.output_head(n, n_logits)?;
         }
         Ok(())
+    }
+
+    /// How this batch runs the layers the GPU holds: whole layers when nothing asks at each site
+    /// (dense selector, no tracer, no sparse prefill) and the kernels take the model.
+    fn gpu_way(&self) -> Option<GpuWay> {
+        let g = self.gpu.as_ref()?;
+        let whole = g.whole_layers() && self.selector.is_dense() && self.tracer.is_none() && self.prefill.0 == 0.0;
+        Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
 
     /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
@@ -425,7 +483,7 @@ impl Engine {
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
         // Sparse prefill reads GGUF rows and pack columns directly: not under a memory budget
         // (the tiered store's reads) yet.
-        if self.sparse_block && self.store().is_none() {
+        if self.sparse_block && self.store().is_none() && !self.gpu_holds(l) {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;
@@ -500,6 +558,9 @@ impl Engine {
     /// when the source allows a row gather; column kernels over the active columns; or the batch
     /// column kernel over whole column tensors.
     fn project(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
+        if self.gpu_holds(l) {
+            return self.project_gpu(l, n, site);
+        }
         let Engine { model, pool, s, source, selector, phase, stats, .. } = self;
         let c = &model.config;
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
@@ -564,6 +625,23 @@ impl Engine {
         Ok(())
     }
 
+    /// A site's products in a layer the GPU holds: dense over the (masked) input. A fixed neuron
+    /// set needs no row gather here: the selector masks the other neurons at the down projection.
+    fn project_gpu(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+        let Engine { model, s, gpu, .. } = self;
+        let c = &model.config;
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let Scratch { h, att, g, u, q, k, v, o, .. } = s;
+        let (x, width, mut outs): (&[f32], usize, Vec<&mut [f32]>) = match site {
+            Site::AttnIn => (&h[..n * e], e, vec![&mut q[..n * qd], &mut k[..n * kvd], &mut v[..n * kvd]]),
+            Site::AttnOut => (&att[..n * qd], qd, vec![&mut o[..n * e]]),
+            Site::FfnIn => (&h[..n * e], e, vec![&mut g[..n * ff], &mut u[..n * ff]]),
+            Site::FfnMid => (&g[..n * ff], ff, vec![&mut o[..n * e]]),
+        };
+        gpu.as_mut().expect("called for held layers").project(l, site, x, width, n, &mut outs)?;
+        Ok(())
+    }
+
     /// Biases, RoPE, the KV cache append and attention over the projected q, k, v into `s.att`.
     fn attention_core(&mut self, l: usize, n: usize) {
         let Engine { model, pool, kv, s, n_past, theta_scale, .. } = self;
@@ -591,8 +669,8 @@ impl Engine {
     }
 
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.
-    fn output_head(&mut self, n: usize, n_logits: usize) {
-        let Engine { model, pool, s, sparse_head, stats, .. } = self;
+    fn output_head(&mut self, n: usize, n_logits: usize) -> Result<(), EvalError> {
+        let Engine { model, pool, s, sparse_head, stats, gpu, .. } = self;
         let c = &model.config;
         let e = c.n_embd;
         let first = n - n_logits;
@@ -619,12 +697,17 @@ impl Engine {
             stats.head_active += (n_logits * e) as u64;
             stats.head_visits += n_logits as u64;
         }
-        s.acts.quantize_for(pool, &[&model.output], &s.h, e, n_logits);
         let nv = c.n_vocab;
         if s.logits.len() < n_logits * nv {
             s.logits.resize(n_logits * nv, 0.0);
         }
+        if let Some(gpu) = gpu.as_mut().filter(|g| g.holds_output()) {
+            gpu.output_head(&s.h[..n_logits * e], e, n_logits, &mut s.logits[..n_logits * nv])?;
+            return Ok(());
+        }
+        s.acts.quantize_for(pool, &[&model.output], &s.h, e, n_logits);
         let job = MatJob { w: &model.output, out: &mut s.logits[..n_logits * nv], stride: nv };
         matmul_many(pool, model.file.bytes(), &s.acts, n_logits, &mut [job]);
+        Ok(())
     }
 }

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod calibrate;
 pub mod forward;
 pub mod generate;
+pub mod gpu;
 pub mod kv;
 pub mod matmul;
 mod options;

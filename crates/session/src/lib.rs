@@ -22,4 +22,4 @@ pub mod report;
 pub use autopack::pack_for;
 pub use budget::{parse_budget, peak_rss_bytes, runtime_bytes};
 pub use open::{drop_tokenizer_tables, load, LiveBudget, Session};
-pub use options::{MemoryOptions, SessionOptions, SparsityOptions, DEFAULT_MAX_RATIO};
+pub use options::{GpuOptions, MemoryOptions, SessionOptions, SparsityOptions, DEFAULT_MAX_RATIO};

@@ -5,9 +5,10 @@
 use crate::budget::{mib, parse_budget, runtime_bytes};
 use crate::live::{BudgetControl, ControlOptions};
 use crate::machine::MachineProfile;
-use crate::options::{MemoryOptions, SessionOptions, SparsityOptions};
+use crate::options::{GpuOptions, MemoryOptions, SessionOptions, SparsityOptions};
 use crate::profile::machine_or_named;
 use anyhow::Context;
+use sift_engine::gpu::{GpuLayers, GpuPlacement};
 use sift_engine::sparsity::{Method, Site, SiteDims};
 use sift_engine::{BudgetChange, Engine, EngineOptions};
 use sift_model::tokenizer::Tokenizer;
@@ -108,6 +109,31 @@ impl Session {
     }
 }
 
+/// Puts the layers the GPU flags ask for on the GPU (nothing when none is given).
+fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
+    if !gpu.requested() {
+        return Ok(());
+    }
+    let model = &engine.model;
+    let n_layer = model.layers.len();
+    let placement = match (&gpu.gpu_memory, gpu.gpu_layers) {
+        (Some(spec), _) => {
+            // A percentage is of the model's matrices (what -ngl 99 puts on the GPU, KV aside).
+            let all = GpuPlacement::from_layers(n_layer + 1, n_layer).bytes(model, 0);
+            let budget = parse_budget(spec, all).context("--gpu-memory")?;
+            GpuPlacement::fit(model, budget, engine.n_ctx())
+        }
+        (None, Some(n)) => GpuPlacement::from_layers(n, n_layer),
+        (None, None) => unreachable!("requested() needs one"),
+    };
+    let dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-layers / --gpu-memory)")?;
+    let layers =
+        GpuLayers::upload(model, dev, placement, engine.n_ctx()).context("cannot put the model's layers on the GPU")?;
+    eprintln!("sift: {}", layers.summary());
+    engine.attach_gpu(layers);
+    Ok(())
+}
+
 /// Loads a model and its tokenizer: in full without a budget (memory-mapped, or with
 /// `--no-mmap` copied into huge-page-backed memory; either way Q4_K matrices repacked, in the
 /// process's own pages, unless `--no-repack`), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
@@ -197,8 +223,13 @@ fn build_engine(
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
         sparsity.apply(&mut engine)?;
+        attach_gpu(&mut engine, &memory.gpu)?;
         return Ok((engine, None, None));
     };
+    anyhow::ensure!(
+        !memory.gpu.requested(),
+        "--gpu-layers / --gpu-memory with --memory: the GPU tier does not take weights from the budgeted store yet; drop one of them"
+    );
     let mut opts = memory.tiered_options()?;
     let mut sparsity = sparsity.clone();
     let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);

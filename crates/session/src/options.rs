@@ -257,6 +257,31 @@ pub struct MemoryOptions {
     /// Follow Linux memory pressure (PSI): shrink the budget under pressure, grow it back after
     #[arg(long = "follow-pressure")]
     pub follow_pressure: bool,
+    #[command(flatten)]
+    pub gpu: GpuOptions,
+}
+
+/// The CUDA tier's flags, as llama.cpp names them (a build with `--features cuda`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Layers to hold on the GPU, counted as llama.cpp counts them: the last N transformer
+    /// layers, and the output head when N exceeds their number (99: all) (-ngl)
+    #[arg(long = "gpu-layers", alias = "n-gpu-layers", value_name = "N")]
+    pub gpu_layers: Option<usize>,
+    /// GPU memory for weights: bytes (K/M/G) or a percentage of the model's weight matrices
+    /// ("50%"); the most layers that fit go to the GPU, in -ngl's order
+    #[arg(long = "gpu-memory", value_name = "BYTES|PERCENT", conflicts_with = "gpu_layers")]
+    pub gpu_memory: Option<String>,
+    /// The GPU to use (-mg)
+    #[arg(long = "main-gpu", default_value_t = 0, value_name = "I")]
+    pub main_gpu: usize,
+}
+
+impl GpuOptions {
+    /// Whether any GPU flag asks for the GPU.
+    pub fn requested(&self) -> bool {
+        self.gpu_layers.is_some_and(|n| n > 0) || self.gpu_memory.is_some()
+    }
 }
 
 /// The planner's default accuracy limit: Top-K above 0.6 costs more quality than the speed is

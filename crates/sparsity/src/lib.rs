@@ -127,6 +127,11 @@ pub trait Selector: Send {
     /// The live cache state of `site` in `layer`: `cached[u]` is true when unit `u`'s weights
     /// are in memory. Valid for the next `select` of that (layer, site).
     fn observe_cache(&mut self, _layer: usize, _site: Site, _cached: &[bool]) {}
+    /// Whether every unit is always active (the dense selector): the engine may then run layers
+    /// without asking at each site (whole layers on the GPU).
+    fn is_dense(&self) -> bool {
+        false
+    }
 }
 
 /// Every unit active.
@@ -136,6 +141,9 @@ pub struct DenseSelector;
 impl Selector for DenseSelector {
     fn describe(&self) -> String {
         "dense".into()
+    }
+    fn is_dense(&self) -> bool {
+        true
     }
     fn select(&mut self, _: usize, _: Site, _: Phase, _: &[f32], _: &mut Vec<u32>) -> Selection {
         Selection::All

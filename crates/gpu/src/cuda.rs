@@ -1,0 +1,465 @@
+//! The CUDA side of [`crate::GpuDevice`]: the driver and NVRTC through cudarc (both loaded at
+//! run time), one stream, the compiled kernels and the device buffers reused across calls.
+
+use crate::stack::{GpuHead, GpuLayer, StackDims};
+use crate::{GpuError, GpuJob, GpuMatrix};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
+use sift_quant::WeightType;
+use std::sync::Arc;
+
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// Warps (rows) per thread block of the products: `WARPS_PER_BLOCK` in kernels.cu.
+const WARPS_PER_BLOCK: u32 = 4;
+/// Threads of an attention block: `ATTN_WARPS` warps in kernels.cu.
+const ATTN_THREADS: u32 = 4 * 32;
+/// The most thread blocks along the token axis (a kernel loops over further tokens).
+const MAX_TOKEN_BLOCKS: u32 = 65535;
+/// Threads per block of the element-wise kernels and the norms.
+const THREADS: u32 = 256;
+
+/// The product kernel of each weight type, as named in kernels.cu.
+const MATVEC: [(WeightType, &str); 10] = [
+    (WeightType::F32, "matvec_f32"),
+    (WeightType::F16, "matvec_f16"),
+    (WeightType::BF16, "matvec_bf16"),
+    (WeightType::Q4_0, "matvec_q4_0"),
+    (WeightType::Q4_1, "matvec_q4_1"),
+    (WeightType::Q5_0, "matvec_q5_0"),
+    (WeightType::Q8_0, "matvec_q8_0"),
+    (WeightType::Q4_K, "matvec_q4_k"),
+    (WeightType::Q5_K, "matvec_q5_k"),
+    (WeightType::Q6_K, "matvec_q6_k"),
+];
+
+/// The layer kernels.
+struct LayerKernels {
+    rms_norm: CudaFunction,
+    add_bias: CudaFunction,
+    add_rows: CudaFunction,
+    silu_mul: CudaFunction,
+    rope: CudaFunction,
+    kv_store: CudaFunction,
+    attention: CudaFunction,
+}
+
+/// Activations of a batch on the device, grown as batches grow.
+#[derive(Default)]
+struct Buffers {
+    x: Option<CudaSlice<f32>>,
+    h: Option<CudaSlice<f32>>,
+    q: Option<CudaSlice<f32>>,
+    k: Option<CudaSlice<f32>>,
+    v: Option<CudaSlice<f32>>,
+    att: Option<CudaSlice<f32>>,
+    o: Option<CudaSlice<f32>>,
+    g: Option<CudaSlice<f32>>,
+    u: Option<CudaSlice<f32>>,
+    logits: Option<CudaSlice<f32>>,
+    /// The batch's first position, read by the RoPE, cache and attention kernels.
+    pos: Option<CudaSlice<i32>>,
+    /// One output per product of [`Device::matmul_many`].
+    y: Vec<CudaSlice<f32>>,
+}
+
+/// What a captured decode step was captured for: the layers (by address), whether and for how
+/// many tokens the head ran. A step with the same key replays the graph.
+type GraphKey = (usize, usize, bool);
+
+pub(crate) struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// One product kernel per weight type, in [`MATVEC`] order.
+    matvec: Vec<CudaFunction>,
+    layer: LayerKernels,
+    buf: Buffers,
+    /// Decode steps (one token) captured as CUDA graphs: launched as one, they cost a fraction
+    /// of the ~15 launches per layer. Dropped when a buffer they use is reallocated.
+    graphs: Vec<(GraphKey, CudaGraph)>,
+}
+
+fn driver(e: cudarc::driver::DriverError) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// Compiles kernels.cu to PTX (NVRTC only: no device needed).
+pub(crate) fn compile() -> Result<cudarc::nvrtc::Ptx, GpuError> {
+    // SAFETY: only tries to load the shared library (dlopen); nothing is called through it.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::NoNvrtc);
+    }
+    cudarc::nvrtc::compile_ptx_with_opts(
+        SOURCE,
+        cudarc::nvrtc::CompileOptions { name: Some("sift_kernels.cu".into()), ..Default::default() },
+    )
+    .map_err(|e| GpuError::Compile(e.to_string()))
+}
+
+/// `buf` holding at least `n` values (a power of two, so that growing batches reallocate rarely);
+/// true when it was (re)allocated.
+fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<bool, GpuError> {
+    if buf.as_ref().is_none_or(|b| b.len() < n) {
+        *buf = Some(stream.alloc_zeros::<T>(n.max(1).next_power_of_two()).map_err(driver)?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn elementwise(total: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((total as u32).div_ceil(THREADS).max(1), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Device {
+    pub(crate) fn open(ordinal: usize) -> Result<Device, GpuError> {
+        // SAFETY: only tries to load the shared library (dlopen); nothing is called through it.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        let count = CudaContext::device_count().map_err(driver)?.max(0) as usize;
+        if ordinal >= count {
+            return Err(GpuError::NoDevice { ordinal, count });
+        }
+        let ptx = compile()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        // One stream of our own (the legacy default stream cannot be captured into a graph), and
+        // no event tracking: everything is ordered on that one stream.
+        // SAFETY: called before any buffer exists, and every use of every buffer is on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver)?;
+        let module = ctx.load_module(ptx).map_err(driver)?;
+        let f = |name: &str| module.load_function(name).map_err(driver);
+        let matvec = MATVEC.iter().map(|(_, name)| f(name)).collect::<Result<Vec<_>, _>>()?;
+        let layer = LayerKernels {
+            rms_norm: f("rms_norm")?,
+            add_bias: f("add_bias")?,
+            add_rows: f("add_rows")?,
+            silu_mul: f("silu_mul")?,
+            rope: f("rope")?,
+            kv_store: f("kv_store")?,
+            attention: f("attention")?,
+        };
+        Ok(Device { ctx, stream, matvec, layer, buf: Buffers::default(), graphs: Vec::new() })
+    }
+
+    pub(crate) fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| format!("CUDA device {}", self.ctx.ordinal()))
+    }
+
+    pub(crate) fn memory(&self) -> Result<(u64, u64), GpuError> {
+        let (free, total) = self.ctx.mem_get_info().map_err(driver)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn check_free(&self, what: &str, need: u64) -> Result<(), GpuError> {
+        let (free, _) = self.memory()?;
+        if need > free {
+            return Err(GpuError::OutOfMemory { what: what.to_string(), need, free });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn upload(&mut self, name: &str, _ty: WeightType, data: &[u8]) -> Result<CudaSlice<u8>, GpuError> {
+        self.check_free(name, data.len() as u64)?;
+        self.stream.clone_htod(data).map_err(driver)
+    }
+
+    pub(crate) fn upload_f32(&mut self, v: &[f32]) -> Result<CudaSlice<f32>, GpuError> {
+        self.stream.clone_htod(v).map_err(driver)
+    }
+
+    pub(crate) fn alloc_kv(&mut self, n: usize) -> Result<(CudaSlice<u16>, CudaSlice<u16>), GpuError> {
+        self.check_free("the KV cache", 4 * n as u64)?;
+        let k = self.stream.alloc_zeros::<u16>(n.max(1)).map_err(driver)?;
+        let v = self.stream.alloc_zeros::<u16>(n.max(1)).map_err(driver)?;
+        Ok((k, v))
+    }
+
+    /// Queues `y[t * rows + r] = W[r] · x[t]` for `n_tok` rows of `x`.
+    fn matvec(
+        stream: &Arc<CudaStream>,
+        kernels: &[CudaFunction],
+        w: &GpuMatrix,
+        x: &CudaView<'_, f32>,
+        y: &mut CudaViewMut<'_, f32>,
+        n_tok: usize,
+    ) -> Result<(), GpuError> {
+        let f = &kernels[MATVEC.iter().position(|k| k.0 == w.ty).expect("every weight type has a kernel")];
+        let (rows, cols, n_tok_i) = (w.rows as i32, w.cols as i32, n_tok as i32);
+        let row_bytes = w.ty.row_bytes(w.cols).expect("checked at upload") as i64;
+        assert!(x.len() >= w.cols * n_tok && y.len() >= w.rows * n_tok, "matvec buffers too small for {}", w.name);
+        let cfg = LaunchConfig {
+            grid_dim: ((w.rows as u32).div_ceil(WARPS_PER_BLOCK), (n_tok as u32).clamp(1, MAX_TOKEN_BLOCKS), 1),
+            block_dim: (32 * WARPS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(f);
+        launch.arg(&w.data).arg(x).arg(y).arg(&rows).arg(&cols).arg(&n_tok_i).arg(&row_bytes);
+        // SAFETY: the arguments match the kernel's signature in kernels.cu (three device pointers,
+        // three ints, one long long); it reads `rows` rows of `row_bytes` of the weights (their
+        // upload had exactly that size, checked in `GpuDevice::upload`), `n_tok * cols` inputs and
+        // writes `rows * n_tok` outputs (both asserted above).
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+
+    pub(crate) fn matmul_many(
+        &mut self,
+        x: &[f32],
+        cols: usize,
+        n_tok: usize,
+        jobs: &mut [GpuJob<'_>],
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        if grow(&stream, &mut self.buf.x, x.len())? {
+            self.graphs.clear();
+        }
+        let dx = self.buf.x.as_mut().expect("grown above");
+        stream.memcpy_htod(x, &mut dx.slice_mut(..x.len())).map_err(driver)?;
+        while self.buf.y.len() < jobs.len() {
+            self.buf.y.push(stream.alloc_zeros::<f32>(1).map_err(driver)?);
+        }
+        let dx = self.buf.x.as_ref().expect("grown above");
+        for (j, dy) in jobs.iter().zip(self.buf.y.iter_mut()) {
+            let need = j.w.rows * n_tok;
+            if dy.len() < need {
+                *dy = stream.alloc_zeros::<f32>(need.next_power_of_two()).map_err(driver)?;
+            }
+            Self::matvec(&stream, &self.matvec, j.w, &dx.slice(..cols * n_tok), &mut dy.slice_mut(..need), n_tok)?;
+        }
+        for (j, dy) in jobs.iter_mut().zip(self.buf.y.iter()) {
+            let need = j.w.rows * n_tok;
+            stream.memcpy_dtoh(&dy.slice(..need), &mut j.out[..need]).map_err(driver)?;
+        }
+        stream.synchronize().map_err(driver)
+    }
+
+    /// See [`crate::GpuDevice::run_layers`] (shapes checked there).
+    pub(crate) fn run_layers(
+        &mut self,
+        d: &StackDims,
+        layers: &mut [GpuLayer],
+        x: &mut [f32],
+        n: usize,
+        pos0: usize,
+        mut head: Option<GpuHead<'_>>,
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let (e, qd, kvd, ff) = (d.n_embd, d.n_head * d.head_dim, d.n_head_kv * d.head_dim, d.n_ff);
+        let b = &mut self.buf;
+        let logits = head.as_ref().map_or(0, |h| h.n_logits * h.w.rows);
+        let mut moved = false;
+        for (buf, len) in [
+            (&mut b.x, n * e),
+            (&mut b.h, n * e.max(qd)),
+            (&mut b.q, n * qd),
+            (&mut b.k, n * kvd),
+            (&mut b.v, n * kvd),
+            (&mut b.att, n * qd),
+            (&mut b.o, n * e),
+            (&mut b.g, n * ff),
+            (&mut b.u, n * ff),
+            (&mut b.logits, logits),
+        ] {
+            moved |= grow(&stream, buf, len)?;
+        }
+        moved |= grow(&stream, &mut b.pos, 1)?;
+        if moved {
+            self.graphs.clear();
+        }
+        let bx = self.buf.x.as_mut().expect("grown above");
+        stream.memcpy_htod(x, &mut bx.slice_mut(..n * e)).map_err(driver)?;
+        let bpos = self.buf.pos.as_mut().expect("grown above");
+        stream.memcpy_htod(&[pos0 as i32], &mut bpos.slice_mut(..1)).map_err(driver)?;
+        let n_logits = head.as_ref().map_or(0, |h| h.n_logits);
+        if n == 1 {
+            // A decode step: replay its graph, captured the first time.
+            let key: GraphKey = (layers.as_ptr() as usize, layers.len(), head.is_some());
+            if !self.graphs.iter().any(|(k, _)| *k == key) {
+                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
+                let queued = self.queue_layers(d, layers, n, head.as_ref());
+                let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
+                queued?;
+                let graph = graph?.ok_or_else(|| GpuError::Driver("an empty graph was captured".into()))?;
+                self.graphs.push((key, graph));
+            }
+            let (_, graph) = self.graphs.iter().find(|(k, _)| *k == key).expect("captured above");
+            graph.launch().map_err(driver)?;
+        } else {
+            self.queue_layers(d, layers, n, head.as_ref())?;
+        }
+        match head.as_mut() {
+            None => {
+                let bx = self.buf.x.as_ref().expect("grown above");
+                stream.memcpy_dtoh(&bx.slice(..n * e), x).map_err(driver)?;
+            }
+            Some(h) => {
+                let nv = h.w.rows;
+                let dl = self.buf.logits.as_ref().expect("grown above");
+                stream.memcpy_dtoh(&dl.slice(..n_logits * nv), &mut h.logits[..n_logits * nv]).map_err(driver)?;
+            }
+        }
+        stream.synchronize().map_err(driver)
+    }
+
+    /// Queues every kernel of `n` tokens through `layers` (and the head): no copies, no
+    /// allocations, no synchronisation, so that a decode step can be captured as a graph.
+    fn queue_layers(
+        &mut self,
+        d: &StackDims,
+        layers: &mut [GpuLayer],
+        n: usize,
+        head: Option<&GpuHead<'_>>,
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let (e, qd, kvd, ff) = (d.n_embd, d.n_head * d.head_dim, d.n_head_kv * d.head_dim, d.n_ff);
+        let b = &mut self.buf;
+        let (
+            Some(bx),
+            Some(bh),
+            Some(bq),
+            Some(bk),
+            Some(bv),
+            Some(batt),
+            Some(bo),
+            Some(bg),
+            Some(bu),
+            Some(bl),
+            Some(bpos),
+        ) = (
+            &mut b.x,
+            &mut b.h,
+            &mut b.q,
+            &mut b.k,
+            &mut b.v,
+            &mut b.att,
+            &mut b.o,
+            &mut b.g,
+            &mut b.u,
+            &mut b.logits,
+            &b.pos,
+        )
+        else {
+            unreachable!("grown by run_layers")
+        };
+        let k = &self.layer;
+        let mv = &self.matvec;
+        let (e_i, eps) = (e as i32, d.eps);
+        let norm_cfg = |rows: usize| LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for l in layers.iter_mut() {
+            // Attention.
+            let mut launch = stream.launch_builder(&k.rms_norm);
+            launch.arg(&*bx).arg(&l.attn_norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
+            // SAFETY: rms_norm(const float* x, const float* w, float* out, int e, float eps) over
+            // n rows of e: x and h hold n·e values (grown by run_layers), the norm's weights e.
+            unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
+            let h = bh.slice(..n * e);
+            Self::matvec(&stream, mv, &l.mats[0], &h, &mut bq.slice_mut(..n * qd), n)?;
+            Self::matvec(&stream, mv, &l.mats[1], &h, &mut bk.slice_mut(..n * kvd), n)?;
+            Self::matvec(&stream, mv, &l.mats[2], &h, &mut bv.slice_mut(..n * kvd), n)?;
+            for (bias, out, width) in [(&l.bq, &mut *bq, qd), (&l.bk, &mut *bk, kvd), (&l.bv, &mut *bv, kvd)] {
+                if let Some(bias) = bias {
+                    let total = (n * width) as i64;
+                    let w_i = width as i32;
+                    let mut launch = stream.launch_builder(&k.add_bias);
+                    launch.arg(out).arg(&bias.data).arg(&w_i).arg(&total);
+                    // SAFETY: add_bias(float* y, const float* b, int d, long long total): y holds
+                    // n·width values, the bias width.
+                    unsafe { launch.launch(elementwise(n * width)) }.map_err(driver)?;
+                }
+            }
+            let (hd_i, rd_i) = (d.head_dim as i32, d.rope_dim as i32);
+            let (n_i, neox) = (n as i32, d.neox as i32);
+            for (buf, heads) in [(&mut *bq, d.n_head), (&mut *bk, d.n_head_kv)] {
+                let heads_i = heads as i32;
+                let mut launch = stream.launch_builder(&k.rope);
+                launch.arg(buf).arg(&n_i).arg(&heads_i).arg(&hd_i).arg(&rd_i).arg(bpos).arg(&d.theta_scale).arg(&neox);
+                // SAFETY: rope(float* x, int n_tok, int n_heads, int hd, int rope_dim, const int*
+                // pos, float theta_scale, int neox): one thread per (token, head) of n·heads·hd
+                // values; pos holds one int.
+                unsafe { launch.launch(elementwise(n * heads)) }.map_err(driver)?;
+            }
+            let (kvd_i, total) = (kvd as i32, (n * kvd) as i64);
+            let mut launch = stream.launch_builder(&k.kv_store);
+            launch.arg(&*bk).arg(&*bv).arg(&mut l.kv.k).arg(&mut l.kv.v).arg(&kvd_i).arg(bpos).arg(&total);
+            // SAFETY: kv_store(const float* k, const float* v, u16* kc, u16* vc, int kvd, const
+            // int* pos, long long total): writes positions *pos..*pos + n of caches holding
+            // `positions` rows (pos0 + n <= positions, checked in `GpuDevice::run_layers`).
+            unsafe { launch.launch(elementwise(n * kvd)) }.map_err(driver)?;
+            let (nh_i, nkv_i) = (d.n_head as i32, d.n_head_kv as i32);
+            let scale = 1.0 / (d.head_dim as f32).sqrt();
+            let cfg = LaunchConfig {
+                grid_dim: (d.n_head as u32, n as u32, 1),
+                block_dim: (ATTN_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut launch = stream.launch_builder(&k.attention);
+            launch
+                .arg(&*bq)
+                .arg(&l.kv.k)
+                .arg(&l.kv.v)
+                .arg(&mut *batt)
+                .arg(&nh_i)
+                .arg(&nkv_i)
+                .arg(&hd_i)
+                .arg(bpos)
+                .arg(&scale);
+            // SAFETY: attention(const float* q, const u16* kc, const u16* vc, float* out, int
+            // n_head, int n_head_kv, int hd, const int* pos, float scale): block (h, t) reads q
+            // and writes out at row t·n_head + h (n·qd values each), and reads cache rows
+            // 0..=*pos + t, all written (this batch's by kv_store above); head_dim is a multiple
+            // of 32 up to 256 and n_head a multiple of n_head_kv (`StackDims::supported`).
+            unsafe { launch.launch(cfg) }.map_err(driver)?;
+            Self::matvec(&stream, mv, &l.mats[3], &batt.slice(..n * qd), &mut bo.slice_mut(..n * e), n)?;
+            let mut launch = stream.launch_builder(&k.add_rows);
+            let total_e = (n * e) as i64;
+            launch.arg(&mut *bx).arg(&*bo).arg(&total_e);
+            // SAFETY: add_rows(float* x, const float* o, long long total) over n·e values of each.
+            unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+            // Feed-forward.
+            let mut launch = stream.launch_builder(&k.rms_norm);
+            launch.arg(&*bx).arg(&l.ffn_norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
+            // SAFETY: as the attention norm above.
+            unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
+            let h = bh.slice(..n * e);
+            Self::matvec(&stream, mv, &l.mats[4], &h, &mut bg.slice_mut(..n * ff), n)?;
+            Self::matvec(&stream, mv, &l.mats[5], &h, &mut bu.slice_mut(..n * ff), n)?;
+            let total_ff = (n * ff) as i64;
+            let mut launch = stream.launch_builder(&k.silu_mul);
+            launch.arg(&mut *bg).arg(&*bu).arg(&total_ff);
+            // SAFETY: silu_mul(float* g, const float* u, long long total) over n·ff values.
+            unsafe { launch.launch(elementwise(n * ff)) }.map_err(driver)?;
+            Self::matvec(&stream, mv, &l.mats[6], &bg.slice(..n * ff), &mut bo.slice_mut(..n * e), n)?;
+            let mut launch = stream.launch_builder(&k.add_rows);
+            launch.arg(&mut *bx).arg(&*bo).arg(&total_e);
+            // SAFETY: as above.
+            unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+        }
+        if let Some(hd) = head {
+            let first = n - hd.n_logits;
+            let nv = hd.w.rows;
+            let mut launch = stream.launch_builder(&k.rms_norm);
+            let xs = bx.slice(first * e..n * e);
+            launch.arg(&xs).arg(&hd.norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
+            // SAFETY: as the norms above, over the last n_logits rows.
+            unsafe { launch.launch(norm_cfg(hd.n_logits)) }.map_err(driver)?;
+            let h = bh.slice(..hd.n_logits * e);
+            Self::matvec(&stream, mv, hd.w, &h, &mut bl.slice_mut(..hd.n_logits * nv), hd.n_logits)?;
+        }
+        Ok(())
+    }
+}
