@@ -30,11 +30,18 @@ SIFT_GPU_TEST_GGUF=$keep/qwen05-l0.gguf:$keep/qwen15-l0.gguf "$keep"/kernels --n
 "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log
 S=$keep/sift
 T=${THREADS:-8}
+$S probe --quick -m $M 2>&1 | grep -iE 'dram|memory|disk|read' | head -8
 for args in "" "-ngl 99" "-ngl 15" "--gpu-memory 25%" "--gpu-memory 75%" \
     "-ngl 99 --sparsity topk --ratio 0.5 --dense-kernels" "--sparsity topk --ratio 0.5 --dense-kernels"; do
     echo "== sift bench -m $M -p 512 -n 128 -r 3 -t $T $args"
     $S bench -m $M -p 512 -n 128 -r 3 -t $T $args 2>&1 | grep -vE '^\s*$' | tail -6
 done 2>&1 | tee "$OUT"/bench.log
+# Where a GPU decode step's time goes: at depth 0 and 1024 (attention's share), with 1 and 8 host
+# threads (the CPU side's share).
+for args in "-t 8 -d 0" "-t 8 -d 1024" "-t 1 -d 0"; do
+    echo "== sift bench -m $M -p 512 -n 128 -r 3 -ngl 99 $args"
+    $S bench -m $M -p 512 -n 128 -r 3 -ngl 99 $args 2>&1 | grep -E '^\| llama'
+done 2>&1 | tee -a "$OUT"/bench.log
 for args in "" "-ngl 99"; do
     echo "== sift perplexity -m $M -f tests/fixtures/wiki.test.head16k.raw -c 512 -t $T $args"
     $S perplexity -m $M -f tests/fixtures/wiki.test.head16k.raw -c 512 -t $T $args 2>&1 | grep -iE 'estimate|offloaded|error' | tail -3

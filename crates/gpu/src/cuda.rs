@@ -5,7 +5,8 @@ use crate::stack::{GpuHead, GpuLayer, StackDims};
 use crate::{GpuError, GpuJob, GpuMatrix};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg,
 };
 use sift_quant::WeightType;
 use std::sync::Arc;
@@ -14,8 +15,13 @@ const SOURCE: &str = include_str!("kernels.cu");
 
 /// Warps (rows) per thread block of the products: `WARPS_PER_BLOCK` in kernels.cu.
 const WARPS_PER_BLOCK: u32 = 4;
-/// Threads of an attention block: `ATTN_WARPS` warps in kernels.cu.
-const ATTN_THREADS: u32 = 4 * 32;
+/// Threads of an attention block (at most `ATTN_MAX_WARPS` warps in kernels.cu): a decode step
+/// has one block per head, whose warps share the positions; a batch has a block per head and
+/// token already.
+const ATTN_THREADS_DECODE: u32 = 32 * 32;
+const ATTN_THREADS_BATCH: u32 = 4 * 32;
+/// Tokens a block of `matvec_multi` takes in turn (`MULTI_TOKENS` in kernels.cu).
+const MULTI_TOKENS: u32 = 8;
 /// The most thread blocks along the token axis (a kernel loops over further tokens).
 const MAX_TOKEN_BLOCKS: u32 = 65535;
 /// Threads per block of the element-wise kernels and the norms.
@@ -35,15 +41,19 @@ const MATVEC: [(WeightType, &str); 10] = [
     (WeightType::Q6_K, "matvec_q6_k"),
 ];
 
-/// The layer kernels.
+/// The kernels of whole-layer runs (eight launches per layer).
 struct LayerKernels {
-    rms_norm: CudaFunction,
-    add_bias: CudaFunction,
+    matvec_multi: CudaFunction,
+    add_norm: CudaFunction,
+    qkv_finish: CudaFunction,
+    /// Attention of a batch: a lane per position (measured faster for prompts and long
+    /// contexts) ...
+    attention: CudaFunction,
+    /// ... and of a decode step: a warp per position (faster up to ~1K positions, the same at
+    /// 1K; docs/benchmarks.md, issue 20).
+    attention_rows: CudaFunction,
     add_rows: CudaFunction,
     silu_mul: CudaFunction,
-    rope: CudaFunction,
-    kv_store: CudaFunction,
-    attention: CudaFunction,
 }
 
 /// Activations of a batch on the device, grown as batches grow.
@@ -141,13 +151,13 @@ impl Device {
         let f = |name: &str| module.load_function(name).map_err(driver);
         let matvec = MATVEC.iter().map(|(_, name)| f(name)).collect::<Result<Vec<_>, _>>()?;
         let layer = LayerKernels {
-            rms_norm: f("rms_norm")?,
-            add_bias: f("add_bias")?,
+            matvec_multi: f("matvec_multi")?,
+            add_norm: f("add_norm")?,
+            qkv_finish: f("qkv_finish")?,
+            attention: f("attention")?,
+            attention_rows: f("attention_rows")?,
             add_rows: f("add_rows")?,
             silu_mul: f("silu_mul")?,
-            rope: f("rope")?,
-            kv_store: f("kv_store")?,
-            attention: f("attention")?,
         };
         Ok(Device { ctx, stream, matvec, layer, buf: Buffers::default(), graphs: Vec::new() })
     }
@@ -313,7 +323,9 @@ impl Device {
     }
 
     /// Queues every kernel of `n` tokens through `layers` (and the head): no copies, no
-    /// allocations, no synchronisation, so that a decode step can be captured as a graph.
+    /// allocations, no synchronisation, so that a decode step can be captured as a graph. Per
+    /// layer: [add +] norm, q/k/v, biases + RoPE + cache store, attention, o, add + norm,
+    /// gate/up, down on silu(gate)·up.
     fn queue_layers(
         &mut self,
         d: &StackDims,
@@ -322,7 +334,7 @@ impl Device {
         head: Option<&GpuHead<'_>>,
     ) -> Result<(), GpuError> {
         let stream = self.stream.clone();
-        let (e, qd, kvd, ff) = (d.n_embd, d.n_head * d.head_dim, d.n_head_kv * d.head_dim, d.n_ff);
+        let e = d.n_embd;
         let b = &mut self.buf;
         let (
             Some(bx),
@@ -353,113 +365,154 @@ impl Device {
             unreachable!("grown by run_layers")
         };
         let k = &self.layer;
-        let mv = &self.matvec;
         let (e_i, eps) = (e as i32, d.eps);
         let norm_cfg = |rows: usize| LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // Raw device pointers of the buffers: matvec_multi and qkv_finish take several outputs and
+        // optional inputs. Every buffer lives on `stream` and event tracking is off, so the
+        // guards `device_ptr` returns do nothing.
+        let ptr = |s: &CudaSlice<f32>| s.device_ptr(&stream).0;
+        let (x, h, q, kk, v, att, o, g, u, lg) = (
+            ptr(bx),
+            ptr(bh),
+            ptr(bq),
+            ptr(bk),
+            ptr(bv),
+            ptr(batt),
+            ptr(bo),
+            ptr(bg),
+            ptr(bu),
+            bl.device_ptr_mut(&stream).0,
+        );
+        let pos = bpos.device_ptr(&stream).0;
+        let mut add = 0i32;
         for l in layers.iter_mut() {
-            // Attention.
-            let mut launch = stream.launch_builder(&k.rms_norm);
-            launch.arg(&*bx).arg(&l.attn_norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
-            // SAFETY: rms_norm(const float* x, const float* w, float* out, int e, float eps) over
-            // n rows of e: x and h hold n·e values (grown by run_layers), the norm's weights e.
+            // Attention: the residual of the previous layer's down projection, then the norm.
+            let mut launch = stream.launch_builder(&k.add_norm);
+            launch.arg(&x).arg(&o).arg(&l.attn_norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&add);
+            // SAFETY: add_norm(float* x, const float* o, const float* w, float* out, int e, float
+            // eps, int add): n rows of e in x, o and h (grown by run_layers), e weights.
             unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
-            let h = bh.slice(..n * e);
-            Self::matvec(&stream, mv, &l.mats[0], &h, &mut bq.slice_mut(..n * qd), n)?;
-            Self::matvec(&stream, mv, &l.mats[1], &h, &mut bk.slice_mut(..n * kvd), n)?;
-            Self::matvec(&stream, mv, &l.mats[2], &h, &mut bv.slice_mut(..n * kvd), n)?;
-            for (bias, out, width) in [(&l.bq, &mut *bq, qd), (&l.bk, &mut *bk, kvd), (&l.bv, &mut *bv, kvd)] {
-                if let Some(bias) = bias {
-                    let total = (n * width) as i64;
-                    let w_i = width as i32;
-                    let mut launch = stream.launch_builder(&k.add_bias);
-                    launch.arg(out).arg(&bias.data).arg(&w_i).arg(&total);
-                    // SAFETY: add_bias(float* y, const float* b, int d, long long total): y holds
-                    // n·width values, the bias width.
-                    unsafe { launch.launch(elementwise(n * width)) }.map_err(driver)?;
-                }
-            }
-            let (hd_i, rd_i) = (d.head_dim as i32, d.rope_dim as i32);
-            let (n_i, neox) = (n as i32, d.neox as i32);
-            for (buf, heads) in [(&mut *bq, d.n_head), (&mut *bk, d.n_head_kv)] {
-                let heads_i = heads as i32;
-                let mut launch = stream.launch_builder(&k.rope);
-                launch.arg(buf).arg(&n_i).arg(&heads_i).arg(&hd_i).arg(&rd_i).arg(bpos).arg(&d.theta_scale).arg(&neox);
-                // SAFETY: rope(float* x, int n_tok, int n_heads, int hd, int rope_dim, const int*
-                // pos, float theta_scale, int neox): one thread per (token, head) of n·heads·hd
-                // values; pos holds one int.
-                unsafe { launch.launch(elementwise(n * heads)) }.map_err(driver)?;
-            }
-            let (kvd_i, total) = (kvd as i32, (n * kvd) as i64);
-            let mut launch = stream.launch_builder(&k.kv_store);
-            launch.arg(&*bk).arg(&*bv).arg(&mut l.kv.k).arg(&mut l.kv.v).arg(&kvd_i).arg(bpos).arg(&total);
-            // SAFETY: kv_store(const float* k, const float* v, u16* kc, u16* vc, int kvd, const
-            // int* pos, long long total): writes positions *pos..*pos + n of caches holding
-            // `positions` rows (pos0 + n <= positions, checked in `GpuDevice::run_layers`).
-            unsafe { launch.launch(elementwise(n * kvd)) }.map_err(driver)?;
-            let (nh_i, nkv_i) = (d.n_head as i32, d.n_head_kv as i32);
+            self.multi(&[(&l.mats[0], q), (&l.mats[1], kk), (&l.mats[2], v)], h, None, n)?;
+            let bias = |b: &Option<crate::GpuVec>| b.as_ref().map_or(0, |b| b.data.device_ptr(&stream).0);
+            let (bqp, bkp, bvp) = (bias(&l.bq), bias(&l.bk), bias(&l.bv));
+            let (kc, vc) = (l.kv.k.device_ptr_mut(&stream).0, l.kv.v.device_ptr_mut(&stream).0);
+            let (n_i, nh, nkv, hd, rd, neox) =
+                (n as i32, d.n_head as i32, d.n_head_kv as i32, d.head_dim as i32, d.rope_dim as i32, d.neox as i32);
+            let mut launch = self.stream.launch_builder(&self.layer.qkv_finish);
+            launch.arg(&q).arg(&kk).arg(&v).arg(&bqp).arg(&bkp).arg(&bvp).arg(&kc).arg(&vc);
+            launch.arg(&n_i).arg(&nh).arg(&nkv).arg(&hd).arg(&rd).arg(&pos).arg(&d.theta_scale).arg(&neox);
+            // SAFETY: qkv_finish(float* q, float* k, const float* v, const float* bq, const float*
+            // bk, const float* bv, u16* kc, u16* vc, int n_tok, int n_head, int n_head_kv, int hd,
+            // int rope_dim, const int* pos, float theta_scale, int neox): one thread per (token,
+            // head) over n·(n_head + 2·n_head_kv); q, k, v hold n rows (grown by run_layers); the
+            // biases are the layer's (qd, kvd, kvd values) or null; the caches hold
+            // `positions` rows and *pos + n <= positions (checked in `GpuDevice::run_layers`).
+            unsafe { launch.launch(elementwise(n * (d.n_head + 2 * d.n_head_kv))) }.map_err(driver)?;
             let scale = 1.0 / (d.head_dim as f32).sqrt();
             let cfg = LaunchConfig {
                 grid_dim: (d.n_head as u32, n as u32, 1),
-                block_dim: (ATTN_THREADS, 1, 1),
+                block_dim: (if n == 1 { ATTN_THREADS_DECODE } else { ATTN_THREADS_BATCH }, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut launch = stream.launch_builder(&k.attention);
-            launch
-                .arg(&*bq)
-                .arg(&l.kv.k)
-                .arg(&l.kv.v)
-                .arg(&mut *batt)
-                .arg(&nh_i)
-                .arg(&nkv_i)
-                .arg(&hd_i)
-                .arg(bpos)
-                .arg(&scale);
+            let k = &self.layer;
+            let mut launch = stream.launch_builder(if n == 1 { &k.attention_rows } else { &k.attention });
+            launch.arg(&q).arg(&kc).arg(&vc).arg(&att).arg(&nh).arg(&nkv).arg(&hd).arg(&pos).arg(&scale);
             // SAFETY: attention(const float* q, const u16* kc, const u16* vc, float* out, int
             // n_head, int n_head_kv, int hd, const int* pos, float scale): block (h, t) reads q
             // and writes out at row t·n_head + h (n·qd values each), and reads cache rows
-            // 0..=*pos + t, all written (this batch's by kv_store above); head_dim is a multiple
+            // 0..=*pos + t, all written (this batch's by qkv_finish above); head_dim is a multiple
             // of 32 up to 256 and n_head a multiple of n_head_kv (`StackDims::supported`).
             unsafe { launch.launch(cfg) }.map_err(driver)?;
-            Self::matvec(&stream, mv, &l.mats[3], &batt.slice(..n * qd), &mut bo.slice_mut(..n * e), n)?;
-            let mut launch = stream.launch_builder(&k.add_rows);
-            let total_e = (n * e) as i64;
-            launch.arg(&mut *bx).arg(&*bo).arg(&total_e);
-            // SAFETY: add_rows(float* x, const float* o, long long total) over n·e values of each.
-            unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+            self.multi(&[(&l.mats[3], o)], att, None, n)?;
             // Feed-forward.
-            let mut launch = stream.launch_builder(&k.rms_norm);
-            launch.arg(&*bx).arg(&l.ffn_norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
+            let one = 1i32;
+            let k = &self.layer;
+            let mut launch = stream.launch_builder(&k.add_norm);
+            launch.arg(&x).arg(&o).arg(&l.ffn_norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&one);
             // SAFETY: as the attention norm above.
             unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
-            let h = bh.slice(..n * e);
-            Self::matvec(&stream, mv, &l.mats[4], &h, &mut bg.slice_mut(..n * ff), n)?;
-            Self::matvec(&stream, mv, &l.mats[5], &h, &mut bu.slice_mut(..n * ff), n)?;
-            let total_ff = (n * ff) as i64;
-            let mut launch = stream.launch_builder(&k.silu_mul);
-            launch.arg(&mut *bg).arg(&*bu).arg(&total_ff);
-            // SAFETY: silu_mul(float* g, const float* u, long long total) over n·ff values.
-            unsafe { launch.launch(elementwise(n * ff)) }.map_err(driver)?;
-            Self::matvec(&stream, mv, &l.mats[6], &bg.slice(..n * ff), &mut bo.slice_mut(..n * e), n)?;
-            let mut launch = stream.launch_builder(&k.add_rows);
-            launch.arg(&mut *bx).arg(&*bo).arg(&total_e);
-            // SAFETY: as above.
-            unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+            self.multi(&[(&l.mats[4], g), (&l.mats[5], u)], h, None, n)?;
+            if n == 1 {
+                // Decode: silu(gate)·up computed as down reads it (one launch fewer).
+                self.multi(&[(&l.mats[6], o)], g, Some(u), n)?;
+            } else {
+                // A batch: once per value, not once per row of down.
+                let total = (n * d.n_ff) as i64;
+                let mut launch = stream.launch_builder(&self.layer.silu_mul);
+                launch.arg(&g).arg(&u).arg(&total);
+                // SAFETY: silu_mul(float* g, const float* u, long long total) over n·n_ff values
+                // of each (grown by run_layers).
+                unsafe { launch.launch(elementwise(n * d.n_ff)) }.map_err(driver)?;
+                self.multi(&[(&l.mats[6], o)], g, None, n)?;
+            }
+            add = 1;
         }
-        if let Some(hd) = head {
-            let first = n - hd.n_logits;
-            let nv = hd.w.rows;
-            let mut launch = stream.launch_builder(&k.rms_norm);
-            let xs = bx.slice(first * e..n * e);
-            launch.arg(&xs).arg(&hd.norm.data).arg(&mut *bh).arg(&e_i).arg(&eps);
-            // SAFETY: as the norms above, over the last n_logits rows.
-            unsafe { launch.launch(norm_cfg(hd.n_logits)) }.map_err(driver)?;
-            let h = bh.slice(..hd.n_logits * e);
-            Self::matvec(&stream, mv, hd.w, &h, &mut bl.slice_mut(..hd.n_logits * nv), hd.n_logits)?;
+        let k = &self.layer;
+        match head {
+            Some(hd) => {
+                // The last layer's residual and the final norm over the last n_logits rows.
+                let first = (n - hd.n_logits) as u64;
+                let (xs, os) = (x + first * 4 * e as u64, o + first * 4 * e as u64);
+                let mut launch = stream.launch_builder(&k.add_norm);
+                launch.arg(&xs).arg(&os).arg(&hd.norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&add);
+                // SAFETY: as the norms above, over the last n_logits of the n rows.
+                unsafe { launch.launch(norm_cfg(hd.n_logits)) }.map_err(driver)?;
+                self.multi(&[(hd.w, lg)], h, None, hd.n_logits)?;
+            }
+            None if add == 1 => {
+                let total = (n * e) as i64;
+                let mut launch = stream.launch_builder(&k.add_rows);
+                launch.arg(&x).arg(&o).arg(&total);
+                // SAFETY: add_rows(float* x, const float* o, long long total) over n·e values.
+                unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+            }
+            None => {}
         }
+        Ok(())
+    }
+
+    /// Queues up to three products of one input in one launch (`matvec_multi`): each matrix
+    /// with the device pointer of its output (`n × rows`); `input` holds `n × cols`; with `glu`
+    /// (the down projection) the input is silu(input) · glu.
+    fn multi(&self, mats: &[(&GpuMatrix, u64)], input: u64, glu: Option<u64>, n: usize) -> Result<(), GpuError> {
+        assert!((1..=3).contains(&mats.len()) && mats.iter().all(|(w, _)| w.cols == mats[0].0.cols));
+        let type_id =
+            |w: &GpuMatrix| MATVEC.iter().position(|k| k.0 == w.ty).expect("every weight type has a kernel") as i32;
+        let pick = |i: usize| mats.get(i).copied().unwrap_or((mats[0].0, 0));
+        let (m0, m1, m2) = (pick(0), pick(1), pick(2));
+        let rows = |i: usize| if i < mats.len() { mats[i].0.rows as i32 } else { 0 };
+        let rb = |w: &GpuMatrix| w.ty.row_bytes(w.cols).expect("checked at upload") as i64;
+        let w = |m: &GpuMatrix| m.data.device_ptr(&self.stream).0;
+        let (w0, w1, w2) = (w(m0.0), w(m1.0), w(m2.0));
+        let (r0, r1, r2) = (rows(0), rows(1), rows(2));
+        let (t0, t1, t2) = (type_id(m0.0), type_id(m1.0), type_id(m2.0));
+        let (rb0, rb1, rb2) = (rb(m0.0), rb(m1.0), rb(m2.0));
+        let (cols, n_i, glu_on, u) = (mats[0].0.cols as i32, n as i32, glu.is_some() as i32, glu.unwrap_or(0));
+        let total_rows = (r0 + r1 + r2) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                total_rows.div_ceil(WARPS_PER_BLOCK),
+                (n as u32).div_ceil(MULTI_TOKENS).clamp(1, MAX_TOKEN_BLOCKS),
+                1,
+            ),
+            block_dim: (32 * WARPS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.layer.matvec_multi);
+        launch.arg(&w0).arg(&w1).arg(&w2).arg(&m0.1).arg(&m1.1).arg(&m2.1);
+        launch.arg(&r0).arg(&r1).arg(&r2).arg(&t0).arg(&t1).arg(&t2).arg(&rb0).arg(&rb1).arg(&rb2);
+        launch.arg(&input).arg(&u).arg(&cols).arg(&n_i).arg(&glu_on);
+        // SAFETY: matvec_multi(const u8* w0..w2, float* y0..y2, int r0..r2, int t0..t2, long long
+        // rb0..rb2, const float* x, const float* u, int cols, int n_tok, int glu): the warps of
+        // matrices past `mats.len()` have 0 rows and do nothing; each matrix's upload holds
+        // rows × row_bytes (checked in `GpuDevice::upload`), every matrix reads `cols` inputs
+        // (asserted above); the callers pass outputs of n × rows and inputs of n × cols (the
+        // buffers run_layers grew for the model's shapes).
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(())
     }
 }
