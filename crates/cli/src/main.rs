@@ -19,6 +19,7 @@ mod probe;
 mod serve;
 mod session;
 mod simulate;
+mod simulate_gpu;
 mod sweep;
 mod trace;
 

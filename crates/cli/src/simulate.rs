@@ -22,8 +22,26 @@ pub struct SimulateArgs {
     #[arg(long = "profile")]
     pub profile: Option<String>,
     /// Memory budgets (bytes with K/M/G, or % of the model), comma-separated
-    #[arg(long = "memory", value_delimiter = ',', required = true)]
+    #[arg(long = "memory", value_delimiter = ',', required_unless_present = "gpu")]
     pub memory: Vec<String>,
+    /// Simulate KAIROX's GPU–CPU hybrid decode instead, on this GPU profile
+    /// (rtx3080ti-pcie3, rtx4090-pcie4): FFN neuron groups on the GPU under each --gpu-policy
+    #[arg(long = "gpu", value_name = "PROFILE")]
+    pub gpu: Option<String>,
+    /// With --gpu: GPU memory budgets (bytes with K/M/G, or % of the model's matrices)
+    #[arg(long = "gpu-memory", value_delimiter = ',', default_value = "25%,50%,75%")]
+    pub gpu_memory: Vec<String>,
+    /// With --gpu: balancing policies: static, eager, lru, tam, tam-adaptive, layers (llama.cpp's
+    /// layer split), oracle (the bound)
+    #[arg(
+        long = "gpu-policy",
+        value_delimiter = ',',
+        default_value = "oracle,layers,static,eager,lru,tam,tam-adaptive"
+    )]
+    pub gpu_policy: Vec<String>,
+    /// With --gpu: neurons per group (the unit of transfer)
+    #[arg(long = "group-size", default_value_t = 16)]
+    pub group_size: usize,
     /// Cache policies, comma-separated: lfu, lru, tam, static, belady, none
     #[arg(long = "policy", value_delimiter = ',', default_value = "lfu")]
     pub policy: Vec<String>,
@@ -68,6 +86,9 @@ pub struct SimulateArgs {
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let trace = Trace::read(&a.trace)?;
+    if let Some(gpu) = &a.gpu {
+        return crate::simulate_gpu::run(&a, gpu, &trace);
+    }
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     // A GGUF stands for its column file (built on first use, as `--memory` does).
     let pack = crate::session::column_file(&a.model, None)?;

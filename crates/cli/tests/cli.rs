@@ -484,6 +484,43 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!((sim - real).abs() < 0.051, "simulated hit rate {sim} vs the engine's {real} (budget {budget} MiB)");
     assert!(v[1]["hit_rate"].as_f64().unwrap() >= v[0]["hit_rate"].as_f64().unwrap(), "belady >= lfu");
     assert!(v[0]["tok_s"].as_f64().unwrap() > 0.0);
+    // The same trace through KAIROX's hybrid decode on a paper GPU: every budget × policy, the
+    // oracle placement bounding the others, and the static placement never reloading.
+    let o = sift(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "-m",
+        p,
+        "--gpu",
+        "rtx4090-pcie4",
+        "--gpu-memory",
+        "50%,75%",
+        "--gpu-policy",
+        "oracle,static,lru,tam-adaptive",
+        "--group-size",
+        "8",
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), 8, "{v}");
+    for budget in runs.chunks(4) {
+        let oracle = budget[0]["tok_s"].as_f64().unwrap();
+        assert_eq!(budget[1]["reloads_per_token"], 0.0, "{v}");
+        for r in budget {
+            assert!(r["tok_s"].as_f64().unwrap() <= oracle * 1.000001, "{v}");
+            let share = r["cpu_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&share), "{v}");
+        }
+    }
+    let groups = |r: &serde_json::Value| r["placed"].as_str().unwrap().parse::<u64>().unwrap();
+    assert!(groups(&runs[4]) > groups(&runs[0]), "{v}");
+    assert_eq!(runs[3]["lambda"].as_array().unwrap().len(), 12, "λ after each decoded token");
+    let o = sift(&["simulate", "--trace", trace.to_str().unwrap(), "-m", p, "--gpu", "no-such-gpu"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("rtx4090-pcie4"), "{}", text(&o.stderr));
     // The planner: settings and the predicted speed, within the budget.
     let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "-o", "json"]);
     assert!(o.status.success(), "{}", text(&o.stderr));

@@ -11,12 +11,15 @@
 //!   profile's clock.
 //! - [`bound`]: the physical bound of a budgeted decode (Belady's must-read bytes at the disk's
 //!   best bandwidth, or the compute) and a run's telemetry beside it.
+//! - [`hybrid`]: KAIROX's GPU–CPU hybrid decode simulated: neuron groups on a GPU under each
+//!   balancing policy (static, eager, LRU, TAM, adaptive TAM, the oracle bound), on a GPU profile.
 //! - [`grouping`]: unit orders for the column file from a trace (hottest units first).
 //! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
 //!   memory budget.
 
 pub mod bound;
 pub mod grouping;
+pub mod hybrid;
 pub mod planner;
 pub mod probe;
 pub mod profile;

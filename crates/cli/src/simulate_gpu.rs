@@ -1,0 +1,104 @@
+//! `sift simulate --gpu PROFILE`: a trace's FFN activity replayed through KAIROX's GPU–CPU
+//! hybrid decode (`sift_sim::hybrid`) for each GPU budget × balancing policy.
+
+use crate::simulate::SimulateArgs;
+use anyhow::Context;
+use sift_sim::hybrid::{
+    ffn_activity, in_pack_order, simulate_hybrid, GpuProfile, HybridModel, HybridOptions, HybridPolicy,
+};
+use sift_sim::trace::Trace;
+use sift_store::cache::LambdaBounds;
+
+pub fn run(a: &SimulateArgs, gpu: &str, trace: &Trace) -> anyhow::Result<()> {
+    let profile = GpuProfile::builtin(gpu).with_context(|| {
+        format!("unknown GPU profile '{gpu}': use one of {}", GpuProfile::builtin_names().join(", "))
+    })?;
+    anyhow::ensure!(a.group_size >= 1, "--group-size must be at least 1");
+    anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
+    let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;
+    trace.header.check_model(&a.trace, &model)?;
+    let shape = HybridModel::of(&model);
+    let matrices: u64 = shape.head_bytes
+        + model
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(|t| (t.rows * t.row_bytes) as u64)
+            .sum::<u64>();
+    // Groups are consecutive neurons in the pack's unit order (its co-activation grouping).
+    let mut activity = ffn_activity(trace);
+    in_pack_order(&mut activity, &model);
+    anyhow::ensure!(!activity.is_empty(), "the trace '{}' has no decoded tokens", a.trace.display());
+    let mut rows = Vec::new();
+    for m in &a.gpu_memory {
+        let budget = sift_session::parse_budget(m, matrices).with_context(|| format!("--gpu-memory {m}"))?;
+        let k = shape.groups_for(budget, a.group_size);
+        let layers = shape.layers_for(budget);
+        for p in &a.gpu_policy {
+            let policy = HybridPolicy::parse(p).with_context(|| {
+                format!("unknown --gpu-policy '{p}': use static, eager, lru, tam, tam-adaptive, layers or oracle")
+            })?;
+            let Some(k) =
+                k.filter(|_| policy != HybridPolicy::LayerSplit).or((policy == HybridPolicy::LayerSplit).then_some(0))
+            else {
+                eprintln!(
+                    "sift: --gpu-memory {m}: {p} needs every layer's attention and the output head on the GPU ({} MiB); skipped",
+                    shape.fixed_gpu_bytes() >> 20
+                );
+                continue;
+            };
+            let opts = HybridOptions {
+                policy,
+                group_size: a.group_size,
+                gpu_groups: k,
+                gpu_layers: layers,
+                eps: a.tam_eps,
+                bounds: LambdaBounds::default(),
+            };
+            let r = simulate_hybrid(&activity, &shape, &profile, &opts);
+            let placed =
+                if policy == HybridPolicy::LayerSplit { format!("{} layers", layers.0) } else { k.to_string() };
+            rows.push((m.clone(), budget, placed, r));
+        }
+    }
+    if a.output == "json" {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(m, budget, k, r)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                v["gpu_memory"] = serde_json::json!(m);
+                v["gpu_bytes"] = serde_json::json!(budget);
+                v["placed"] = serde_json::json!(k);
+                v
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let n_groups = shape.n_ff.div_ceil(a.group_size);
+    println!(
+        "hybrid decode simulated on **{}**, {} decoded tokens of `{}`, groups of {} neurons ({} per layer, {} KiB each)\n",
+        profile.name,
+        activity.len(),
+        a.trace.display(),
+        a.group_size,
+        n_groups,
+        a.group_size as u64 * shape.neuron_bytes >> 10
+    );
+    println!("| GPU memory | on the GPU (groups / layer) | policy | tok/s | p50 ms | p99 ms | reloads/token | MiB/token | CPU share | stall share |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (m, _, k, r) in &rows {
+        println!(
+            "| {m} | {k} | {} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.1}% | {:.1}% |",
+            r.policy,
+            r.tok_s,
+            r.p50_ns / 1e6,
+            r.p99_ns / 1e6,
+            r.reloads_per_token,
+            r.reload_bytes_per_token / (1 << 20) as f64,
+            100.0 * r.cpu_share,
+            100.0 * r.stall_share
+        );
+    }
+    Ok(())
+}
