@@ -434,9 +434,9 @@ pub fn simulate_hybrid(
                 HybridPolicy::Oracle | HybridPolicy::LayerSplit => unreachable!("handled above"),
                 HybridPolicy::Lru => {
                     let misses: Vec<usize> = (0..n_groups).filter(|&g| counts[g] > 0 && !st.resident[g]).collect();
-                    for g in 0..n_groups {
-                        if counts[g] > 0 && st.resident[g] {
-                            st.last_use[g] = t as u64 + 1;
+                    for ((used, &c), &r) in st.last_use.iter_mut().zip(&counts).zip(&st.resident) {
+                        if c > 0 && r {
+                            *used = t as u64 + 1;
                         }
                     }
                     let before = st.resident.clone();
