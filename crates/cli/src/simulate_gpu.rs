@@ -83,7 +83,7 @@ pub fn run(a: &SimulateArgs, gpu: &str, trace: &Trace) -> anyhow::Result<()> {
         a.trace.display(),
         a.group_size,
         n_groups,
-        a.group_size as u64 * shape.neuron_bytes >> 10
+        (a.group_size as u64 * shape.neuron_bytes) >> 10
     );
     println!("| GPU memory | on the GPU (groups / layer) | policy | tok/s | p50 ms | p99 ms | reloads/token | MiB/token | CPU share | stall share |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
