@@ -22,6 +22,7 @@ mod simulate;
 mod simulate_gpu;
 mod sweep;
 mod trace;
+mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -66,6 +67,8 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile
     Probe(probe::ProbeArgs),
+    /// Train sift's learned parts on the CPU (`train prefill`: FastForward's expert predictor)
+    Train(train::TrainArgs),
 }
 
 fn main() {
@@ -85,6 +88,7 @@ fn main() {
         Command::Plan(a) => plan::run(a),
         Command::Probe(a) => probe::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Train(a) => train::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

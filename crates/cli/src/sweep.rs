@@ -81,6 +81,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             all_columns: false,
             prefill_sparsity: 0.0,
             prefill_masks: Default::default(),
+            prefill_predictor: None,
         };
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;
         engine.reset_stats();

@@ -863,3 +863,42 @@ fn machine_profile_is_probed_once_kept_and_learns_from_runs() {
     assert!(err.contains("probing this machine") && err.contains("not a valid profile"), "{err}");
     assert_eq!(profiles(), kept);
 }
+
+/// `sift train prefill` on real text writes the expert predictor beside the model; sparse
+/// prefill finds it there by itself, `--resume` continues it, and a missing or damaged one is a
+/// clear error.
+#[test]
+fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.gguf");
+    std::os::unix::fs::symlink(std::fs::canonicalize(model()).unwrap(), &m).unwrap();
+    let bare = dir.path().join("bare.gguf");
+    std::os::unix::fs::symlink(std::fs::canonicalize(model()).unwrap(), &bare).unwrap();
+    let wiki = root().join("tests/fixtures/wiki.test.head16k.raw");
+    let (m_s, text_s) = (m.to_str().unwrap(), wiki.to_str().unwrap());
+    let train = ["train", "prefill", "-m", m_s, "-f", text_s, "--blocks", "3", "--seq-blocks", "4"];
+    let o = sift(&[&train[..], &["--steps", "4", "--batch", "2", "-t", "2", "--checkpoint-every", "2"]].concat());
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("wrote"), "{}", text(&o.stderr));
+    let side = dir.path().join("m.gguf.prefill");
+    assert!(side.exists());
+    let o = sift(&[&train[..], &["--batch", "2", "-t", "2", "--resume", "--steps", "2"]].concat());
+    assert!(o.status.success() && text(&o.stderr).contains("resuming"), "{}", text(&o.stderr));
+    let ppl = |model: &str, extra: &[&str]| {
+        let mut a = vec!["perplexity", "-m", model, "-f", text_s, "-c", "512", "--chunks", "1", "-t", "2"];
+        a.extend_from_slice(extra);
+        sift(&a)
+    };
+    let o = ppl(m_s, &["--prefill-sparsity", "0.5"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("expert predictor"), "{}", text(&o.stderr));
+    // No predictor beside the model: auto keeps the oracle, `predicted` says what to do.
+    let o = ppl(bare.to_str().unwrap(), &["--prefill-sparsity", "0.5"]);
+    assert!(o.status.success() && !text(&o.stderr).contains("expert predictor"), "{}", text(&o.stderr));
+    let o = ppl(bare.to_str().unwrap(), &["--prefill-sparsity", "0.5", "--prefill-masks", "predicted"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("sift train prefill"), "{}", text(&o.stderr));
+    // A damaged side file is refused, naming it.
+    std::fs::write(&side, b"SIFTPRED not really").unwrap();
+    let o = ppl(m_s, &["--prefill-sparsity", "0.5"]);
+    assert!(!o.status.success() && text(&o.stderr).contains("m.gguf.prefill"), "{}", text(&o.stderr));
+}

@@ -111,6 +111,16 @@ pub struct Engine {
     sparse_block: bool,
     /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
     gpu: Option<GpuLayers>,
+    /// FastForward's trained expert predictor (`--prefill-masks predicted`).
+    pub(crate) predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
+    /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
+    ffn_observer: Option<Box<dyn FfnObserver>>,
+}
+
+/// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
+/// and its GLU `silu(gate)·up` (`n` rows of `n_ff`), before the down projection.
+pub trait FfnObserver: Send {
+    fn ffn(&mut self, layer: usize, x: &[f32], glu: &[f32], n: usize);
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -182,6 +192,8 @@ impl Engine {
             prefill_scratch: PrefillScratch::default(),
             sparse_block: false,
             gpu: None,
+            predictor: None,
+            ffn_observer: None,
         }
     }
 
@@ -197,6 +209,22 @@ impl Engine {
     /// Runs the layers `gpu` holds on the GPU (see [`crate::gpu`]).
     pub fn attach_gpu(&mut self, gpu: GpuLayers) {
         self.gpu = Some(gpu);
+    }
+
+    /// Uses `p` to choose the neurons of sparse prompt blocks ([`PrefillMasks::Predicted`]).
+    pub fn set_prefill_predictor(&mut self, p: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>) {
+        self.predictor = p;
+    }
+
+    /// How sparse prompt blocks choose their neurons from now on.
+    pub fn set_prefill_masks(&mut self, masks: PrefillMasks) {
+        self.prefill.1 = masks;
+    }
+
+    /// Starts (or with `None` stops) watching every dense FFN; returns the previous observer.
+    /// While one watches, prompts run dense.
+    pub fn set_ffn_observer(&mut self, o: Option<Box<dyn FfnObserver>>) -> Option<Box<dyn FfnObserver>> {
+        std::mem::replace(&mut self.ffn_observer, o)
     }
 
     /// The layers held on the GPU, if any.
@@ -459,7 +487,11 @@ impl Engine {
     /// (dense selector, no tracer, no sparse prefill) and the kernels take the model.
     fn gpu_way(&self) -> Option<GpuWay> {
         let g = self.gpu.as_ref()?;
-        let whole = g.whole_layers() && self.selector.is_dense() && self.tracer.is_none() && self.prefill.0 == 0.0;
+        let whole = g.whole_layers()
+            && self.selector.is_dense()
+            && self.tracer.is_none()
+            && self.ffn_observer.is_none()
+            && self.prefill.0 == 0.0;
         Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
 
@@ -483,11 +515,14 @@ impl Engine {
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
         // Sparse prefill reads GGUF rows and pack columns directly: not under a memory budget
         // (the tiered store's reads) yet.
-        if self.sparse_block && self.store().is_none() && !self.gpu_holds(l) {
+        if self.sparse_block && self.store().is_none() && !self.gpu_holds(l) && self.ffn_observer.is_none() {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;
             vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+            if let Some(o) = &mut self.ffn_observer {
+                o.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
+            }
             self.site(l, n, Site::FfnMid)?;
         }
         vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);

@@ -16,6 +16,7 @@ pub mod matmul;
 mod options;
 pub mod perplexity;
 pub mod pool;
+pub mod predictor;
 pub mod prefill;
 pub mod sampling;
 pub mod source;
@@ -24,7 +25,7 @@ pub mod trace;
 pub mod vecops;
 
 pub use budget::{current_rss, BudgetChange, BudgetHandle};
-pub use forward::{default_threads, Engine, EngineOptions, EvalError, Logits};
+pub use forward::{default_threads, Engine, EngineOptions, EvalError, FfnObserver, Logits};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason};
 pub use kv::KvType;
 pub use sampling::{Pick, Sampler, SamplerChain, SamplerOptions, SamplerStage};

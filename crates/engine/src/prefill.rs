@@ -4,7 +4,8 @@
 //! for every token of the block: rows of gate and up, then the matching columns of down. The first
 //! block (it holds the attention sinks) and the last block of a prompt stay dense, as the paper's.
 //!
-//! This first step chooses the neurons without training ([`PrefillMasks`]): the **oracle** (the
+//! The neurons come from the trained expert predictor ([`crate::predictor`], `sift train
+//! prefill`), or without training ([`PrefillMasks`]): the **oracle** (the
 //! block's dense FFN's own top neurons by L2 norm over the block, GRIFFIN's labels: the quality
 //! ceiling, computed from the dense gate/up, so it saves only the down projection) or a **random**
 //! set of the same size (quality meaningless: it times the sparse FFN alone, the speed ceiling a
@@ -43,6 +44,9 @@ pub enum PrefillMasks {
     Oracle,
     /// A fixed pseudo-random set per block and layer: only for timing the sparse FFN.
     Random,
+    /// The trained expert predictor's top scores ([`crate::predictor`], `sift train prefill`):
+    /// chosen before the FFN runs, so gate and up are computed for the chosen rows only.
+    Predicted,
 }
 
 /// Working memory of sparse blocks.
@@ -95,11 +99,25 @@ impl Engine {
                     p.gs.extend(p.units.iter().map(|&j| row[j as usize]));
                 }
             }
-            PrefillMasks::Random => {
+            PrefillMasks::Random | PrefillMasks::Predicted => {
                 let p = &mut self.prefill_scratch;
-                let seed = (l as u64) << 32 ^ self.n_past as u64;
-                p.score.clear();
-                p.score.extend((0..n_units as u64).map(|j| hash01(seed, j)));
+                match (&self.predictor, masks) {
+                    (Some(pred), PrefillMasks::Predicted) => {
+                        pred.scores(l, &self.s.h[..n * e], n, &mut p.gs);
+                        p.score.clear();
+                        p.score.resize(n_units, 0.0);
+                        // Repacked rows: a group of 8 scores as its best neuron.
+                        for (j, &v) in p.gs.iter().enumerate() {
+                            let g = &mut p.score[j / unit];
+                            *g = if j % unit == 0 { v } else { g.max(v) };
+                        }
+                    }
+                    _ => {
+                        let seed = (l as u64) << 32 ^ self.n_past as u64;
+                        p.score.clear();
+                        p.score.extend((0..n_units as u64).map(|j| hash01(seed, j)));
+                    }
+                }
                 top_k_indices(&p.score, k_units, &mut p.topk, &mut p.picked);
                 p.picked.sort_unstable();
                 fill_units(&mut p.units, &p.picked, unit);

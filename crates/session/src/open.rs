@@ -109,6 +109,41 @@ impl Session {
     }
 }
 
+/// Loads the expert predictor sparse prefill uses: `--prefill-predictor`, else the side file
+/// beside the model (or beside a pack's GGUF). With `--prefill-masks auto` a model without one
+/// keeps the oracle masks; with `predicted` a missing or unusable one is an error.
+fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &SparsityOptions) -> anyhow::Result<()> {
+    use sift_engine::predictor::{default_path, ExpertPredictors};
+    use sift_engine::prefill::PrefillMasks;
+    let wanted = sparsity.prefill_masks;
+    if sparsity.prefill_sparsity <= 0.0 || !matches!(wanted, None | Some(PrefillMasks::Predicted)) {
+        return Ok(());
+    }
+    let found = match &sparsity.prefill_predictor {
+        Some(p) => Some(p.clone()),
+        None => [default_path(path), default_path(engine.model.file.path())].into_iter().find(|p| p.exists()),
+    };
+    let Some(file) = found else {
+        anyhow::ensure!(
+            wanted.is_none(),
+            "--prefill-masks predicted: no expert predictor beside '{}'; train one with `sift train prefill -m {} -f TEXT` (or pass --prefill-predictor FILE)",
+            path.display(),
+            path.display()
+        );
+        return Ok(());
+    };
+    let p = ExpertPredictors::load(&file, &engine.model)?;
+    eprintln!(
+        "sift: sparse prefill chooses neurons with the expert predictor '{}' ({} steps on {} blocks)",
+        file.display(),
+        p.header.steps,
+        p.header.blocks
+    );
+    engine.set_prefill_predictor(Some(std::sync::Arc::new(p)));
+    engine.set_prefill_masks(PrefillMasks::Predicted);
+    Ok(())
+}
+
 /// Puts the layers the GPU flags ask for on the GPU (nothing when none is given).
 fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
     if !gpu.requested() {
@@ -223,6 +258,7 @@ fn build_engine(
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
         sparsity.apply(&mut engine)?;
+        attach_prefill_predictor(&mut engine, path, sparsity)?;
         attach_gpu(&mut engine, &memory.gpu)?;
         return Ok((engine, None, None));
     };

@@ -34,7 +34,7 @@ impl SessionOptions {
         eo.column_kernels = !self.sparsity.dense_kernels;
         eo.all_columns = self.sparsity.all_columns;
         eo.prefill_sparsity = self.sparsity.prefill_sparsity;
-        eo.prefill_masks = self.sparsity.prefill_masks;
+        eo.prefill_masks = self.sparsity.prefill_masks.unwrap_or_default();
         self.memory.adjust(&mut eo);
         eo
     }
@@ -82,19 +82,29 @@ pub struct SparsityOptions {
     /// of a prompt (the first and last blocks stay dense; 0 = dense prefill)
     #[arg(long = "prefill-sparsity", default_value_t = 0.0)]
     pub prefill_sparsity: f32,
-    /// How sparse prefill chooses a block's neurons: oracle (the block's dense FFN's own top
-    /// neurons: the quality ceiling) or random (times the sparse FFN only: the speed ceiling)
-    #[arg(long = "prefill-masks", default_value = "oracle", value_parser = parse_prefill_masks)]
-    pub prefill_masks: PrefillMasks,
+    /// How sparse prefill chooses a block's neurons: predicted (the expert predictor `sift train
+    /// prefill` made), oracle (the block's dense FFN's own top neurons: the quality ceiling),
+    /// random (times the sparse FFN only: the speed ceiling); auto: predicted when the model has
+    /// a predictor beside it, else oracle
+    #[arg(long = "prefill-masks", default_value = "auto", value_parser = parse_prefill_masks)]
+    pub prefill_masks: MaskChoice,
+    /// The expert predictor's file (default: MODEL.prefill beside the model, or beside a pack's
+    /// GGUF)
+    #[arg(long = "prefill-predictor", value_name = "FILE")]
+    pub prefill_predictor: Option<PathBuf>,
 }
 
-fn parse_prefill_masks(s: &str) -> Result<PrefillMasks, String> {
+/// `--prefill-masks`: a mask source, or `None` for auto. (An alias, so that clap takes the value
+/// as parsed instead of treating the flag as optional.)
+pub type MaskChoice = Option<PrefillMasks>;
+
+fn parse_prefill_masks(s: &str) -> Result<MaskChoice, String> {
     match s {
-        "oracle" => Ok(PrefillMasks::Oracle),
-        "random" => Ok(PrefillMasks::Random),
-        _ => Err(format!(
-            "unknown prefill mask source '{s}' (oracle, random; a trained predictor comes with `sift train prefill`)"
-        )),
+        "auto" => Ok(None),
+        "predicted" => Ok(Some(PrefillMasks::Predicted)),
+        "oracle" => Ok(Some(PrefillMasks::Oracle)),
+        "random" => Ok(Some(PrefillMasks::Random)),
+        _ => Err(format!("unknown prefill mask source '{s}' (auto, predicted, oracle, random)")),
     }
 }
 
@@ -156,7 +166,8 @@ impl SparsityOptions {
             dense_kernels: false,
             all_columns: false,
             prefill_sparsity: 0.0,
-            prefill_masks: PrefillMasks::Oracle,
+            prefill_masks: None,
+            prefill_predictor: None,
         }
     }
 

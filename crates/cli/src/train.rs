@@ -1,0 +1,149 @@
+//! `sift train prefill`: FastForward's expert predictor trained on text through the model itself
+//! (`sift_train`), written beside the model where sparse prefill finds it.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use sift_engine::predictor::{default_path, model_identity, ExpertPredictors};
+use sift_engine::{Engine, EngineOptions};
+use sift_train::collect::collect_blocks;
+use sift_train::prefill::{recall, train_predictor, TrainOptions};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    #[command(subcommand)]
+    pub what: TrainCommand,
+}
+
+#[derive(Subcommand)]
+pub enum TrainCommand {
+    /// FastForward's expert predictor for sparse prefill (--prefill-sparsity): per layer, which
+    /// FFN neurons a 128-token block needs, learned from the model's own activations on TEXT
+    Prefill(TrainPrefillArgs),
+}
+
+#[derive(Args)]
+pub struct TrainPrefillArgs {
+    /// Model file (.gguf or .sift)
+    #[arg(short = 'm', long = "model", default_value = crate::args::DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Training text (plain text; the repository's evaluation sets are not for training)
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// 128-token blocks of text to learn from (each sequence's first block is run, not kept)
+    #[arg(long = "blocks", default_value_t = 96)]
+    pub blocks: usize,
+    /// Blocks per sequence through the model (the context the activations see)
+    #[arg(long = "seq-blocks", default_value_t = 8)]
+    pub seq_blocks: usize,
+    /// Optimizer steps (AdamW)
+    #[arg(long = "steps", default_value_t = 300)]
+    pub steps: usize,
+    /// Blocks per step
+    #[arg(long = "batch", default_value_t = 16)]
+    pub batch: usize,
+    /// Learning rate
+    #[arg(long = "lr", default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Sparsity the predictor is trained for: the top (1 − R) neurons of each block are its
+    /// positives (use the --prefill-sparsity you will run with)
+    #[arg(long = "ratio", default_value_t = 0.5)]
+    pub ratio: f32,
+    /// Random seed (blocks drawn, initial weights): the same seed and inputs give the same file
+    #[arg(long = "seed", default_value_t = 42)]
+    pub seed: u64,
+    /// Output file (default: MODEL.prefill beside the model, where sparse prefill looks)
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Write the predictor every N steps (a checkpoint `--resume` continues from; 0: at the end only)
+    #[arg(long = "checkpoint-every", default_value_t = 100)]
+    pub checkpoint_every: usize,
+    /// Continue from the predictor already at the output path (its weights; the optimizer's
+    /// moments start again)
+    #[arg(long = "resume")]
+    pub resume: bool,
+    /// Threads to compute with (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    match a.what {
+        TrainCommand::Prefill(a) => prefill(a),
+    }
+}
+
+fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
+    anyhow::ensure!(a.blocks >= 1 && a.steps >= 1 && a.batch >= 1, "--blocks, --steps and --batch must be at least 1");
+    anyhow::ensure!(
+        a.blocks <= 1 << 16 && a.batch <= 4096,
+        "--blocks (at most 65536) or --batch (at most 4096) too large"
+    );
+    let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
+    let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
+    let eo = EngineOptions {
+        n_threads: threads,
+        n_ctx: 128 * a.seq_blocks.max(2),
+        n_batch: 128,
+        ..EngineOptions::default()
+    };
+    let (model, tok) = sift_session::load(&a.model, &eo, &sift_session::MemoryOptions::default())?;
+    let identity = model_identity(&model);
+    let init = if a.resume {
+        let p = ExpertPredictors::load(&out, &model)
+            .with_context(|| format!("--resume: cannot continue from '{}'", out.display()))?;
+        eprintln!("sift: resuming from '{}' after {} steps", out.display(), p.header.steps);
+        Some(p)
+    } else {
+        None
+    };
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
+    let tokens = tok.encode(&text, true, false).context("cannot tokenize the training text")?;
+    let mut engine = Engine::new(model, &eo);
+    let t0 = std::time::Instant::now();
+    let data = collect_blocks(&mut engine, &tokens, a.seq_blocks, a.blocks, &mut |k| {
+        eprint!("\rsift: collecting activations: block {k}/{}   ", a.blocks);
+        let _ = std::io::stderr().flush();
+    })?;
+    eprintln!("\nsift: {} blocks of {} tokens in {:.1} s", data.blocks, 128, t0.elapsed().as_secs_f64());
+    let opts = TrainOptions { steps: a.steps, batch: a.batch, lr: a.lr, keep: 1.0 - a.ratio, seed: a.seed };
+    // In pieces of --checkpoint-every steps, each written out (a checkpoint to resume from).
+    let every = if a.checkpoint_every == 0 { a.steps } else { a.checkpoint_every };
+    let mut current = init;
+    let mut done = 0;
+    let t1 = std::time::Instant::now();
+    while done < a.steps {
+        let n = every.min(a.steps - done);
+        let piece = TrainOptions { steps: n, seed: a.seed.wrapping_add(done as u64), ..opts.clone() };
+        let mut p = train_predictor(&data, &piece, current.as_ref(), &mut |s, loss| {
+            eprint!(
+                "\rsift: training: step {}/{} loss {loss:.4} ({:.0} s)   ",
+                done + s,
+                a.steps,
+                t1.elapsed().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+        })?;
+        p.header.model = identity.clone();
+        p.header.seed = a.seed;
+        p.save(&out)?;
+        done += n;
+        current = Some(p);
+    }
+    eprintln!();
+    let p = current.expect("at least one step");
+    let r = recall(&p, &data, opts.keep);
+    eprintln!(
+        "sift: wrote '{}': {} layers, r = {}, {} steps, loss {:.4}; top-{:.0}% recall on the training blocks {:.1}%",
+        out.display(),
+        p.header.n_layer,
+        p.header.rank,
+        p.header.steps,
+        p.header.loss,
+        100.0 * opts.keep,
+        100.0 * r
+    );
+    Ok(())
+}

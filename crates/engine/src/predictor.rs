@@ -1,0 +1,281 @@
+//! FastForward's expert predictor (seed §3.2): per layer, which FFN neurons a 128-token prompt
+//! block needs, predicted from the block's FFN input before the FFN runs. Trained by
+//! `sift train prefill` (crate `sift-train`); this module holds the trained weights, runs them
+//! (plain Rust: a few hundred thousand multiply-adds per block and layer), and reads and writes
+//! the side file they live in.
+//!
+//! Per layer: attention pooling with a learned query `q` over the block's rows,
+//! `a = softmax(q·Xᵀ / √d) X`, then a two-layer MLP, `s = ReLU(a·W1)·W2`, one score per neuron;
+//! the block keeps the top-K scores (eqs. 12–14).
+//!
+//! # The side file (`MODEL.prefill`, next to the model)
+//! `SIFTPRED`, u32 format version, u32 JSON header length, the JSON [`PredictorHeader`], then the
+//! f32 weights (little-endian) of every layer in order: `q` (d), `W1` (d × r, row-major), `W2`
+//! (r × n_ff). The header records the model it was trained on (file name, size, shape) and the
+//! CRC-32 of the weights; a file for another model, of another version, cut short or altered is
+//! refused with a message that says to train again.
+
+use sift_model::Model;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"SIFTPRED";
+/// The side file's format version.
+pub const PREDICTOR_VERSION: u32 = 1;
+/// Largest header accepted (a hostile length must not allocate gigabytes).
+const MAX_HEADER: usize = 1 << 20;
+
+/// Problems with a predictor side file.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictorError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a sift expert predictor ({why}); train one with `sift train prefill -m MODEL -f TEXT`")]
+    Format { path: PathBuf, why: String },
+    #[error("{path}: trained for {trained}, not for this model ({model}); train one for it with `sift train prefill -m MODEL -f TEXT`")]
+    WrongModel { path: PathBuf, trained: String, model: String },
+}
+
+/// What a side file says about itself.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PredictorHeader {
+    pub version: u32,
+    /// The model it was trained on: file name, GGUF size and shape.
+    pub model: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    /// The MLP's inner width `r` (d/16 rounded up to a power of two).
+    pub rank: usize,
+    /// The share of neurons its training labels kept (the positives).
+    pub keep: f32,
+    /// Training: steps, blocks of text, seed, the final loss.
+    pub steps: usize,
+    pub blocks: usize,
+    pub seed: u64,
+    pub loss: f32,
+    /// CRC-32 of the weights.
+    pub crc32: u32,
+}
+
+/// One layer's predictor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPredictor {
+    /// The pooling query (d).
+    pub q: Vec<f32>,
+    /// d × r, row-major.
+    pub w1: Vec<f32>,
+    /// r × n_ff, row-major.
+    pub w2: Vec<f32>,
+}
+
+/// Every layer's predictor of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertPredictors {
+    pub header: PredictorHeader,
+    pub layers: Vec<LayerPredictor>,
+}
+
+/// The MLP's inner width for a model of width `d` (the paper's d/16, up to a power of two).
+pub fn predictor_rank(d: usize) -> usize {
+    d.div_ceil(16).next_power_of_two()
+}
+
+/// How a side file names its model: file name, GGUF size and shape.
+pub fn model_identity(model: &Model) -> String {
+    let c = &model.config;
+    let name = model.file.path().file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    format!("{name} ({} bytes, {} layers, {} x {})", model.file.file_bytes().len(), c.n_layer, c.n_embd, c.n_ff)
+}
+
+/// Where the side file of a model file lives by default: `MODEL.prefill` beside it.
+pub fn default_path(model_path: &Path) -> PathBuf {
+    let mut s = model_path.as_os_str().to_owned();
+    s.push(".prefill");
+    PathBuf::from(s)
+}
+
+impl ExpertPredictors {
+    /// The neuron scores of a block (`x`: `n` rows of `d`) at `layer` into `out` (n_ff).
+    pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut Vec<f32>) {
+        let h = &self.header;
+        let (d, r, ff) = (h.n_embd, h.rank, h.n_ff);
+        let p = &self.layers[layer];
+        // Attention pooling: softmax over the block's rows of q·x / √d.
+        let scale = 1.0 / (d as f32).sqrt();
+        let logits: Vec<f32> = x[..n * d]
+            .chunks_exact(d)
+            .map(|row| row.iter().zip(&p.q).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let w: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
+        let z: f32 = w.iter().sum();
+        let mut a = vec![0f32; d];
+        for (row, &wt) in x[..n * d].chunks_exact(d).zip(&w) {
+            for (ai, &xi) in a.iter_mut().zip(row) {
+                *ai += wt / z * xi;
+            }
+        }
+        // ReLU(a · W1) · W2.
+        let mut hid = vec![0f32; r];
+        for (ai, w1row) in a.iter().zip(p.w1.chunks_exact(r)) {
+            for (hj, &wv) in hid.iter_mut().zip(w1row) {
+                *hj += ai * wv;
+            }
+        }
+        out.clear();
+        out.resize(ff, 0.0);
+        for (&hj, w2row) in hid.iter().zip(p.w2.chunks_exact(ff)) {
+            if hj > 0.0 {
+                for (o, &wv) in out.iter_mut().zip(w2row) {
+                    *o += hj * wv;
+                }
+            }
+        }
+    }
+
+    /// The weights in file order.
+    fn weights(&self) -> impl Iterator<Item = &f32> {
+        self.layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2))
+    }
+
+    /// Writes the side file (a temporary file in the same folder, renamed over `path`).
+    pub fn save(&self, path: &Path) -> Result<(), PredictorError> {
+        let io = |source| PredictorError::Io { path: path.to_path_buf(), source };
+        let mut data = Vec::with_capacity(4 * self.weights().count());
+        for v in self.weights() {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut header = self.header.clone();
+        header.crc32 = crc32fast::hash(&data);
+        let json = serde_json::to_vec(&header).expect("a header serializes");
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        tmp.write_all(MAGIC).map_err(io)?;
+        tmp.write_all(&PREDICTOR_VERSION.to_le_bytes()).map_err(io)?;
+        tmp.write_all(&(json.len() as u32).to_le_bytes()).map_err(io)?;
+        tmp.write_all(&json).map_err(io)?;
+        tmp.write_all(&data).map_err(io)?;
+        tmp.as_file().sync_all().map_err(io)?;
+        tmp.persist(path).map_err(|e| io(e.error))?;
+        Ok(())
+    }
+
+    /// Reads a side file and checks it against `model` (the model it is used with).
+    pub fn load(path: &Path, model: &Model) -> Result<ExpertPredictors, PredictorError> {
+        let bytes = std::fs::read(path).map_err(|source| PredictorError::Io { path: path.to_path_buf(), source })?;
+        let p = Self::parse(path, &bytes)?;
+        let want = model_identity(model);
+        let c = &model.config;
+        let h = &p.header;
+        if h.model != want || (h.n_layer, h.n_embd, h.n_ff) != (c.n_layer, c.n_embd, c.n_ff) {
+            return Err(PredictorError::WrongModel { path: path.to_path_buf(), trained: h.model.clone(), model: want });
+        }
+        Ok(p)
+    }
+
+    /// Parses a side file's bytes (shape and checksum; not which model).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<ExpertPredictors, PredictorError> {
+        let bad = |why: String| PredictorError::Format { path: path.to_path_buf(), why };
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
+            return Err(bad("no SIFTPRED header".into()));
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != PREDICTOR_VERSION {
+            return Err(bad(format!("format version {version}, this sift reads {PREDICTOR_VERSION}")));
+        }
+        let hlen = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
+        if hlen > MAX_HEADER || 16 + hlen > bytes.len() {
+            return Err(bad(format!("a header of {hlen} bytes in a file of {}", bytes.len())));
+        }
+        let header: PredictorHeader =
+            serde_json::from_slice(&bytes[16..16 + hlen]).map_err(|e| bad(format!("header: {e}")))?;
+        let (d, r, ff, nl) = (header.n_embd, header.rank, header.n_ff, header.n_layer);
+        let per_layer =
+            d.checked_mul(r).and_then(|dr| d.checked_add(dr)).and_then(|x| x.checked_add(r.checked_mul(ff)?));
+        let data = &bytes[16 + hlen..];
+        let want = per_layer.and_then(|p| p.checked_mul(nl)).and_then(|w| w.checked_mul(4));
+        if want != Some(data.len()) || d == 0 || r == 0 || ff == 0 {
+            return Err(bad(format!(
+                "{} bytes of weights for {nl} layers of d = {d}, r = {r}, n_ff = {ff} (cut short or altered)",
+                data.len()
+            )));
+        }
+        if crc32fast::hash(data) != header.crc32 {
+            return Err(bad("the weights' checksum does not match (the file was altered or damaged)".into()));
+        }
+        let mut vals = data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let mut take = |n: usize| -> Vec<f32> { vals.by_ref().take(n).collect() };
+        let layers =
+            (0..nl).map(|_| LayerPredictor { q: take(d), w1: take(d * r), w2: take(r * ff) }).collect::<Vec<_>>();
+        if layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2)).any(|v| !v.is_finite()) {
+            return Err(bad("weights that are not finite numbers".into()));
+        }
+        Ok(ExpertPredictors { header, layers })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> ExpertPredictors {
+        let (d, r, ff) = (4, 2, 3);
+        ExpertPredictors {
+            header: PredictorHeader {
+                version: PREDICTOR_VERSION,
+                model: "m".into(),
+                n_layer: 1,
+                n_embd: d,
+                n_ff: ff,
+                rank: r,
+                keep: 0.5,
+                steps: 0,
+                blocks: 0,
+                seed: 0,
+                loss: 0.0,
+                crc32: 0,
+            },
+            layers: vec![LayerPredictor {
+                q: vec![0.0; d],
+                w1: vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+                w2: vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0],
+            }],
+        }
+    }
+
+    /// By hand: q = 0 pools the rows' mean; a = [1, -2, 0, 0]; a·W1 = [1, -2] → ReLU [1, 0];
+    /// · W2 = [1, 2, 3].
+    #[test]
+    fn scores_pool_then_project() {
+        let p = tiny();
+        let x = [2.0, -3.0, 5.0, 1.0, 0.0, -1.0, -5.0, -1.0];
+        let mut s = Vec::new();
+        p.scores(0, &x, 2, &mut s);
+        assert_eq!(s, vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn side_file_round_trips_and_refuses_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prefill");
+        let p = tiny();
+        p.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let back = ExpertPredictors::parse(&path, &bytes).unwrap();
+        assert_eq!(back.layers, p.layers);
+        // A flipped weight, a cut file, a foreign file, another version.
+        let mut flipped = bytes.clone();
+        let n = flipped.len();
+        flipped[n - 2] ^= 0x40;
+        for (bad, what) in [
+            (flipped, "checksum"),
+            (bytes[..bytes.len() - 4].to_vec(), "cut short"),
+            (b"GGUF\x03\0\0\0junkjunkjunk".to_vec(), "SIFTPRED"),
+            ([&bytes[..8], &2u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 2"),
+        ] {
+            let e = ExpertPredictors::parse(&path, &bad).unwrap_err().to_string();
+            assert!(e.contains(what) && e.contains("sift train prefill"), "{e}");
+        }
+    }
+}

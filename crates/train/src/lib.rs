@@ -1,0 +1,14 @@
+//! Training in sift, on the CPU (issue 18; recovery training, issue 19, builds on it): the data
+//! collected from the model itself through the engine, models and losses on candle
+//! (`candle-core` / `candle-nn`: reverse-mode autograd and AdamW in pure Rust), and the result
+//! written as a side file the engine loads beside the model.
+//!
+//! - [`collect`]: runs training text through the dense model in 128-token blocks and keeps, per
+//!   layer and block, the FFN's input and each neuron's activation norm (GRIFFIN's labels).
+//! - [`prefill`]: FastForward's expert predictor, trained with the paper's weighted BCE, saved
+//!   as `sift_engine::predictor::ExpertPredictors`.
+
+#![forbid(unsafe_code)]
+
+pub mod collect;
+pub mod prefill;
