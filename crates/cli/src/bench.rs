@@ -28,6 +28,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.file_type_name());
     let filename = a.model.display().to_string();
     let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>, usize)> = Vec::new();
+    let mut hybrid: Option<serde_json::Value> = None;
     let md = a.output == "md";
     if md {
         println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
@@ -88,6 +89,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let store = sift_session::report::stats_json(engine);
         let ngl = engine.gpu().map_or(0, |g| g.placement.n_gpu_layers());
+        if md {
+            crate::session::print_hybrid(engine);
+        }
+        hybrid = engine.hybrid().and_then(|h| serde_json::to_value(h.report()).ok());
         rows.extend(tests.into_iter().enumerate().map(|(i, r)| {
             let mut st = store.clone();
             if let (Some(st), Some(tm)) = (st.as_mut(), telemetry.remove(&i)) {
@@ -132,6 +137,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 if let Some(st) = store {
                     v["tiered"] = st.clone();
                 }
+                if let Some(h) = &hybrid {
+                    v["hybrid"] = h.clone();
+                }
                 v
             })
             .collect();
@@ -142,7 +150,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 /// The backend column, as llama-bench names it: "CPU", or "CUDA" with layers on the GPU.
 fn backend(e: &sift_engine::Engine) -> &'static str {
-    if e.gpu().is_some() {
+    if e.gpu().is_some() || e.hybrid().is_some() {
         "CUDA"
     } else {
         "CPU"

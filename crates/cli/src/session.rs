@@ -83,4 +83,25 @@ pub fn print_stats(session: &Session, wall_secs: f64) {
     for line in sift_session::report::memory_report(&session.engine, wall_secs) {
         eprintln!("{line}");
     }
+    print_hybrid(&session.engine);
+}
+
+/// The hybrid decode's figures (`--gpu-policy`): one line, then the same as JSON.
+pub fn print_hybrid(engine: &sift_engine::Engine) {
+    let Some(h) = engine.hybrid() else { return };
+    let r = h.report();
+    eprintln!(
+        "sift: hybrid {}: {} tokens, p50 {:.2} ms, p99 {:.2} ms per token; CPU share of active FFN units {:.1}%; {:.1} group loads ({:.2} MiB) per token; {:.1}% of products waited for loads",
+        r.policy,
+        r.tokens,
+        r.p50_ms,
+        r.p99_ms,
+        r.cpu_share * 100.0,
+        r.reloads_per_token,
+        r.reload_bytes_per_token / (1 << 20) as f64,
+        r.stalled_share * 100.0
+    );
+    if let Ok(j) = serde_json::to_string(&r) {
+        eprintln!("sift: hybrid-json {j}");
+    }
 }

@@ -67,7 +67,7 @@ pub(crate) struct Scratch {
     pub(crate) acts: QuantActs,
     logits: Vec<f32>,
     /// A single token's active units at the current site (ascending), and the mask built from them.
-    active: Vec<u32>,
+    pub(crate) active: Vec<u32>,
     keep: Vec<bool>,
     /// The store's cache state at the current site, for cache-aware selectors (DIP-CA).
     cached: Vec<bool>,
@@ -115,6 +115,8 @@ pub struct Engine {
     pub(crate) predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
     /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
     ffn_observer: Option<Box<dyn FfnObserver>>,
+    /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
+    pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
 }
 
 /// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
@@ -194,6 +196,7 @@ impl Engine {
             gpu: None,
             predictor: None,
             ffn_observer: None,
+            hybrid: None,
         }
     }
 
@@ -338,6 +341,9 @@ impl Engine {
             g.truncate(n);
         }
         if n == 0 {
+            if let Some(h) = &mut self.hybrid {
+                h.reset();
+            }
             // Every KV page but the first goes back (under a budget, to the weight cache).
             self.kv.set_capacity(self.kv_first_page());
             if let Some(store) = self.source.store_mut() {
@@ -546,7 +552,8 @@ impl Engine {
     /// (which is how quality is measured on any file). Returns whether a single token's selection
     /// is a subset, left in `s.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
-        let Engine { model, selector, phase, s, stats, tracer, source, .. } = self;
+        let Engine { model, selector, phase, s, stats, tracer, source, hybrid, .. } = self;
+        let prompt_pool = hybrid.as_ref().filter(|_| n > 1).and_then(|h| h.pool_of(l, site));
         // Under a budget a cache-aware selector sees the store's own cache, for every row.
         let live_cache = selector.wants_cache_state() && source.cached_mask(l, site, &mut s.cached);
         let c = &model.config;
@@ -573,6 +580,9 @@ impl Engine {
                 continue;
             }
             stats.active[i] += active.len() as u64;
+            if let (Some(p), Some(h)) = (prompt_pool, hybrid.as_mut()) {
+                h.balancer.observe_prompt(p, active);
+            }
             keep.clear();
             keep.resize(len, false);
             for &j in active.iter() {
@@ -593,6 +603,16 @@ impl Engine {
     /// when the source allows a row gather; column kernels over the active columns; or the batch
     /// column kernel over whole column tensors.
     fn project(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
+        if subset && n == 1 {
+            if let Some(p) = self.hybrid.as_ref().and_then(|h| h.pool_of(l, site)) {
+                return self.project_hybrid(l, site, p);
+            }
+        }
+        self.project_local(l, n, site, subset)
+    }
+
+    /// [`Engine::project`] without the hybrid tier's split: the GPU's whole layers, or the CPU.
+    pub(crate) fn project_local(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
         if self.gpu_holds(l) {
             return self.project_gpu(l, n, site);
         }

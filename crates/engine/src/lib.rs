@@ -5,12 +5,14 @@
 //! the dot kernels of `sift_quant`.
 
 mod attention;
+pub mod balancer;
 pub mod bench;
 pub mod budget;
 pub mod calibrate;
 pub mod forward;
 pub mod generate;
 pub mod gpu;
+pub mod hybrid;
 pub mod kv;
 pub mod matmul;
 mod options;

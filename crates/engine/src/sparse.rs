@@ -91,6 +91,13 @@ impl ColOp {
         }
     }
 
+    /// Unit `unit`'s column, dequantized into `y` (`n_out` values), from the pack bytes `file`.
+    pub(crate) fn column_f32(&self, file: &[u8], unit: u32, y: &mut [f32]) {
+        let idx = self.positions.as_ref().map_or(unit, |p| p[unit as usize]);
+        y.fill(0.0);
+        self.axpy(&file[self.range.clone()], &file[self.scales_range.clone()], &[idx], &[unit], &[1.0], y);
+    }
+
     /// Bytes of `k` columns.
     pub fn bytes(&self, k: usize) -> usize {
         k * self.col_bytes

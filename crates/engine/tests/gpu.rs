@@ -146,3 +146,82 @@ fn gpu_layers_give_the_cpu_choices_and_perplexity() {
         }
     }
 }
+
+/// Teacher-forced decode on a pack with Top-K 0.5: the logits of each step after a prompt.
+fn decode_logits(e: &mut Engine, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
+    e.truncate(0);
+    e.eval(prompt, Logits::Last).unwrap();
+    forced.iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect()
+}
+
+fn topk_half(e: &mut Engine) {
+    use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
+    let cfg = SparsityConfig {
+        method: Method::TopK,
+        ratios: Ratios::uniform(Method::TopK, e.config().n_layer, 0.5).unwrap(),
+        gamma: 0.2,
+        cache_fraction: None,
+        alpha: 0.4,
+        core_magnitude: false,
+    };
+    e.set_selector(build_selector(&cfg, e.site_dims(), None).unwrap());
+}
+
+/// KAIROX's hybrid decode (`sift_engine::hybrid`): for every policy, half of the FFN's unit
+/// groups on the GPU, a WikiText-2 prompt and 24 teacher-forced decode steps give the CPU's
+/// greedy choices (>= 90 % of steps) and its logits (mean |Δ| <= 5 % of the logits' spread: the
+/// GPU multiplies f32 activations by Q8_0 copies of the columns, the CPU rounds activations to
+/// 8 bits over the pack's own columns); the GPU really computes a share, and every policy but
+/// static loads groups while decoding.
+#[test]
+fn hybrid_decode_gives_the_cpu_logits_for_every_policy() {
+    use sift_engine::balancer::BalancePolicy;
+    use sift_engine::hybrid::HybridOptions;
+    if let Err(e) = GpuDevice::open(0) {
+        eprintln!("skipped: no GPU ({e})");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("smol.sift");
+    let gguf = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    sift_store::pack_model(&gguf, &pack, &sift_store::PackOptions::default(), |_| {}).unwrap();
+    let ids = wiki_ids(&model(), 64);
+    let (prompt, forced) = (&ids[..40], &ids[40..64]);
+    let mut cpu = Engine::new(sift_store::open_model(&pack).unwrap(), &opts());
+    topk_half(&mut cpu);
+    let want = decode_logits(&mut cpu, prompt, forced);
+    let top = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    for name in BalancePolicy::NAMES {
+        let mut e = Engine::new(sift_store::open_model(&pack).unwrap(), &opts());
+        topk_half(&mut e);
+        let o = HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: 16, gpu_bytes: 40 << 20 };
+        e.attach_hybrid(GpuDevice::open(0).unwrap(), &o).unwrap();
+        eprintln!("{}", e.hybrid().unwrap().summary());
+        // Twice: the second sequence starts from the first one's groups.
+        for round in 0..2 {
+            let got = decode_logits(&mut e, prompt, forced);
+            let agree = got.iter().zip(&want).filter(|(g, w)| top(g) == top(w)).count() as f64 / want.len() as f64;
+            let (mut diff, mut spread) = (0f64, 0f64);
+            for (g, w) in got.iter().zip(&want) {
+                let mean = w.iter().map(|&v| v as f64).sum::<f64>() / w.len() as f64;
+                spread += (w.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+                diff += g.iter().zip(w).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / w.len() as f64;
+            }
+            let r = e.hybrid().unwrap().report();
+            eprintln!(
+                "{name} round {round}: greedy agree {:.1} %, mean |Δlogit| {:.4} (spread {:.4}); CPU share {:.1} %, {:.1} loads/token",
+                agree * 100.0,
+                diff / want.len() as f64,
+                spread / want.len() as f64,
+                r.cpu_share * 100.0,
+                r.reloads_per_token
+            );
+            assert!(agree >= 0.9, "{name}: greedy choices agree at {agree}");
+            assert!(diff <= 0.05 * spread, "{name}: mean |Δlogit| {diff} vs spread {spread}");
+            assert!(r.cpu_share < 0.9, "{name}: the GPU computed {:.1} % only", 100.0 * (1.0 - r.cpu_share));
+            if *name != "static" {
+                assert!(r.reloads_per_token > 0.0, "{name}: no loads while decoding");
+            }
+        }
+    }
+}

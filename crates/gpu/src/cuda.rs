@@ -89,9 +89,11 @@ pub(crate) struct Device {
     /// Decode steps (one token) captured as CUDA graphs: launched as one, they cost a fraction
     /// of the ~15 launches per layer. Dropped when a buffer they use is reallocated.
     graphs: Vec<(GraphKey, CudaGraph)>,
+    /// The hybrid tier's column product (`crate::GpuColumns`).
+    cols: CudaFunction,
 }
 
-fn driver(e: cudarc::driver::DriverError) -> GpuError {
+pub(crate) fn driver(e: cudarc::driver::DriverError) -> GpuError {
     GpuError::Driver(e.to_string())
 }
 
@@ -159,7 +161,8 @@ impl Device {
             add_rows: f("add_rows")?,
             silu_mul: f("silu_mul")?,
         };
-        Ok(Device { ctx, stream, matvec, layer, buf: Buffers::default(), graphs: Vec::new() })
+        let cols = f("axpy_cols_q8")?;
+        Ok(Device { ctx, stream, matvec, layer, buf: Buffers::default(), graphs: Vec::new(), cols })
     }
 
     pub(crate) fn name(&self) -> String {
@@ -171,7 +174,15 @@ impl Device {
         Ok((free as u64, total as u64))
     }
 
-    fn check_free(&self, what: &str, need: u64) -> Result<(), GpuError> {
+    pub(crate) fn context(&self) -> Arc<CudaContext> {
+        self.ctx.clone()
+    }
+
+    pub(crate) fn cols_kernel(&self) -> &CudaFunction {
+        &self.cols
+    }
+
+    pub(crate) fn check_free(&self, what: &str, need: u64) -> Result<(), GpuError> {
         let (free, _) = self.memory()?;
         if need > free {
             return Err(GpuError::OutOfMemory { what: what.to_string(), need, free });

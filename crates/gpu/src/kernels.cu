@@ -525,3 +525,25 @@ extern "C" __global__ void qkv_finish(float* q, float* k, const float* v, const 
         }
     }
 }
+
+// The hybrid tier's sparse columns (issue 20): y[k] += sum_i coef[i] * C[idx[i]][k], where
+// column c of the pool is `col_bytes` bytes of Q8_0 blocks along the output (34 bytes per 32
+// values: an f16 scale, 32 int8), at `pool + c * col_bytes`. A thread per output value; the
+// active list is cut into chunks of COL_CHUNK (blockIdx.y), each chunk's sum added atomically,
+// so y must start at zero (or hold what to add to).
+#define COL_CHUNK 64
+extern "C" __global__ void axpy_cols_q8(const u8* pool, long long col_bytes, const int* idx, const float* coef,
+                                        int n_active, float* y, int n_out) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n_out) return;
+    int i0 = blockIdx.y * COL_CHUNK;
+    int i1 = min(i0 + COL_CHUNK, n_active);
+    const long long blk = (long long)(k >> 5) * 34;
+    const int lane = k & 31;
+    float acc = 0.f;
+    for (int i = i0; i < i1; i++) {
+        const u8* b = pool + (long long)idx[i] * col_bytes + blk;
+        acc += coef[i] * h2f(b) * (float)((const i8*)b)[2 + lane];
+    }
+    if (i1 > i0) atomicAdd(y + k, acc);
+}

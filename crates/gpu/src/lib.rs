@@ -16,10 +16,14 @@
 
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 
+pub mod columns;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_columns;
 pub mod stack;
 
+pub use columns::{ColumnPoolSpec, GpuColumns};
 use sift_quant::WeightType;
 pub use stack::{GpuHead, GpuKv, GpuLayer, GpuVec, StackDims};
 

@@ -151,6 +151,20 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
     }
     let model = &engine.model;
     let n_layer = model.layers.len();
+    if let Some(policy) = gpu.gpu_policy {
+        let spec = gpu.gpu_memory.as_deref().expect("clap requires --gpu-memory with --gpu-policy");
+        let all = GpuPlacement::from_layers(n_layer + 1, n_layer).bytes(model, 0);
+        let gpu_bytes = parse_budget(spec, all).context("--gpu-memory")?;
+        anyhow::ensure!(
+            !engine.selector().is_dense(),
+            "--gpu-policy splits the active units of a sparsity selector between the GPU and the CPU: add --sparsity (topk, threshold, ...) or use -ngl for dense layers"
+        );
+        let dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-policy)")?;
+        let o = sift_engine::hybrid::HybridOptions { policy, group_size: gpu.gpu_group_size as usize, gpu_bytes };
+        engine.attach_hybrid(dev, &o).context("cannot set up hybrid decode")?;
+        eprintln!("sift: {}", engine.hybrid().expect("attached").summary());
+        return Ok(());
+    }
     let placement = match (&gpu.gpu_memory, gpu.gpu_layers) {
         (Some(spec), _) => {
             // A percentage is of the model's matrices (what -ngl 99 puts on the GPU, KV aside).

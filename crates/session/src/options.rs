@@ -286,6 +286,21 @@ pub struct GpuOptions {
     /// The GPU to use (-mg)
     #[arg(long = "main-gpu", default_value_t = 0, value_name = "I")]
     pub main_gpu: usize,
+    /// Hybrid decode (KAIROX): the GPU holds groups of the FFN's sparse units within
+    /// --gpu-memory and computes the active ones among them while the CPU computes the rest;
+    /// how the groups follow the activations: static, eager, lru, tam, tam-adaptive (needs a
+    /// .sift pack and a sparsity selector)
+    #[arg(long = "gpu-policy", value_name = "POLICY", requires = "gpu_memory", value_parser = parse_gpu_policy)]
+    pub gpu_policy: Option<sift_engine::balancer::BalancePolicy>,
+    /// Units per group of the hybrid decode (one transfer)
+    #[arg(long = "gpu-group-size", default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub gpu_group_size: u32,
+}
+
+fn parse_gpu_policy(s: &str) -> Result<sift_engine::balancer::BalancePolicy, String> {
+    use sift_engine::balancer::BalancePolicy;
+    BalancePolicy::parse(s)
+        .ok_or_else(|| format!("unknown GPU policy '{s}': use one of {}", BalancePolicy::NAMES.join(", ")))
 }
 
 impl GpuOptions {

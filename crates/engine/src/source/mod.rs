@@ -112,7 +112,7 @@ pub trait WeightSource: Send {
 }
 
 /// The kernel-ready column ops of every layer of a pack (q, k, v, o, gate, up, down).
-fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
+pub(crate) fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
     model
         .columns
         .as_ref()
@@ -120,7 +120,7 @@ fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
 }
 
 /// The column ops of `site` among a layer's seven.
-fn site_col_ops(ops: &[ColOp], site: Site) -> &[ColOp] {
+pub(crate) fn site_col_ops(ops: &[ColOp], site: Site) -> &[ColOp] {
     match site {
         Site::AttnIn => &ops[0..3],
         Site::AttnOut => &ops[3..4],

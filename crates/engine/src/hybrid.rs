@@ -1,0 +1,327 @@
+//! GPU–CPU hybrid decode with online neuron balancing (KAIROX, issue 20): the GPU holds groups
+//! of the FFN's units and computes a token's active units among them while the CPU computes the
+//! rest, concurrently; the [`NeuronBalancer`] decides, token by token, which groups to move.
+//!
+//! The units are sift's sparse units: the input channels of the FFN's two selection sites, a
+//! channel of the FFN input (its gate and up columns) and a neuron of the GLU (its down column),
+//! in the pack's unit order. Everything else (attention, norms, the head) runs on the CPU as
+//! without a GPU. Per decoded token and FFN site:
+//! 1. the selector's active units are split by the groups the GPU holds ([`NeuronBalancer::plan`];
+//!    eager first queues its missing groups);
+//! 2. the GPU's share is queued on the critical stream (it waits for loads still on their way: an
+//!    I/O stall), the CPU computes its share from the pack's columns meanwhile, then the GPU's
+//!    partial sums are added;
+//! 3. the policy's next loads are queued on the reload stream ([`NeuronBalancer::after`]), to
+//!    arrive while the rest of the token and the next one run.
+//!
+//! The GPU's budget (`--gpu-memory`) goes to group slots, the same share of every (layer, site)'s
+//! groups. Slots hold Q8_0 columns ([`sift_gpu::columns`]): a 4-bit model's units take about 1.9x
+//! their file bytes there, and a page-locked host copy of every unit's columns (the load source)
+//! costs host memory once more, reported at start.
+
+use crate::balancer::{BalancePolicy, NeuronBalancer, SitePlan};
+use crate::forward::{Engine, EvalError};
+use crate::pool::SharedMut;
+use crate::source::{column_ops, site_col_ops};
+use sift_gpu::{ColumnPoolSpec, GpuColumns, GpuDevice, GpuError};
+use sift_quant::ColType;
+use sift_sparsity::Site;
+use std::time::Instant;
+
+/// The sites whose units the GPU shares, in pool order within a layer.
+pub const HYBRID_SITES: [Site; 2] = [Site::FfnIn, Site::FfnMid];
+
+/// The hybrid tier's settings.
+#[derive(Clone, Debug)]
+pub struct HybridOptions {
+    pub policy: BalancePolicy,
+    /// Units per group (one transfer).
+    pub group_size: usize,
+    /// GPU bytes for group slots.
+    pub gpu_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HybridError {
+    #[error("hybrid decode (--gpu-policy) runs on a pack's columns: make one with `sift pack MODEL.gguf` and pass the .sift file")]
+    NoPack,
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// What a run did (`sift bench`, `generate --verbose`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct HybridReport {
+    pub policy: String,
+    pub group_size: usize,
+    /// Device bytes of the slots, and their share of all groups.
+    pub gpu_bytes: u64,
+    pub gpu_share: f64,
+    /// Page-locked host bytes of the load tables.
+    pub host_bytes: u64,
+    pub tokens: usize,
+    /// Time per decoded token, ms: median and 99th percentile.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Share of the active FFN units computed on the CPU.
+    pub cpu_share: f64,
+    /// Groups loaded per token, and their bytes.
+    pub reloads_per_token: f64,
+    pub reload_bytes_per_token: f64,
+    /// Share of site products that waited for loads.
+    pub stalled_share: f64,
+    /// Mean λ over sites after each token (tam-adaptive).
+    pub lambda: Vec<f32>,
+}
+
+/// The GPU's column pools, the balancer and the run's figures.
+pub struct HybridTier {
+    gpu: GpuColumns,
+    pub balancer: NeuronBalancer,
+    opts: HybridOptions,
+    /// Whether the current sequence's warm start was placed.
+    warm: bool,
+    units: u64,
+    gpu_units: u64,
+    loads: u64,
+    load_bytes: u64,
+    products: u64,
+    stalled: u64,
+    token_ns: Vec<f64>,
+    lambda: Vec<f32>,
+    token_start: Option<Instant>,
+    y: Vec<f32>,
+    coef: Vec<f32>,
+}
+
+impl HybridTier {
+    /// The pool of `site` in layer `l`, when the GPU shares it.
+    pub fn pool_of(&self, l: usize, site: Site) -> Option<usize> {
+        HYBRID_SITES.iter().position(|&s| s == site).map(|i| l * HYBRID_SITES.len() + i)
+    }
+
+    /// A new sequence: the next prompt warm-starts the slots again.
+    pub fn reset(&mut self) {
+        self.balancer.reset();
+        self.warm = false;
+        self.token_start = None;
+    }
+
+    /// The run's figures so far.
+    pub fn report(&self) -> HybridReport {
+        let mut t = self.token_ns.clone();
+        t.sort_by(f64::total_cmp);
+        let pct = |p: f64| if t.is_empty() { 0.0 } else { t[((t.len() - 1) as f64 * p).round() as usize] / 1e6 };
+        let n = self.token_ns.len().max(1) as f64;
+        let groups: usize = self.gpu.specs.iter().map(|s| s.n_groups).sum();
+        let slots: usize = self.gpu.specs.iter().map(|s| s.slots).sum();
+        HybridReport {
+            policy: self.opts.policy.name().into(),
+            group_size: self.opts.group_size,
+            gpu_bytes: self.gpu.device_bytes(),
+            gpu_share: slots as f64 / groups.max(1) as f64,
+            host_bytes: self.gpu.table_bytes(),
+            tokens: self.token_ns.len(),
+            p50_ms: pct(0.5),
+            p99_ms: pct(0.99),
+            cpu_share: if self.units > 0 { 1.0 - self.gpu_units as f64 / self.units as f64 } else { 0.0 },
+            reloads_per_token: self.loads as f64 / n,
+            reload_bytes_per_token: self.load_bytes as f64 / n,
+            stalled_share: if self.products > 0 { self.stalled as f64 / self.products as f64 } else { 0.0 },
+            lambda: self.lambda.clone(),
+        }
+    }
+
+    /// One line for the start of a run.
+    pub fn summary(&self) -> String {
+        let r = self.report();
+        format!(
+            "hybrid decode, policy {}: {:.0}% of the FFN's unit groups (of {}) fit {:.1} MiB of GPU slots; {:.1} MiB of page-locked host tables",
+            r.policy,
+            r.gpu_share * 100.0,
+            self.opts.group_size,
+            r.gpu_bytes as f64 / (1 << 20) as f64,
+            r.host_bytes as f64 / (1 << 20) as f64
+        )
+    }
+
+    fn load(&mut self, pool: usize, loads: &[(u32, u32)]) -> Result<(), GpuError> {
+        for &(g, slot) in loads {
+            self.gpu.load(pool, g, slot)?;
+        }
+        self.loads += loads.len() as u64;
+        self.load_bytes += (loads.len() * self.gpu.specs[pool].group_bytes()) as u64;
+        Ok(())
+    }
+
+    /// Layer 0's first site of a token: the token clock, and the warm start after a prompt.
+    fn begin_token(&mut self) -> Result<(), GpuError> {
+        let now = Instant::now();
+        if let Some(t0) = self.token_start.replace(now) {
+            self.token_ns.push(now.duration_since(t0).as_nanos() as f64);
+            if let BalancePolicy::TamAdaptive { .. } = self.opts.policy {
+                self.lambda.push(self.balancer.mean_lambda());
+            }
+            self.balancer.end_token();
+        }
+        if !self.warm {
+            for p in 0..self.balancer.n_sites() {
+                let placed = self.balancer.warm_start(p);
+                for &(g, slot) in &placed {
+                    self.gpu.load(p, g, slot)?;
+                }
+            }
+            // The warm start belongs to the prompt, not to the first token's time.
+            self.gpu.sync_loads()?;
+            self.warm = true;
+            self.token_start = Some(Instant::now());
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Puts the hybrid tier on `dev`: column pools for the FFN sites of every layer, their host
+    /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
+    pub fn attach_hybrid(&mut self, mut dev: GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
+        let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
+        let gs = o.group_size.max(1);
+        let mut specs = Vec::new();
+        let mut positions: Vec<Vec<u32>> = Vec::new();
+        for layer in &cols {
+            for site in HYBRID_SITES {
+                let ops = site_col_ops(layer, site);
+                let n_units = ops[0].n_in;
+                let n_out: usize = ops.iter().map(|op| op.n_out).sum();
+                positions.push(ops[0].positions.as_ref().map_or_else(|| (0..n_units as u32).collect(), |p| p.to_vec()));
+                specs.push(ColumnPoolSpec { n_out, group_size: gs, n_groups: n_units.div_ceil(gs), slots: 0 });
+            }
+        }
+        let table: u64 = specs.iter().map(|s| s.table_bytes()).sum();
+        let share = (o.gpu_bytes as f64 / table.max(1) as f64).min(1.0);
+        for s in &mut specs {
+            s.slots = ((s.n_groups as f64 * share).floor() as usize).min(s.n_groups);
+        }
+        let slots: Vec<usize> = specs.iter().map(|s| s.slots).collect();
+        let file = self.model.pack_bytes();
+        let pool = &self.pool;
+        let shapes = specs.clone();
+        let mut fill = |p: usize, t: &mut [u8]| {
+            let ops = site_col_ops(&cols[p / HYBRID_SITES.len()], HYBRID_SITES[p % HYBRID_SITES.len()]);
+            let ub = shapes[p].unit_bytes();
+            let pos = &positions[p];
+            let widest = ops.iter().map(|op| op.n_out).max().unwrap_or(0);
+            let table = SharedMut::new(t);
+            pool.for_each(pos.len(), 32, &|range, _| {
+                let mut y = vec![0f32; widest];
+                for u in range {
+                    let at = pos[u] as usize * ub;
+                    // SAFETY: `pos` is a permutation of the site's units, so unit u alone writes
+                    // the table's bytes at its position; they lie in the table (n_groups ·
+                    // group_size ≥ units, each of `ub` bytes).
+                    let dst = unsafe { table.slice(at..at + ub) };
+                    let mut off = 0;
+                    for op in ops {
+                        let cb = op.n_out / 32 * 34;
+                        op.column_f32(file, u as u32, &mut y[..op.n_out]);
+                        ColType::Q8_0.quantize_col(&y[..op.n_out], &mut dst[off..off + cb]);
+                        off += cb;
+                    }
+                }
+            });
+        };
+        let gpu = dev.column_pools(specs, &mut fill)?;
+        let balancer = NeuronBalancer::new(o.policy, &positions, gs, &slots);
+        self.hybrid = Some(HybridTier {
+            gpu,
+            balancer,
+            opts: HybridOptions { group_size: gs, ..o.clone() },
+            warm: false,
+            units: 0,
+            gpu_units: 0,
+            loads: 0,
+            load_bytes: 0,
+            products: 0,
+            stalled: 0,
+            token_ns: Vec::new(),
+            lambda: Vec::new(),
+            token_start: None,
+            y: Vec::new(),
+            coef: Vec::new(),
+        });
+        Ok(())
+    }
+
+    pub fn hybrid(&self) -> Option<&HybridTier> {
+        self.hybrid.as_ref()
+    }
+
+    /// One decoded token's products of an FFN site the GPU shares (see the module docs): the
+    /// active list is in `s.active`, the input in `s.h` (FFN input) or `s.g` (GLU).
+    pub(crate) fn project_hybrid(&mut self, l: usize, site: Site, p: usize) -> Result<(), EvalError> {
+        let c = &self.model.config;
+        let (e, ff) = (c.n_embd, c.n_ff);
+        let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+        if l == 0 && site == HYBRID_SITES[0] {
+            hy.begin_token()?;
+        }
+        let active = std::mem::take(&mut self.s.active);
+        let plan: SitePlan = hy.balancer.plan(p, &active);
+        hy.load(p, &plan.load_first)?;
+        let x = if site == Site::FfnMid { &self.s.g[..ff] } else { &self.s.h[..e] };
+        hy.coef.clear();
+        hy.coef.extend(plan.gpu.iter().map(|&i| x[active[i] as usize]));
+        let stall = !hy.gpu.loads_ready(p);
+        let on_gpu = !plan.gpu.is_empty();
+        if on_gpu {
+            hy.gpu.compute(p, &plan.gpu_cols, &hy.coef)?;
+        }
+        // The CPU's share meanwhile, written over the outputs.
+        let t0 = Instant::now();
+        self.s.active.clear();
+        self.s.active.extend_from_slice(&plan.cpu_units);
+        let cpu = if plan.cpu_units.is_empty() {
+            match site {
+                Site::FfnMid => self.s.o[..e].fill(0.0),
+                _ => {
+                    self.s.g[..ff].fill(0.0);
+                    self.s.u[..ff].fill(0.0);
+                }
+            }
+            Ok(())
+        } else {
+            self.project_local(l, 1, site, true)
+        };
+        let cpu_ns = t0.elapsed().as_nanos() as f64;
+        let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+        let t1 = Instant::now();
+        if on_gpu {
+            let n_out = hy.gpu.specs[p].n_out;
+            hy.y.clear();
+            hy.y.resize(n_out, 0.0);
+            hy.gpu.finish(&mut hy.y)?;
+            let outs: [&mut [f32]; 2] = match site {
+                Site::FfnMid => [&mut self.s.o[..e], &mut []],
+                _ => [&mut self.s.g[..ff], &mut self.s.u[..ff]],
+            };
+            let mut y = &hy.y[..];
+            for out in outs {
+                let (head, rest) = y.split_at(out.len());
+                for (o, v) in out.iter_mut().zip(head) {
+                    *o += v;
+                }
+                y = rest;
+            }
+        }
+        cpu?;
+        let stall_ns = if stall { t1.elapsed().as_nanos() as f64 } else { 0.0 };
+        let next = hy.balancer.after(p, &plan, stall_ns, cpu_ns);
+        hy.load(p, &next)?;
+        hy.units += active.len() as u64;
+        hy.gpu_units += plan.gpu.len() as u64;
+        hy.products += 1;
+        hy.stalled += stall as u64;
+        self.s.active = active;
+        Ok(())
+    }
+}
