@@ -29,6 +29,7 @@ mkdir -p models
 sha256sum $M
 [ -e $P ] || $S pack $M -o $P 2>&1 | tail -1
 timeout 240 "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -vE '^\s*$' | tail -30
+$S probe --gpu -o "$OUT"/gpu-probe.json 2>&1 | tail -9
 head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
 tail -c 1200 tests/fixtures/wiki.test.head16k.raw > /tmp/p2.txt
 run() { # label, args...
@@ -47,5 +48,6 @@ run() { # label, args...
         for pol in static eager lru tam tam-adaptive; do
             run "hybrid $pol $B" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol
         done
+        run "hybrid tam-adaptive g16 $B" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy tam-adaptive --gpu-group-size 16
     done
 } 2>&1 | tee "$OUT"/hybrid.log

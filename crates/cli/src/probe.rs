@@ -33,9 +33,40 @@ pub struct ProbeArgs {
     /// List the builtin profiles (taken from the papers)
     #[arg(long, conflicts_with_all = ["output", "quick"])]
     pub list: bool,
+    /// Measure the GPU instead (host-to-device transfers by size, device bandwidth, a hybrid
+    /// product's round trip) and print them as JSON (written to -o when given)
+    #[arg(long, conflicts_with_all = ["show", "list"])]
+    pub gpu: bool,
+    /// The GPU to measure (-mg)
+    #[arg(long = "main-gpu", default_value_t = 0, value_name = "I")]
+    pub main_gpu: usize,
+}
+
+/// `sift probe --gpu`.
+fn probe_gpu(a: &ProbeArgs) -> anyhow::Result<()> {
+    let mut dev = sift_gpu::GpuDevice::open(a.main_gpu).context("cannot use the GPU (--gpu)")?;
+    let p = dev.probe().context("GPU probe")?;
+    eprintln!(
+        "sift: {}: device copies {:.0} GB/s, a product's round trip {:.1} us",
+        p.name,
+        p.device_bw / 1e9,
+        p.round_trip_ns / 1e3
+    );
+    for (size, bw) in &p.h2d {
+        eprintln!("sift:   host to device, {:>8} KiB per transfer: {:6.2} GB/s", size >> 10, bw / 1e9);
+    }
+    let json = serde_json::to_string_pretty(&p)?;
+    match &a.output {
+        Some(o) => std::fs::write(o, json + "\n").with_context(|| format!("cannot write '{}'", o.display()))?,
+        None => println!("{json}"),
+    }
+    Ok(())
 }
 
 pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
+    if a.gpu {
+        return probe_gpu(&a);
+    }
     if a.list {
         println!("| name | taken from | mem read | disk 4 KiB qd 1 | disk 1 MiB qd 16 |");
         println!("| --- | --- | ---: | ---: | ---: |");

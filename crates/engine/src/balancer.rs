@@ -111,14 +111,20 @@ pub struct NeuronBalancer {
 
 impl NeuronBalancer {
     /// Sites `positions.len()`: site `p`'s units lie at `positions[p]` of its pack order (unit
-    /// `u` at position `positions[p][u]`), cut into groups of `group_size`, of which `slots[p]`
-    /// fit on the GPU.
-    pub fn new(policy: BalancePolicy, positions: &[Vec<u32>], group_size: usize, slots: &[usize]) -> NeuronBalancer {
-        let gs = group_size.max(1);
+    /// `u` at position `positions[p][u]`), cut into groups of `group_sizes[p]`, of which
+    /// `slots[p]` fit on the GPU.
+    pub fn new(
+        policy: BalancePolicy,
+        positions: &[Vec<u32>],
+        group_sizes: &[usize],
+        slots: &[usize],
+    ) -> NeuronBalancer {
         let sites = positions
             .iter()
             .zip(slots)
-            .map(|(pos, &k)| {
+            .zip(group_sizes)
+            .map(|((pos, &k), &gs)| {
+                let gs = gs.max(1);
                 let n_groups = pos.len().div_ceil(gs);
                 SiteBalance {
                     group_of: pos.iter().map(|&p| p / gs as u32).collect(),
@@ -258,7 +264,7 @@ mod tests {
 
     /// One site of 8 units in the model's order, groups of 2, `k` group slots.
     fn one(policy: &str, k: usize) -> NeuronBalancer {
-        NeuronBalancer::new(BalancePolicy::parse(policy).unwrap(), &[(0..8).collect()], 2, &[k])
+        NeuronBalancer::new(BalancePolicy::parse(policy).unwrap(), &[(0..8).collect()], &[2], &[k])
     }
 
     #[test]
@@ -282,7 +288,7 @@ mod tests {
     fn pack_order_decides_the_groups() {
         // Units 0 and 7 are neighbours in the pack's order: one group.
         let pos = vec![0, 2, 3, 4, 5, 6, 7, 1];
-        let mut b = NeuronBalancer::new(BalancePolicy::Lru, &[pos], 2, &[1]);
+        let mut b = NeuronBalancer::new(BalancePolicy::Lru, &[pos], &[2], &[1]);
         b.observe_prompt(0, &[0, 7]);
         assert_eq!(b.warm_start(0), vec![(0, 0)]);
         let plan = b.plan(0, &[0, 7]);

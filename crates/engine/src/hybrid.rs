@@ -28,6 +28,21 @@ use sift_quant::ColType;
 use sift_sparsity::Site;
 use std::time::Instant;
 
+/// The largest automatic group.
+pub const MAX_GROUP: usize = 64;
+
+/// The smallest transfer of `curve` ((bytes, bytes/s), ascending) reaching 80 % of its best.
+pub fn knee_bytes(curve: &[(u64, f64)]) -> u64 {
+    let best = curve.iter().map(|c| c.1).fold(0.0, f64::max);
+    curve.iter().find(|c| c.1 >= 0.8 * best).map_or(64 << 10, |c| c.0)
+}
+
+/// Units per group for units of `unit_bytes` and transfers of about `target` bytes.
+pub fn auto_group(unit_bytes: usize, target: u64) -> usize {
+    let fit = (target as usize / unit_bytes.max(1)).clamp(1, MAX_GROUP);
+    1 << fit.ilog2()
+}
+
 /// The sites whose units the GPU shares, in pool order within a layer.
 pub const HYBRID_SITES: [Site; 2] = [Site::FfnIn, Site::FfnMid];
 
@@ -35,8 +50,10 @@ pub const HYBRID_SITES: [Site; 2] = [Site::FfnIn, Site::FfnMid];
 #[derive(Clone, Debug)]
 pub struct HybridOptions {
     pub policy: BalancePolicy,
-    /// Units per group (one transfer).
-    pub group_size: usize,
+    /// Units per group (one transfer); `None`: per site, the most (a power of two, at most
+    /// [`MAX_GROUP`]) whose group stays within the transfer size measured to reach 80 % of the
+    /// GPU's best host-to-device bandwidth (KAIROX Table 2's knee).
+    pub group_size: Option<usize>,
     /// GPU bytes for group slots.
     pub gpu_bytes: u64,
 }
@@ -53,7 +70,8 @@ pub enum HybridError {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct HybridReport {
     pub policy: String,
-    pub group_size: usize,
+    /// Units per group of the FFN input's and the GLU's sites (layer 0).
+    pub group_size: [usize; 2],
     /// Device bytes of the slots, and their share of all groups.
     pub gpu_bytes: u64,
     pub gpu_share: f64,
@@ -117,7 +135,7 @@ impl HybridTier {
         let slots: usize = self.gpu.specs.iter().map(|s| s.slots).sum();
         HybridReport {
             policy: self.opts.policy.name().into(),
-            group_size: self.opts.group_size,
+            group_size: [self.gpu.specs[0].group_size, self.gpu.specs[1].group_size],
             gpu_bytes: self.gpu.device_bytes(),
             gpu_share: slots as f64 / groups.max(1) as f64,
             host_bytes: self.gpu.table_bytes(),
@@ -136,10 +154,13 @@ impl HybridTier {
     pub fn summary(&self) -> String {
         let r = self.report();
         format!(
-            "hybrid decode, policy {}: {:.0}% of the FFN's unit groups (of {}) fit {:.1} MiB of GPU slots; {:.1} MiB of page-locked host tables",
+            "hybrid decode, policy {}: {:.0}% of the FFN's unit groups ({} and {} units, {} and {} KiB) fit {:.1} MiB of GPU slots; {:.1} MiB of page-locked host tables",
             r.policy,
             r.gpu_share * 100.0,
-            self.opts.group_size,
+            r.group_size[0],
+            r.group_size[1],
+            self.gpu.specs[0].group_bytes() >> 10,
+            self.gpu.specs[1].group_bytes() >> 10,
             r.gpu_bytes as f64 / (1 << 20) as f64,
             r.host_bytes as f64 / (1 << 20) as f64
         )
@@ -185,7 +206,10 @@ impl Engine {
     /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
     pub fn attach_hybrid(&mut self, mut dev: GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
         let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
-        let gs = o.group_size.max(1);
+        let knee = match o.group_size {
+            Some(_) => 0,
+            None => knee_bytes(&dev.probe()?.h2d),
+        };
         let mut specs = Vec::new();
         let mut positions: Vec<Vec<u32>> = Vec::new();
         for layer in &cols {
@@ -194,6 +218,7 @@ impl Engine {
                 let n_units = ops[0].n_in;
                 let n_out: usize = ops.iter().map(|op| op.n_out).sum();
                 positions.push(ops[0].positions.as_ref().map_or_else(|| (0..n_units as u32).collect(), |p| p.to_vec()));
+                let gs = o.group_size.unwrap_or_else(|| auto_group(n_out / 32 * 34, knee)).max(1);
                 specs.push(ColumnPoolSpec { n_out, group_size: gs, n_groups: n_units.div_ceil(gs), slots: 0 });
             }
         }
@@ -203,6 +228,7 @@ impl Engine {
             s.slots = ((s.n_groups as f64 * share).floor() as usize).min(s.n_groups);
         }
         let slots: Vec<usize> = specs.iter().map(|s| s.slots).collect();
+        let sizes: Vec<usize> = specs.iter().map(|s| s.group_size).collect();
         let file = self.model.pack_bytes();
         let pool = &self.pool;
         let shapes = specs.clone();
@@ -231,11 +257,11 @@ impl Engine {
             });
         };
         let gpu = dev.column_pools(specs, &mut fill)?;
-        let balancer = NeuronBalancer::new(o.policy, &positions, gs, &slots);
+        let balancer = NeuronBalancer::new(o.policy, &positions, &sizes, &slots);
         self.hybrid = Some(HybridTier {
             gpu,
             balancer,
-            opts: HybridOptions { group_size: gs, ..o.clone() },
+            opts: o.clone(),
             warm: false,
             units: 0,
             gpu_units: 0,
@@ -323,5 +349,26 @@ impl Engine {
         hy.stalled += stall as u64;
         self.s.active = active;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_follow_the_transfer_curve() {
+        // KAIROX Table 2 (RTX 4090, PCIe 4): 22.8 GB/s at best, 80 % first reached at 16 rows.
+        let row = 10 << 10;
+        let curve: Vec<(u64, f64)> = [(1, 5.8), (4, 13.7), (8, 17.8), (16, 20.9), (24, 22.3), (32, 22.8)]
+            .iter()
+            .map(|&(n, b)| (n * row, b * 1e9))
+            .collect();
+        assert_eq!(knee_bytes(&curve), 16 * row);
+        assert_eq!(auto_group(row as usize, knee_bytes(&curve)), 16);
+        // Smaller units: more per group (a power of two, at most MAX_GROUP); larger: at least one.
+        assert_eq!(auto_group(3000, 64 << 10), 16);
+        assert_eq!(auto_group(100, 1 << 20), MAX_GROUP);
+        assert_eq!(auto_group(1 << 20, 64 << 10), 1);
     }
 }

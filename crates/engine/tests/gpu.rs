@@ -194,7 +194,7 @@ fn hybrid_decode_gives_the_cpu_logits_for_every_policy() {
     for name in BalancePolicy::NAMES {
         let mut e = Engine::new(sift_store::open_model(&pack).unwrap(), &opts());
         topk_half(&mut e);
-        let o = HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: 16, gpu_bytes: 40 << 20 };
+        let o = HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: None, gpu_bytes: 40 << 20 };
         e.attach_hybrid(GpuDevice::open(0).unwrap(), &o).unwrap();
         eprintln!("{}", e.hybrid().unwrap().summary());
         // Twice: the second sequence starts from the first one's groups.

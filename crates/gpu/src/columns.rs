@@ -192,3 +192,30 @@ impl GpuColumns {
         unreachable!("GpuColumns exist only in builds with the cuda feature")
     }
 }
+
+/// What [`GpuDevice::probe`] measured: the figures the hybrid simulation's GPU profile needs.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GpuProbe {
+    pub name: String,
+    /// Host-to-device bandwidth from page-locked memory by transfer size: (bytes per transfer,
+    /// bytes/s), transfers queued back to back on one stream, as the reload stream issues them.
+    pub h2d: Vec<(u64, f64)>,
+    /// Device memory bandwidth: bytes read and written per second by a device-to-device copy.
+    pub device_bw: f64,
+    /// One hybrid product's fixed cost, ns: a small copy in, a kernel, a small copy back, a wait.
+    pub round_trip_ns: f64,
+}
+
+impl GpuDevice {
+    /// Measures transfers by size, device bandwidth and a product's round trip (about a second).
+    pub fn probe(&mut self) -> Result<GpuProbe, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut p = crate::cuda_columns::probe(&self.inner)?;
+            p.name = self.name.clone();
+            Ok(p)
+        }
+        #[cfg(not(feature = "cuda"))]
+        unreachable!("a GpuDevice exists only in builds with the cuda feature")
+    }
+}

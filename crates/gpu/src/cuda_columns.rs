@@ -221,3 +221,71 @@ impl Drop for Columns {
         let _ = self.critical.synchronize();
     }
 }
+
+/// See [`crate::GpuDevice::probe`].
+pub(crate) fn probe(dev: &Device) -> Result<crate::GpuProbe, GpuError> {
+    const SPAN: usize = 64 << 20;
+    let ctx = dev.context();
+    let stream = ctx.new_stream().map_err(driver)?;
+    let host = pinned::<u8>(&ctx, SPAN)?;
+    let src = host.as_slice().map_err(driver)?;
+    let dst = stream.alloc_zeros::<u8>(SPAN).map_err(driver)?;
+    let mut other = stream.alloc_zeros::<u8>(SPAN).map_err(driver)?;
+    let base = dst.device_ptr(&stream).0;
+    ctx.bind_to_thread().map_err(driver)?;
+    let mut h2d = Vec::new();
+    for size in [4usize << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20] {
+        let n = SPAN / size;
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            stream.synchronize().map_err(driver)?;
+            let t = std::time::Instant::now();
+            for i in 0..n {
+                // SAFETY: `src` is page-locked and outlives the copy (synchronised below);
+                // `base + i·size .. + size` lies in `dst` (n·size <= SPAN).
+                unsafe {
+                    result::memcpy_htod_async(
+                        base + (i * size) as u64,
+                        &src[i * size..(i + 1) * size],
+                        stream.cu_stream(),
+                    )
+                }
+                .map_err(driver)?;
+            }
+            stream.synchronize().map_err(driver)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        h2d.push((size as u64, (n * size) as f64 / best));
+    }
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        stream.synchronize().map_err(driver)?;
+        let t = std::time::Instant::now();
+        stream.memcpy_dtod(&dst, &mut other).map_err(driver)?;
+        stream.synchronize().map_err(driver)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let device_bw = 2.0 * SPAN as f64 / best;
+    // A product's fixed cost, as `Columns::compute` + `finish` pay it: two small copies in, a
+    // clear, a copy back, an event waited for.
+    let mut small = pinned::<f32>(&ctx, 64)?;
+    let small = small.as_mut_slice().map_err(driver)?;
+    let (d, e) = (other.device_ptr(&stream).0, ctx.new_event(None).map_err(driver)?);
+    let reps = 200;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        // SAFETY: 256 bytes into and out of `other` (64 MiB); `small` is page-locked and lives
+        // across the wait.
+        unsafe {
+            result::memcpy_htod_async(d, &src[..256], stream.cu_stream()).map_err(driver)?;
+            result::memcpy_htod_async(d + 256, &src[..256], stream.cu_stream()).map_err(driver)?;
+            result::memset_d8_async(d + 512, 0, 256, stream.cu_stream()).map_err(driver)?;
+            result::memcpy_dtoh_async(&mut small[..64], d + 512, stream.cu_stream()).map_err(driver)?;
+        }
+        e.record(&stream).map_err(driver)?;
+        e.synchronize().map_err(driver)?;
+    }
+    let round_trip_ns = t.elapsed().as_nanos() as f64 / reps as f64;
+    drop(dst);
+    Ok(crate::GpuProbe { name: String::new(), h2d, device_bw, round_trip_ns })
+}

@@ -23,7 +23,7 @@ mod cuda;
 mod cuda_columns;
 pub mod stack;
 
-pub use columns::{ColumnPoolSpec, GpuColumns};
+pub use columns::{ColumnPoolSpec, GpuColumns, GpuProbe};
 use sift_quant::WeightType;
 pub use stack::{GpuHead, GpuKv, GpuLayer, GpuVec, StackDims};
 

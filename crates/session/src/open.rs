@@ -160,7 +160,11 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
             "--gpu-policy splits the active units of a sparsity selector between the GPU and the CPU: add --sparsity (topk, threshold, ...) or use -ngl for dense layers"
         );
         let dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-policy)")?;
-        let o = sift_engine::hybrid::HybridOptions { policy, group_size: gpu.gpu_group_size as usize, gpu_bytes };
+        let o = sift_engine::hybrid::HybridOptions {
+            policy,
+            group_size: gpu.gpu_group_size.map(|g| g as usize),
+            gpu_bytes,
+        };
         engine.attach_hybrid(dev, &o).context("cannot set up hybrid decode")?;
         eprintln!("sift: {}", engine.hybrid().expect("attached").summary());
         return Ok(());

@@ -292,9 +292,10 @@ pub struct GpuOptions {
     /// .sift pack and a sparsity selector)
     #[arg(long = "gpu-policy", value_name = "POLICY", requires = "gpu_memory", value_parser = parse_gpu_policy)]
     pub gpu_policy: Option<sift_engine::balancer::BalancePolicy>,
-    /// Units per group of the hybrid decode (one transfer)
-    #[arg(long = "gpu-group-size", default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub gpu_group_size: u32,
+    /// Units per group of the hybrid decode (one transfer); default: per site, from the GPU's
+    /// measured transfer curve (the smallest transfer reaching 80 % of its best bandwidth)
+    #[arg(long = "gpu-group-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub gpu_group_size: Option<u32>,
 }
 
 fn parse_gpu_policy(s: &str) -> Result<sift_engine::balancer::BalancePolicy, String> {
