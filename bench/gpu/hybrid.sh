@@ -29,6 +29,8 @@ mkdir -p models
 sha256sum $M
 [ -e $P ] || $S pack $M -o $P 2>&1 | tail -1
 timeout 240 "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -vE '^\s*$' | tail -30
+# NOBENCH=1: the tests only.
+[ -n "${NOBENCH:-}" ] && exit 0
 $S probe --gpu -o "$OUT"/gpu-probe.json 2>&1 | tail -9
 head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
 tail -c 1200 tests/fixtures/wiki.test.head16k.raw > /tmp/p2.txt

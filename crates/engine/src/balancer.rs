@@ -18,6 +18,9 @@
 //!   through [`LambdaController`] (the controller the flash tier uses): an I/O stall (the GPU's
 //!   product waited for loads) raises λ, a CPU-bound step lowers it.
 //!
+//! A group counts as active in a token when it holds at least the site's share of active units
+//! (see [`NeuronBalancer::plan`]): binary activity per group, as Algorithm 1 takes it, that still
+//! separates hot from cold groups when most groups have some active unit (Top-K at 0.5).
 //! Every policy starts a sequence warm: the groups most active over the prompt fill the slots.
 
 use sift_store::cache::{LambdaBounds, LambdaController, Policy, UnitCache, NO_SLOT};
@@ -95,7 +98,8 @@ pub struct SitePlan {
     pub cpu_units: Vec<u32>,
     /// `(group, slot)` to load before the product (eager only).
     pub load_first: Vec<(u32, u32)>,
-    /// The token's active groups, and those not held when it came (for [`NeuronBalancer::after`]).
+    /// The token's active (hot) groups, and those not held when it came (for
+    /// [`NeuronBalancer::after`]).
     groups: Vec<u32>,
     misses: Vec<u32>,
 }
@@ -169,20 +173,32 @@ impl NeuronBalancer {
         (0..self.sites.len()).map(|p| self.ctl.lambda(p)).sum::<f32>() / n as f32
     }
 
-    /// The sorted, distinct groups of `active` units of site `p` (units past the site are
-    /// ignored: the selector's lists are in range).
-    fn active_groups(&self, p: usize, active: &[u32]) -> Vec<u32> {
+    /// The groups of site `p` that count as active for the policies (ascending): those holding
+    /// at least the site's share of active units (and one at least). Under sparse activity that
+    /// is every group with an active unit; under dense activity (Top-K at 0.5 leaves every
+    /// 16-unit group some active unit) only the groups above the average, so that LRU and TAM
+    /// still tell hot groups from the rest. Units past the site are ignored.
+    fn hot_groups(&self, p: usize, active: &[u32]) -> Vec<u32> {
         let s = &self.sites[p];
-        let mut g: Vec<u32> = active.iter().filter_map(|&u| s.group_of.get(u as usize).copied()).collect();
-        g.sort_unstable();
-        g.dedup();
-        g
+        let n_units = s.group_of.len();
+        let mut count = vec![0u32; s.prompt.len()];
+        for &u in active {
+            if let Some(&g) = s.group_of.get(u as usize) {
+                count[g as usize] += 1;
+            }
+        }
+        let share = active.len() as f64 / n_units.max(1) as f64;
+        let size = |g: usize| (n_units - g * s.group_size).min(s.group_size) as f64;
+        (0..count.len()).filter(|&g| count[g] > 0 && f64::from(count[g]) >= share * size(g)).map(|g| g as u32).collect()
     }
 
-    /// One prompt row's active units of site `p`: counted for the warm start.
+    /// One prompt row's active units of site `p`: counted per group for the warm start.
     pub fn observe_prompt(&mut self, p: usize, active: &[u32]) {
-        for g in self.active_groups(p, active) {
-            self.sites[p].prompt[g as usize] += 1;
+        let s = &mut self.sites[p];
+        for &u in active {
+            if let Some(&g) = s.group_of.get(u as usize) {
+                s.prompt[g as usize] += 1;
+            }
         }
     }
 
@@ -207,7 +223,7 @@ impl NeuronBalancer {
     /// A decoded token's `active` units of site `p` (ascending): where each runs, and for eager
     /// the groups to load before the product.
     pub fn plan(&mut self, p: usize, active: &[u32]) -> SitePlan {
-        let groups = self.active_groups(p, active);
+        let groups = self.hot_groups(p, active);
         let policy = self.policy;
         let s = &mut self.sites[p];
         s.cache.record(&groups).expect("groups in range");
@@ -294,6 +310,20 @@ mod tests {
         let plan = b.plan(0, &[0, 7]);
         assert_eq!(plan.gpu_cols, vec![0, 1]);
         assert!(plan.cpu_units.is_empty());
+    }
+
+    #[test]
+    fn under_dense_activity_only_groups_above_the_average_count() {
+        // 5 of 8 units active: every group has one, only group 0 has both (above 5/8).
+        let mut b = one("lru", 1);
+        let plan = b.plan(0, &[0, 1, 2, 4, 6]);
+        assert_eq!(plan.cpu_units, vec![0, 1, 2, 4, 6]);
+        assert_eq!(b.after(0, &plan, 0.0, 1.0), vec![(0, 0)]);
+        b.end_token();
+        // Group 0 held: its units on the GPU, the others on the CPU.
+        let plan = b.plan(0, &[0, 1, 2, 4, 6]);
+        assert_eq!(plan.gpu_cols, vec![0, 1]);
+        assert_eq!(plan.cpu_units, vec![2, 4, 6]);
     }
 
     #[test]

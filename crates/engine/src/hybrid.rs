@@ -23,6 +23,7 @@ use crate::balancer::{BalancePolicy, NeuronBalancer, SitePlan};
 use crate::forward::{Engine, EvalError};
 use crate::pool::SharedMut;
 use crate::source::{column_ops, site_col_ops};
+use crate::sparse::ColOp;
 use sift_gpu::{ColumnPoolSpec, GpuColumns, GpuDevice, GpuError};
 use sift_quant::ColType;
 use sift_sparsity::Site;
@@ -201,15 +202,66 @@ impl HybridTier {
     }
 }
 
+/// Fills a pool's host table: unit `u`'s columns (the site's `ops` in order, dequantized from
+/// the pack bytes `file`, then Q8_0 along the output) at position `pos[u]`, `ub` bytes each.
+pub(crate) fn fill_table(
+    pool: &crate::pool::ThreadPool,
+    ops: &[ColOp],
+    file: &[u8],
+    pos: &[u32],
+    ub: usize,
+    t: &mut [u8],
+) {
+    let widest = ops.iter().map(|op| op.n_out).max().unwrap_or(0);
+    assert!(pos.iter().all(|&p| (p as usize + 1) * ub <= t.len()), "the table holds every position");
+    let table = SharedMut::new(t);
+    pool.for_each(pos.len(), 32, &|range, _| {
+        let mut y = vec![0f32; widest];
+        for u in range {
+            let at = pos[u] as usize * ub;
+            // SAFETY: `pos` is a permutation of the site's units, so unit u alone writes the
+            // table's bytes at its position, which lie in the table (asserted above).
+            let dst = unsafe { table.slice(at..at + ub) };
+            let mut off = 0;
+            for op in ops {
+                let cb = op.n_out / 32 * 34;
+                op.column_f32(file, u as u32, &mut y[..op.n_out]);
+                ColType::Q8_0.quantize_col(&y[..op.n_out], &mut dst[off..off + cb]);
+                off += cb;
+            }
+        }
+    });
+}
+
 impl Engine {
     /// Puts the hybrid tier on `dev`: column pools for the FFN sites of every layer, their host
     /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
     pub fn attach_hybrid(&mut self, mut dev: GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
-        let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
+        if column_ops(&self.model).is_none() {
+            return Err(HybridError::NoPack);
+        }
         let knee = match o.group_size {
             Some(_) => 0,
             None => knee_bytes(&dev.probe()?.h2d),
         };
+        self.attach_hybrid_with(o, knee, &mut |specs, fill| dev.column_pools(specs, fill))
+    }
+
+    /// The hybrid tier with its pools in host memory ([`GpuColumns::emulated`]): the same
+    /// balancing and splits, the GPU's share computed by the scalar reference (tests; automatic
+    /// groups aim at 64 KiB transfers).
+    pub fn attach_hybrid_emulated(&mut self, o: &HybridOptions) -> Result<(), HybridError> {
+        self.attach_hybrid_with(o, 64 << 10, &mut |specs, fill| Ok(GpuColumns::emulated(specs, fill)))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn attach_hybrid_with(
+        &mut self,
+        o: &HybridOptions,
+        knee: u64,
+        pools: &mut dyn FnMut(Vec<ColumnPoolSpec>, &mut dyn FnMut(usize, &mut [u8])) -> Result<GpuColumns, GpuError>,
+    ) -> Result<(), HybridError> {
+        let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
         let mut specs = Vec::new();
         let mut positions: Vec<Vec<u32>> = Vec::new();
         for layer in &cols {
@@ -234,29 +286,9 @@ impl Engine {
         let shapes = specs.clone();
         let mut fill = |p: usize, t: &mut [u8]| {
             let ops = site_col_ops(&cols[p / HYBRID_SITES.len()], HYBRID_SITES[p % HYBRID_SITES.len()]);
-            let ub = shapes[p].unit_bytes();
-            let pos = &positions[p];
-            let widest = ops.iter().map(|op| op.n_out).max().unwrap_or(0);
-            let table = SharedMut::new(t);
-            pool.for_each(pos.len(), 32, &|range, _| {
-                let mut y = vec![0f32; widest];
-                for u in range {
-                    let at = pos[u] as usize * ub;
-                    // SAFETY: `pos` is a permutation of the site's units, so unit u alone writes
-                    // the table's bytes at its position; they lie in the table (n_groups ·
-                    // group_size ≥ units, each of `ub` bytes).
-                    let dst = unsafe { table.slice(at..at + ub) };
-                    let mut off = 0;
-                    for op in ops {
-                        let cb = op.n_out / 32 * 34;
-                        op.column_f32(file, u as u32, &mut y[..op.n_out]);
-                        ColType::Q8_0.quantize_col(&y[..op.n_out], &mut dst[off..off + cb]);
-                        off += cb;
-                    }
-                }
-            });
+            fill_table(pool, ops, file, &positions[p], shapes[p].unit_bytes(), t);
         };
-        let gpu = dev.column_pools(specs, &mut fill)?;
+        let gpu = pools(specs, &mut fill)?;
         let balancer = NeuronBalancer::new(o.policy, &positions, &sizes, &slots);
         self.hybrid = Some(HybridTier {
             gpu,
@@ -370,5 +402,79 @@ mod tests {
         assert_eq!(auto_group(3000, 64 << 10), 16);
         assert_eq!(auto_group(100, 1 << 20), MAX_GROUP);
         assert_eq!(auto_group(1 << 20, 64 << 10), 1);
+    }
+
+    /// The host tables hold each unit's own columns (Q8_0 of the pack's), at its position.
+    #[test]
+    fn tables_hold_the_pack_columns() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let gguf = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let dir = tempfile::tempdir().unwrap();
+        let pack = dir.path().join("smol.sift");
+        sift_store::pack_model(&gguf, &pack, &sift_store::PackOptions::default(), |_| {}).unwrap();
+        let model = sift_store::open_model(&pack).unwrap();
+        let cols = column_ops(&model).unwrap();
+        // A unit's column is the GGUF matrix's column.
+        let w = &model.layers[3].w_gate;
+        let mut row = vec![0f32; w.cols];
+        let mut col = vec![0f32; w.rows];
+        let gate = &site_col_ops(&cols[3], Site::FfnIn)[0];
+        for u in [0u32, 5, 300] {
+            gate.column_f32(model.pack_bytes(), u, &mut col);
+            for r in [0usize, 1, 33, 700] {
+                w.ty.dequantize_row(model.row(w, r), &mut row);
+                assert!((row[u as usize] - col[r]).abs() < 1e-4, "unit {u} row {r}: {} vs {}", col[r], row[u as usize]);
+            }
+        }
+        let pool = crate::pool::ThreadPool::new(2);
+        for site in HYBRID_SITES {
+            let ops = site_col_ops(&cols[3], site);
+            let n = ops[0].n_in;
+            // A permutation of the units: reversed.
+            let pos: Vec<u32> = (0..n as u32).rev().collect();
+            let n_out: usize = ops.iter().map(|op| op.n_out).sum();
+            let ub = n_out / 32 * 34;
+            let mut t = vec![0u8; n * ub];
+            fill_table(&pool, ops, model.pack_bytes(), &pos, ub, &mut t);
+            // A product over half the units: the table's (the GPU's reference) vs the pack's.
+            let active: Vec<u32> = (0..n as u32).filter(|u| u % 2 == 1 || u % 7 == 0).collect();
+            let coef: Vec<f32> = active.iter().map(|&u| ((u * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let idx: Vec<u32> = active.iter().map(|&u| pos[u as usize]).collect();
+            let mut got = vec![0f32; n_out];
+            sift_gpu::axpy_cols_q8_ref(&t, ub, &idx, &coef, &mut got);
+            let mut outs: Vec<Vec<f32>> = ops.iter().map(|op| vec![0f32; op.n_out]).collect();
+            let mut jobs: Vec<crate::sparse::ColJob<'_>> = ops
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(op, out)| crate::sparse::tensor_job(op, model.pack_bytes(), &active, out))
+                .collect();
+            crate::sparse::column_matmul(&pool, &active, &coef, &mut jobs, &mut Vec::new());
+            let want: Vec<f32> = outs.concat();
+            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            assert!(err <= 0.01 * scale, "{site:?}: product differs by {err} (largest output {scale})");
+            for u in [0u32, 1, 77, n as u32 - 1] {
+                let mut got = vec![0f32; n_out];
+                ColType::Q8_0.dequantize_col(&t[pos[u as usize] as usize * ub..][..ub], &mut got);
+                let mut off = 0;
+                for op in ops {
+                    let mut want = vec![0f32; op.n_out];
+                    op.column_f32(model.pack_bytes(), u, &mut want);
+                    for b in 0..op.n_out / 32 {
+                        let blk = &want[b * 32..(b + 1) * 32];
+                        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        for k in 0..32 {
+                            let (w, g) = (blk[k], got[off + b * 32 + k]);
+                            assert!(
+                                (w - g).abs() <= amax / 127.0 + 1e-6,
+                                "{site:?} unit {u} value {}: {g} vs {w}",
+                                b * 32 + k
+                            );
+                        }
+                    }
+                    off += op.n_out;
+                }
+            }
+        }
     }
 }

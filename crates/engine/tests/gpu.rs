@@ -147,32 +147,47 @@ fn gpu_layers_give_the_cpu_choices_and_perplexity() {
     }
 }
 
-/// Teacher-forced decode on a pack with Top-K 0.5: the logits of each step after a prompt.
+/// Teacher-forced decode: the logits of each step after a prompt.
 fn decode_logits(e: &mut Engine, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
     e.truncate(0);
     e.eval(prompt, Logits::Last).unwrap();
     forced.iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect()
 }
 
-fn topk_half(e: &mut Engine) {
-    use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
-    let cfg = SparsityConfig {
-        method: Method::TopK,
-        ratios: Ratios::uniform(Method::TopK, e.config().n_layer, 0.5).unwrap(),
-        gamma: 0.2,
-        cache_fraction: None,
-        alpha: 0.4,
-        core_magnitude: false,
-    };
-    e.set_selector(build_selector(&cfg, e.site_dims(), None).unwrap());
+/// Every other input unit of every site: a selection numeric differences cannot change.
+struct EveryOther;
+
+impl Selector for EveryOther {
+    fn describe(&self) -> String {
+        "every other unit".into()
+    }
+    fn select(&mut self, _: usize, _: Site, _: Phase, row: &[f32], active: &mut Vec<u32>) -> Selection {
+        active.clear();
+        active.extend((0..row.len() as u32).filter(|j| j % 2 == 0));
+        Selection::Subset
+    }
 }
 
-/// KAIROX's hybrid decode (`sift_engine::hybrid`): for every policy, half of the FFN's unit
-/// groups on the GPU, a WikiText-2 prompt and 24 teacher-forced decode steps give the CPU's
-/// greedy choices (>= 90 % of steps) and its logits (mean |Δ| <= 5 % of the logits' spread: the
-/// GPU multiplies f32 activations by Q8_0 copies of the columns, the CPU rounds activations to
-/// 8 bits over the pack's own columns); the GPU really computes a share, and every policy but
-/// static loads groups while decoding.
+/// Greedy agreement and mean |Δlogit| over the logits' spread.
+fn compare(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
+    let top = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let agree = got.iter().zip(want).filter(|(g, w)| top(g) == top(w)).count() as f64 / want.len() as f64;
+    let mut rel = 0.0;
+    for (g, w) in got.iter().zip(want) {
+        let mean = w.iter().map(|&v| v as f64).sum::<f64>() / w.len() as f64;
+        let spread = (w.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+        rel += g.iter().zip(w).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / w.len() as f64 / spread;
+    }
+    (agree, rel / want.len() as f64)
+}
+
+/// KAIROX's hybrid decode on the GPU (`sift_engine::hybrid`): for every policy, half of the FFN
+/// columns' bytes on the GPU, a WikiText-2 prompt and 24 teacher-forced steps under a fixed
+/// selection give the CPU's greedy choices (>= 95 %) and logits (mean |Δ| <= 2 % of their spread:
+/// the GPU's share uses Q8_0 copies of the columns), and the host emulation's logits within the
+/// same 2 % (measured on an H200: 1.1 %; only the order of the sums differs, and summing the
+/// emulation's columns in reverse order alone moves SmolLM2's logits by 1.2 % of their spread over
+/// these 24 steps); twice, the second sequence starting from the first one's groups.
 #[test]
 fn hybrid_decode_gives_the_cpu_logits_for_every_policy() {
     use sift_engine::balancer::BalancePolicy;
@@ -187,41 +202,36 @@ fn hybrid_decode_gives_the_cpu_logits_for_every_policy() {
     sift_store::pack_model(&gguf, &pack, &sift_store::PackOptions::default(), |_| {}).unwrap();
     let ids = wiki_ids(&model(), 64);
     let (prompt, forced) = (&ids[..40], &ids[40..64]);
-    let mut cpu = Engine::new(sift_store::open_model(&pack).unwrap(), &opts());
-    topk_half(&mut cpu);
-    let want = decode_logits(&mut cpu, prompt, forced);
-    let top = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
-    for name in BalancePolicy::NAMES {
+    let engine = || {
         let mut e = Engine::new(sift_store::open_model(&pack).unwrap(), &opts());
-        topk_half(&mut e);
-        let o = HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: None, gpu_bytes: 40 << 20 };
+        e.set_selector(Box::new(EveryOther));
+        e
+    };
+    let want = decode_logits(&mut engine(), prompt, forced);
+    for name in BalancePolicy::NAMES {
+        let o =
+            HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: Some(16), gpu_bytes: 42 << 20 };
+        let mut emulated = engine();
+        emulated.attach_hybrid_emulated(&o).unwrap();
+        let mut e = engine();
         e.attach_hybrid(GpuDevice::open(0).unwrap(), &o).unwrap();
         eprintln!("{}", e.hybrid().unwrap().summary());
-        // Twice: the second sequence starts from the first one's groups.
         for round in 0..2 {
             let got = decode_logits(&mut e, prompt, forced);
-            let agree = got.iter().zip(&want).filter(|(g, w)| top(g) == top(w)).count() as f64 / want.len() as f64;
-            let (mut diff, mut spread) = (0f64, 0f64);
-            for (g, w) in got.iter().zip(&want) {
-                let mean = w.iter().map(|&v| v as f64).sum::<f64>() / w.len() as f64;
-                spread += (w.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
-                diff += g.iter().zip(w).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / w.len() as f64;
-            }
+            let (agree, rel) = compare(&got, &want);
+            let (_, vs_host) = compare(&got, &decode_logits(&mut emulated, prompt, forced));
             let r = e.hybrid().unwrap().report();
             eprintln!(
-                "{name} round {round}: greedy agree {:.1} %, mean |Δlogit| {:.4} (spread {:.4}); CPU share {:.1} %, {:.1} loads/token",
+                "{name} round {round}: greedy agree {:.1} %, mean |Δlogit| {:.2} % of the spread ({:.3} % vs the host emulation); CPU share {:.1} %",
                 agree * 100.0,
-                diff / want.len() as f64,
-                spread / want.len() as f64,
-                r.cpu_share * 100.0,
-                r.reloads_per_token
+                rel * 100.0,
+                vs_host * 100.0,
+                r.cpu_share * 100.0
             );
-            assert!(agree >= 0.9, "{name}: greedy choices agree at {agree}");
-            assert!(diff <= 0.05 * spread, "{name}: mean |Δlogit| {diff} vs spread {spread}");
-            assert!(r.cpu_share < 0.9, "{name}: the GPU computed {:.1} % only", 100.0 * (1.0 - r.cpu_share));
-            if *name != "static" {
-                assert!(r.reloads_per_token > 0.0, "{name}: no loads while decoding");
-            }
+            assert!(agree >= 0.95, "{name}: greedy choices agree at {agree}");
+            assert!(rel <= 0.02, "{name}: mean |Δlogit| {rel} of the spread");
+            assert!(vs_host <= 0.02, "{name}: {vs_host} from the host emulation");
+            assert!(r.cpu_share < 0.8, "{name}: the GPU computed {:.1} % only", 100.0 * (1.0 - r.cpu_share));
         }
     }
 }

@@ -57,8 +57,55 @@ impl ColumnPoolSpec {
 /// Column pools on the GPU and their host tables (see the module docs).
 pub struct GpuColumns {
     pub specs: Vec<ColumnPoolSpec>,
+    backend: Backend,
+}
+
+enum Backend {
+    /// The pools in host memory, products by [`axpy_cols_q8_ref`]: the reference the CUDA
+    /// pools are tested against, and how the hybrid path is tested without a GPU.
+    Host(HostColumns),
     #[cfg(feature = "cuda")]
-    pub(crate) inner: crate::cuda_columns::Columns,
+    Cuda(Box<crate::cuda_columns::Columns>),
+}
+
+struct HostColumns {
+    tables: Vec<Vec<u8>>,
+    slots: Vec<Vec<u8>>,
+    y: Vec<f32>,
+    in_flight: bool,
+}
+
+/// `y[k] += Σ_i coef[i] · C[idx[i]][k]` over Q8_0 columns of `col_bytes` in `pool`: the scalar
+/// reference of kernels.cu's `axpy_cols_q8` (which sums in chunks of 64 columns, atomically, so
+/// results differ by float reassociation only).
+pub fn axpy_cols_q8_ref(pool: &[u8], col_bytes: usize, idx: &[u32], coef: &[f32], y: &mut [f32]) {
+    let mut w = vec![0f32; col_bytes / 34 * 32];
+    for (&c, &a) in idx.iter().zip(coef) {
+        sift_quant::ColType::Q8_0.dequantize_col(&pool[c as usize * col_bytes..(c as usize + 1) * col_bytes], &mut w);
+        for (o, v) in y.iter_mut().zip(&w) {
+            *o += a * v;
+        }
+    }
+}
+
+impl GpuColumns {
+    /// The pools in host memory (no GPU): loads are copies, products [`axpy_cols_q8_ref`].
+    pub fn emulated(specs: Vec<ColumnPoolSpec>, fill: &mut dyn FnMut(usize, &mut [u8])) -> GpuColumns {
+        let mut tables = Vec::with_capacity(specs.len());
+        let mut slots = Vec::with_capacity(specs.len());
+        for (i, s) in specs.iter().enumerate() {
+            let mut t = vec![0u8; s.table_bytes() as usize];
+            fill(i, &mut t);
+            tables.push(t);
+            slots.push(vec![0u8; s.device_bytes() as usize]);
+        }
+        GpuColumns { specs, backend: Backend::Host(HostColumns { tables, slots, y: Vec::new(), in_flight: false }) }
+    }
+
+    /// Whether the pools are on a GPU (not [`GpuColumns::emulated`]).
+    pub fn on_gpu(&self) -> bool {
+        !matches!(self.backend, Backend::Host(_))
+    }
 }
 
 impl GpuDevice {
@@ -87,7 +134,7 @@ impl GpuDevice {
         #[cfg(feature = "cuda")]
         {
             let inner = crate::cuda_columns::Columns::new(&self.inner, &specs, fill)?;
-            Ok(GpuColumns { specs, inner })
+            Ok(GpuColumns { specs, backend: Backend::Cuda(Box::new(inner)) })
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -125,24 +172,28 @@ impl GpuColumns {
     /// Queues group `group` of `pool`'s table into slot `slot` on the reload stream.
     pub fn load(&mut self, pool: usize, group: u32, slot: u32) -> Result<(), GpuError> {
         self.check(pool, group, slot)?;
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.load(&self.specs[pool], pool, group as usize, slot as usize)
+        let s = self.specs[pool];
+        match &mut self.backend {
+            Backend::Host(h) => {
+                let gb = s.group_bytes();
+                let (g, sl) = (group as usize, slot as usize);
+                h.slots[pool][sl * gb..(sl + 1) * gb].copy_from_slice(&h.tables[pool][g * gb..(g + 1) * gb]);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.load(&s, pool, group as usize, slot as usize),
         }
-        #[cfg(not(feature = "cuda"))]
-        unreachable!("GpuColumns exist only in builds with the cuda feature")
     }
 
     /// Whether every load queued for `pool` has arrived (a computation now would not wait).
     pub fn loads_ready(&self, pool: usize) -> bool {
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.loads_ready(pool)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = pool;
-            true
+        match &self.backend {
+            Backend::Host(_) => {
+                let _ = pool;
+                true
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.loads_ready(pool),
         }
     }
 
@@ -161,35 +212,46 @@ impl GpuColumns {
                 msg: format!("{} indices for {} factors, or an index past its {cols} columns", idx.len(), coef.len()),
             });
         }
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.compute(&s, pool, idx, coef)
+        match &mut self.backend {
+            Backend::Host(h) => {
+                if h.in_flight {
+                    return Err(GpuError::Driver("a column computation is already in flight".into()));
+                }
+                h.y.clear();
+                h.y.resize(s.n_out, 0.0);
+                axpy_cols_q8_ref(&h.slots[pool], s.unit_bytes(), idx, coef, &mut h.y);
+                h.in_flight = true;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.compute(&s, pool, idx, coef),
         }
-        #[cfg(not(feature = "cuda"))]
-        unreachable!("GpuColumns exist only in builds with the cuda feature")
     }
 
     /// Waits for the computation queued last and adds its `n_out` values into `y`.
     pub fn finish(&mut self, y: &mut [f32]) -> Result<(), GpuError> {
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.finish(y)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = y;
-            unreachable!("GpuColumns exist only in builds with the cuda feature")
+        match &mut self.backend {
+            Backend::Host(h) => {
+                if !std::mem::take(&mut h.in_flight) {
+                    return Err(GpuError::Driver("no column computation in flight".into()));
+                }
+                for (o, v) in y.iter_mut().zip(&h.y) {
+                    *o += v;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.finish(y),
         }
     }
 
     /// Waits until every queued load has arrived.
     pub fn sync_loads(&mut self) -> Result<(), GpuError> {
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.sync_loads()
+        match &mut self.backend {
+            Backend::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.sync_loads(),
         }
-        #[cfg(not(feature = "cuda"))]
-        unreachable!("GpuColumns exist only in builds with the cuda feature")
     }
 }
 

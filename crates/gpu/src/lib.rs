@@ -23,7 +23,7 @@ mod cuda;
 mod cuda_columns;
 pub mod stack;
 
-pub use columns::{ColumnPoolSpec, GpuColumns, GpuProbe};
+pub use columns::{axpy_cols_q8_ref, ColumnPoolSpec, GpuColumns, GpuProbe};
 use sift_quant::WeightType;
 pub use stack::{GpuHead, GpuKv, GpuLayer, GpuVec, StackDims};
 
