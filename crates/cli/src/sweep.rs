@@ -82,6 +82,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             prefill_sparsity: 0.0,
             prefill_masks: Default::default(),
             prefill_predictor: None,
+            prefill_compensator: None,
         };
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;
         engine.reset_stats();

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use sift_engine::predictor::{default_path, model_identity, ExpertPredictors};
 use sift_engine::{Engine, EngineOptions};
 use sift_train::collect::collect_blocks;
+use sift_train::compensate::{collect_errors, down_transposed, train_compensator, CompOptions};
 use sift_train::prefill::{recall, train_predictor, TrainOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -66,6 +67,16 @@ pub struct TrainPrefillArgs {
     /// Threads to compute with (default: all cores)
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// Steps of the error compensator's training after the predictor's (0: no compensator);
+    /// the first third on the oracle's masks, the rest on the predictor's
+    #[arg(long = "compensator-steps", default_value_t = 300)]
+    pub compensator_steps: usize,
+    /// Blocks (128 tokens each) per compensator step
+    #[arg(long = "compensator-batch", default_value_t = 4)]
+    pub compensator_batch: usize,
+    /// The compensator's learning rate
+    #[arg(long = "compensator-lr", default_value_t = 1e-3)]
+    pub compensator_lr: f64,
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
@@ -77,6 +88,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
     anyhow::ensure!(a.blocks >= 1 && a.steps >= 1 && a.batch >= 1, "--blocks, --steps and --batch must be at least 1");
+    anyhow::ensure!(
+        a.compensator_steps <= 1 << 20 && a.compensator_batch <= 4096 && a.compensator_lr.is_finite() && a.compensator_lr > 0.0,
+        "--compensator-steps (at most 2^20), --compensator-batch (at most 4096) or --compensator-lr (positive) out of range"
+    );
     anyhow::ensure!(
         a.blocks <= 1 << 16 && a.batch <= 4096,
         "--blocks (at most 65536) or --batch (at most 4096) too large"
@@ -133,17 +148,89 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         current = Some(p);
     }
     eprintln!();
-    let p = current.expect("at least one step");
+    let mut p = current.expect("at least one step");
     let r = recall(&p, &data, opts.keep);
+    if a.compensator_steps > 0 {
+        // The error targets: the same blocks again, each block's GLU masked by the oracle's and
+        // the predictor's choice, through the down projection in its GGUF layout.
+        let plain = sift_store::open_model(&a.model).with_context(|| format!("cannot open '{}'", a.model.display()))?;
+        let down = down_transposed(&plain)?;
+        drop(plain);
+        let t2 = std::time::Instant::now();
+        let errs = collect_errors(
+            &mut engine,
+            &tokens,
+            a.seq_blocks,
+            a.blocks,
+            down,
+            std::sync::Arc::new(p.clone()),
+            opts.keep,
+            &mut |k| {
+                eprint!("\rsift: compensator targets: block {k}/{}   ", data.blocks);
+                let _ = std::io::stderr().flush();
+            },
+        )?;
+        eprintln!("\nsift: error targets of {} blocks in {:.1} s", errs.blocks, t2.elapsed().as_secs_f64());
+        let co = CompOptions {
+            steps: a.compensator_steps,
+            batch: a.compensator_batch.max(1),
+            lr: a.compensator_lr,
+            seed: a.seed,
+        };
+        let t3 = std::time::Instant::now();
+        train_compensator(&data, &errs, &co, &mut p, &mut |s, loss| {
+            eprint!(
+                "\rsift: compensator: step {s}/{} loss {loss:.4} (relative MSE; {:.0} s)   ",
+                co.steps,
+                t3.elapsed().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+        })?;
+        eprintln!();
+        // Kept on by default only if it lowers the perplexity of held-out text (the end of the
+        // training text, past what the blocks used) under sparse prefill with the predictor.
+        let ctx = eo.n_ctx;
+        if tokens.len() >= 8 * ctx {
+            let held = &tokens[tokens.len() - 4 * ctx..];
+            engine.set_prefill_sparsity(a.ratio);
+            engine.set_prefill_predictor(Some(std::sync::Arc::new(p.clone())));
+            engine.set_prefill_masks(sift_engine::prefill::PrefillMasks::Predicted);
+            let mut ppl = [0f64; 2];
+            for (i, on) in [true, false].into_iter().enumerate() {
+                engine.set_prefill_compensator(on);
+                ppl[i] = sift_engine::perplexity::perplexity(&mut engine, held, ctx, Some(4), None, |_, _| {})?.ppl;
+            }
+            p.header.comp_on = ppl[0] < ppl[1];
+            p.header.comp_check = Some((ppl[0], ppl[1]));
+            eprintln!(
+                "sift: held-out perplexity (4 x {ctx} tokens, prefill sparsity {}): {:.3} with the compensator, {:.3} without: {} by default",
+                a.ratio,
+                ppl[0],
+                ppl[1],
+                if p.header.comp_on { "on" } else { "off" }
+            );
+        } else {
+            eprintln!("sift: the training text is too short for a held-out check ({} tokens, {} needed): the compensator is on by default", tokens.len(), 8 * ctx);
+        }
+        p.save(&out)?;
+    }
     eprintln!(
-        "sift: wrote '{}': {} layers, r = {}, {} steps, loss {:.4}; top-{:.0}% recall on the training blocks {:.1}%",
+        "sift: wrote '{}': {} layers, r = {}, {} steps, loss {:.4}; top-{:.0}% recall on the training blocks {:.1}%{}",
         out.display(),
         p.header.n_layer,
         p.header.rank,
         p.header.steps,
         p.header.loss,
         100.0 * opts.keep,
-        100.0 * r
+        100.0 * r,
+        if p.has_compensator() {
+            format!(
+                "; compensator r' = {}, {} steps, relative MSE {:.4}",
+                p.header.comp_rank, p.header.comp_steps, p.header.comp_loss
+            )
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }

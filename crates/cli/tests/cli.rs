@@ -876,10 +876,29 @@ fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
     std::os::unix::fs::symlink(std::fs::canonicalize(model()).unwrap(), &bare).unwrap();
     let wiki = root().join("tests/fixtures/wiki.test.head16k.raw");
     let (m_s, text_s) = (m.to_str().unwrap(), wiki.to_str().unwrap());
-    let train = ["train", "prefill", "-m", m_s, "-f", text_s, "--blocks", "3", "--seq-blocks", "4"];
+    let train = [
+        "train",
+        "prefill",
+        "-m",
+        m_s,
+        "-f",
+        text_s,
+        "--blocks",
+        "3",
+        "--seq-blocks",
+        "4",
+        "--compensator-steps",
+        "6",
+        "--compensator-batch",
+        "1",
+    ];
     let o = sift(&[&train[..], &["--steps", "4", "--batch", "2", "-t", "2", "--checkpoint-every", "2"]].concat());
     assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("wrote"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("wrote") && text(&o.stderr).contains("compensator r' = 72"),
+        "{}",
+        text(&o.stderr)
+    );
     let side = dir.path().join("m.gguf.prefill");
     assert!(side.exists());
     let o = sift(&[&train[..], &["--batch", "2", "-t", "2", "--resume", "--steps", "2"]].concat());
@@ -892,6 +911,8 @@ fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
     let o = ppl(m_s, &["--prefill-sparsity", "0.5"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("expert predictor"), "{}", text(&o.stderr));
+    let o = ppl(m_s, &["--prefill-sparsity", "0.5", "--prefill-compensator", "on"]);
+    assert!(o.status.success() && text(&o.stderr).contains("error compensator (r' = 72"), "{}", text(&o.stderr));
     // No predictor beside the model: auto keeps the oracle, `predicted` says what to do.
     let o = ppl(bare.to_str().unwrap(), &["--prefill-sparsity", "0.5"]);
     assert!(o.status.success() && !text(&o.stderr).contains("expert predictor"), "{}", text(&o.stderr));

@@ -113,6 +113,8 @@ pub struct Engine {
     gpu: Option<GpuLayers>,
     /// FastForward's trained expert predictor (`--prefill-masks predicted`).
     pub(crate) predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
+    /// Whether sparse blocks add the predictor file's error compensator (when it has one).
+    pub(crate) prefill_compensate: bool,
     /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
     ffn_observer: Option<Box<dyn FfnObserver>>,
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
@@ -197,6 +199,7 @@ impl Engine {
             predictor: None,
             ffn_observer: None,
             hybrid: None,
+            prefill_compensate: true,
         }
     }
 
@@ -220,6 +223,17 @@ impl Engine {
     }
 
     /// How sparse prompt blocks choose their neurons from now on.
+    /// Whether sparse prompt blocks add the error compensator of the predictor file (when it
+    /// has one; `--prefill-compensator`).
+    pub fn set_prefill_compensator(&mut self, on: bool) {
+        self.prefill_compensate = on;
+    }
+
+    /// The share of FFN neurons sparse prompt blocks skip (0: dense prefill; `--prefill-sparsity`).
+    pub fn set_prefill_sparsity(&mut self, ratio: f32) {
+        self.prefill.0 = ratio.clamp(0.0, 0.99);
+    }
+
     pub fn set_prefill_masks(&mut self, masks: PrefillMasks) {
         self.prefill.1 = masks;
     }

@@ -8,10 +8,16 @@
 //! `a = softmax(q·Xᵀ / √d) X`, then a two-layer MLP, `s = ReLU(a·W1)·W2`, one score per neuron;
 //! the block keeps the top-K scores (eqs. 12–14).
 //!
+//! The same file may hold FastForward's **error compensator** (§3.3): per layer a two-layer
+//! network on each token's FFN input, `c = ReLU(x·C1)·C2` with `C1` (d × r'), `C2` (r' × d),
+//! r' = d/8, added to a sparse block's FFN output (eq. 21); trained by layerwise distillation
+//! towards what the skipped neurons would have added.
+//!
 //! # The side file (`MODEL.prefill`, next to the model)
 //! `SIFTPRED`, u32 format version, u32 JSON header length, the JSON [`PredictorHeader`], then the
 //! f32 weights (little-endian) of every layer in order: `q` (d), `W1` (d × r, row-major), `W2`
-//! (r × n_ff). The header records the model it was trained on (file name, size, shape) and the
+//! (r × n_ff), and with a compensator (`comp_rank` r' > 0) `C1` (d × r'), `C2` (r' × d).
+//! Version 1 files (no compensator) are still read. The header records the model it was trained on (file name, size, shape) and the
 //! CRC-32 of the weights; a file for another model, of another version, cut short or altered is
 //! refused with a message that says to train again.
 
@@ -20,8 +26,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SIFTPRED";
-/// The side file's format version.
-pub const PREDICTOR_VERSION: u32 = 1;
+/// The side file's format version (2: an optional compensator; 1 is still read).
+pub const PREDICTOR_VERSION: u32 = 2;
 /// Largest header accepted (a hostile length must not allocate gigabytes).
 const MAX_HEADER: usize = 1 << 20;
 
@@ -56,6 +62,24 @@ pub struct PredictorHeader {
     pub loss: f32,
     /// CRC-32 of the weights.
     pub crc32: u32,
+    /// The compensator's inner width r' (0: none), its training steps and final loss (the MSE
+    /// over the skipped neurons' share of the FFN output).
+    #[serde(default)]
+    pub comp_rank: usize,
+    #[serde(default)]
+    pub comp_steps: usize,
+    #[serde(default)]
+    pub comp_loss: f32,
+    /// Whether the compensator is used by default: `sift train prefill` keeps it on only when it
+    /// lowered the perplexity of held-out text under sparse prefill (the two perplexities).
+    #[serde(default = "default_true")]
+    pub comp_on: bool,
+    #[serde(default)]
+    pub comp_check: Option<(f64, f64)>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// One layer's predictor.
@@ -67,6 +91,9 @@ pub struct LayerPredictor {
     pub w1: Vec<f32>,
     /// r × n_ff, row-major.
     pub w2: Vec<f32>,
+    /// The compensator: d × r' and r' × d, row-major (empty without one).
+    pub c1: Vec<f32>,
+    pub c2: Vec<f32>,
 }
 
 /// Every layer's predictor of a model.
@@ -79,6 +106,11 @@ pub struct ExpertPredictors {
 /// The MLP's inner width for a model of width `d` (the paper's d/16, up to a power of two).
 pub fn predictor_rank(d: usize) -> usize {
     d.div_ceil(16).next_power_of_two()
+}
+
+/// The compensator's inner width for a model of width `d` (the paper's d/8).
+pub fn compensator_rank(d: usize) -> usize {
+    d.div_ceil(8)
 }
 
 /// How a side file names its model: file name, GGUF size and shape.
@@ -134,9 +166,40 @@ impl ExpertPredictors {
         }
     }
 
+    /// Whether the file holds a compensator.
+    pub fn has_compensator(&self) -> bool {
+        self.header.comp_rank > 0
+    }
+
+    /// Adds the compensator's correction `ReLU(x·C1)·C2` of each of `n` rows of `x` (d) to the
+    /// rows of `out` (d); nothing without a compensator.
+    pub fn compensate(&self, layer: usize, x: &[f32], n: usize, out: &mut [f32]) {
+        let (d, r) = (self.header.n_embd, self.header.comp_rank);
+        if r == 0 {
+            return;
+        }
+        let p = &self.layers[layer];
+        let mut hid = vec![0f32; r];
+        for (row, o) in x[..n * d].chunks_exact(d).zip(out[..n * d].chunks_exact_mut(d)) {
+            hid.fill(0.0);
+            for (xi, c1row) in row.iter().zip(p.c1.chunks_exact(r)) {
+                for (h, &w) in hid.iter_mut().zip(c1row) {
+                    *h += xi * w;
+                }
+            }
+            for (&h, c2row) in hid.iter().zip(p.c2.chunks_exact(d)) {
+                if h > 0.0 {
+                    for (oi, &w) in o.iter_mut().zip(c2row) {
+                        *oi += h * w;
+                    }
+                }
+            }
+        }
+    }
+
     /// The weights in file order.
     fn weights(&self) -> impl Iterator<Item = &f32> {
-        self.layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2))
+        self.layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2).chain(&l.c1).chain(&l.c2))
     }
 
     /// Writes the side file (a temporary file in the same folder, renamed over `path`).
@@ -181,8 +244,8 @@ impl ExpertPredictors {
             return Err(bad("no SIFTPRED header".into()));
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        if version != PREDICTOR_VERSION {
-            return Err(bad(format!("format version {version}, this sift reads {PREDICTOR_VERSION}")));
+        if version == 0 || version > PREDICTOR_VERSION {
+            return Err(bad(format!("format version {version}, this sift reads 1 to {PREDICTOR_VERSION}")));
         }
         let hlen = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
         if hlen > MAX_HEADER || 16 + hlen > bytes.len() {
@@ -190,9 +253,15 @@ impl ExpertPredictors {
         }
         let header: PredictorHeader =
             serde_json::from_slice(&bytes[16..16 + hlen]).map_err(|e| bad(format!("header: {e}")))?;
-        let (d, r, ff, nl) = (header.n_embd, header.rank, header.n_ff, header.n_layer);
-        let per_layer =
-            d.checked_mul(r).and_then(|dr| d.checked_add(dr)).and_then(|x| x.checked_add(r.checked_mul(ff)?));
+        let (d, r, ff, nl, rc) = (header.n_embd, header.rank, header.n_ff, header.n_layer, header.comp_rank);
+        if version == 1 && rc > 0 {
+            return Err(bad("a version-1 file with a compensator".into()));
+        }
+        let per_layer = d
+            .checked_mul(r)
+            .and_then(|dr| d.checked_add(dr))
+            .and_then(|x| x.checked_add(r.checked_mul(ff)?))
+            .and_then(|x| x.checked_add(d.checked_mul(rc)?.checked_mul(2)?));
         let data = &bytes[16 + hlen..];
         let want = per_layer.and_then(|p| p.checked_mul(nl)).and_then(|w| w.checked_mul(4));
         if want != Some(data.len()) || d == 0 || r == 0 || ff == 0 {
@@ -206,9 +275,20 @@ impl ExpertPredictors {
         }
         let mut vals = data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
         let mut take = |n: usize| -> Vec<f32> { vals.by_ref().take(n).collect() };
-        let layers =
-            (0..nl).map(|_| LayerPredictor { q: take(d), w1: take(d * r), w2: take(r * ff) }).collect::<Vec<_>>();
-        if layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2)).any(|v| !v.is_finite()) {
+        let layers = (0..nl)
+            .map(|_| LayerPredictor {
+                q: take(d),
+                w1: take(d * r),
+                w2: take(r * ff),
+                c1: take(d * rc),
+                c2: take(rc * d),
+            })
+            .collect::<Vec<_>>();
+        if layers
+            .iter()
+            .flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2).chain(&l.c1).chain(&l.c2))
+            .any(|v| !v.is_finite())
+        {
             return Err(bad("weights that are not finite numbers".into()));
         }
         Ok(ExpertPredictors { header, layers })
@@ -235,11 +315,18 @@ mod tests {
                 seed: 0,
                 loss: 0.0,
                 crc32: 0,
+                comp_rank: 1,
+                comp_steps: 0,
+                comp_loss: 0.0,
+                comp_on: true,
+                comp_check: None,
             },
             layers: vec![LayerPredictor {
                 q: vec![0.0; d],
                 w1: vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
                 w2: vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0],
+                c1: vec![1.0, 1.0, 0.0, 0.0],
+                c2: vec![0.5, 0.0, 0.0, -1.0],
             }],
         }
     }
@@ -253,6 +340,35 @@ mod tests {
         let mut s = Vec::new();
         p.scores(0, &x, 2, &mut s);
         assert_eq!(s, vec![1.0, 2.0, 3.0]);
+    }
+
+    /// By hand: rows [1, 2, 0, 0] → x·C1 = 3 → ReLU 3 → · C2 = [1.5, 0, 0, −3]; rows
+    /// [−1, −1, 5, 5] → −2 → ReLU 0: no correction.
+    #[test]
+    fn the_compensator_adds_its_correction() {
+        let p = tiny();
+        let x = [1.0, 2.0, 0.0, 0.0, -1.0, -1.0, 5.0, 5.0];
+        let mut out = [1.0; 8];
+        p.compensate(0, &x, 2, &mut out);
+        assert_eq!(out, [2.5, 1.0, 1.0, -2.0, 1.0, 1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn version_one_files_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prefill");
+        let mut p = tiny();
+        p.header.comp_rank = 0;
+        for l in &mut p.layers {
+            l.c1.clear();
+            l.c2.clear();
+        }
+        p.save(&path).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let back = ExpertPredictors::parse(&path, &bytes).unwrap();
+        assert!(!back.has_compensator());
+        assert_eq!(back.layers, p.layers);
     }
 
     #[test]
@@ -272,7 +388,8 @@ mod tests {
             (flipped, "checksum"),
             (bytes[..bytes.len() - 4].to_vec(), "cut short"),
             (b"GGUF\x03\0\0\0junkjunkjunk".to_vec(), "SIFTPRED"),
-            ([&bytes[..8], &2u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 2"),
+            ([&bytes[..8], &3u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 3"),
+            ([&bytes[..8], &1u32.to_le_bytes()[..], &bytes[12..]].concat(), "version-1 file with a compensator"),
         ] {
             let e = ExpertPredictors::parse(&path, &bad).unwrap_err().to_string();
             assert!(e.contains(what) && e.contains("sift train prefill"), "{e}");

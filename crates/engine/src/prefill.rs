@@ -19,6 +19,10 @@
 //!   each column read once for the whole block; without one, the dense kernel on the masked GLU
 //!   (the same result within the kernels' rounding, no saving).
 //!
+//! With a trained file that holds FastForward's error compensator, its correction is added to each
+//! sparse block's FFN output ([`crate::predictor::ExpertPredictors::compensate`]; off with
+//! [`Engine::set_prefill_compensator`]).
+//!
 //! Not yet under `--memory`: with a tiered store the blocks run dense.
 
 use crate::forward::{Engine, EvalError};
@@ -126,7 +130,13 @@ impl Engine {
         }
         self.stats.prefill_neurons[0] += (n * k) as u64;
         self.stats.prefill_neurons[1] += (n * ff) as u64;
-        self.sparse_down(l, n, k, e)
+        self.sparse_down(l, n, k, e)?;
+        // The error compensator (§3.3): what the skipped neurons would have added, estimated
+        // from each token's FFN input.
+        if let (Some(p), true) = (&self.predictor, self.prefill_compensate) {
+            p.compensate(l, &self.s.h[..n * e], n, &mut self.s.o[..n * e]);
+        }
+        Ok(())
     }
 
     /// Gate and up for the chosen rows only: copied into compact matrices, run as a batch; leaves

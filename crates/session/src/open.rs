@@ -116,7 +116,10 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
     use sift_engine::predictor::{default_path, ExpertPredictors};
     use sift_engine::prefill::PrefillMasks;
     let wanted = sparsity.prefill_masks;
-    if sparsity.prefill_sparsity <= 0.0 || !matches!(wanted, None | Some(PrefillMasks::Predicted)) {
+    // Oracle or random masks use a file only when one is named (its compensator).
+    if sparsity.prefill_sparsity <= 0.0
+        || !(matches!(wanted, None | Some(PrefillMasks::Predicted)) || sparsity.prefill_predictor.is_some())
+    {
         return Ok(());
     }
     let found = match &sparsity.prefill_predictor {
@@ -133,14 +136,31 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
         return Ok(());
     };
     let p = ExpertPredictors::load(&file, &engine.model)?;
+    let on = sparsity.prefill_compensator.unwrap_or(p.header.comp_on);
+    engine.set_prefill_compensator(on);
+    let why = match (sparsity.prefill_compensator, p.header.comp_check) {
+        (Some(_), _) => " (--prefill-compensator)".to_string(),
+        (None, Some((with, without))) => format!(" (held-out perplexity {with:.3} with it, {without:.3} without)"),
+        (None, None) => String::new(),
+    };
+    let comp = match (p.has_compensator(), on) {
+        (false, _) => String::new(),
+        (true, true) => format!(
+            "; its error compensator (r' = {}, {} steps) corrects sparse blocks{why}",
+            p.header.comp_rank, p.header.comp_steps
+        ),
+        (true, false) => format!("; its error compensator is off{why}"),
+    };
+    let masks = wanted.unwrap_or(PrefillMasks::Predicted);
+    let how = if masks == PrefillMasks::Predicted { "chooses neurons with" } else { "uses" };
     eprintln!(
-        "sift: sparse prefill chooses neurons with the expert predictor '{}' ({} steps on {} blocks)",
+        "sift: sparse prefill {how} the expert predictor '{}' ({} steps on {} blocks){comp}",
         file.display(),
         p.header.steps,
         p.header.blocks
     );
     engine.set_prefill_predictor(Some(std::sync::Arc::new(p)));
-    engine.set_prefill_masks(PrefillMasks::Predicted);
+    engine.set_prefill_masks(masks);
     Ok(())
 }
 

@@ -92,6 +92,22 @@ pub struct SparsityOptions {
     /// GGUF)
     #[arg(long = "prefill-predictor", value_name = "FILE")]
     pub prefill_predictor: Option<PathBuf>,
+    /// The predictor file's error compensator on sparse blocks: auto (as `sift train prefill`
+    /// decided on held-out text), on, off
+    #[arg(long = "prefill-compensator", default_value = "auto", value_parser = parse_switch)]
+    pub prefill_compensator: Switch,
+}
+
+/// `auto` (`None`), `on` or `off`. (An alias, so that clap takes the value as parsed.)
+pub type Switch = Option<bool>;
+
+fn parse_switch(s: &str) -> Result<Switch, String> {
+    match s {
+        "auto" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        _ => Err(format!("'{s}': use auto, on or off")),
+    }
 }
 
 /// `--prefill-masks`: a mask source, or `None` for auto. (An alias, so that clap takes the value
@@ -168,6 +184,7 @@ impl SparsityOptions {
             prefill_sparsity: 0.0,
             prefill_masks: None,
             prefill_predictor: None,
+            prefill_compensator: None,
         }
     }
 

@@ -7,8 +7,11 @@
 //!   layer and block, the FFN's input and each neuron's activation norm (GRIFFIN's labels).
 //! - [`prefill`]: FastForward's expert predictor, trained with the paper's weighted BCE, saved
 //!   as `sift_engine::predictor::ExpertPredictors`.
+//! - [`compensate`]: FastForward's error compensator, trained by layerwise distillation on the
+//!   model's own errors under the oracle's and the predictor's masks, saved in the same file.
 
 #![forbid(unsafe_code)]
 
 pub mod collect;
+pub mod compensate;
 pub mod prefill;

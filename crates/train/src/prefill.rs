@@ -133,11 +133,15 @@ pub fn train_predictor(
         progress(step + 1, last);
     }
     let mut out = Vec::with_capacity(n_layer);
-    for l in &layers {
+    for (i, l) in layers.iter().enumerate() {
+        // A compensator of the file resumed from is kept as it is.
+        let (c1, c2) = init.map_or((Vec::new(), Vec::new()), |p| (p.layers[i].c1.clone(), p.layers[i].c2.clone()));
         out.push(LayerPredictor {
             q: l.q.as_tensor().to_vec1::<f32>()?,
             w1: l.w1.as_tensor().flatten_all()?.to_vec1::<f32>()?,
             w2: l.w2.as_tensor().flatten_all()?.to_vec1::<f32>()?,
+            c1,
+            c2,
         });
     }
     let steps_before = init.map_or(0, |p| p.header.steps);
@@ -155,6 +159,11 @@ pub fn train_predictor(
             seed: o.seed,
             loss: last,
             crc32: 0,
+            comp_rank: init.map_or(0, |p| p.header.comp_rank),
+            comp_steps: init.map_or(0, |p| p.header.comp_steps),
+            comp_loss: init.map_or(0.0, |p| p.header.comp_loss),
+            comp_on: init.is_none_or(|p| p.header.comp_on),
+            comp_check: init.and_then(|p| p.header.comp_check),
         },
         layers: out,
     })

@@ -63,3 +63,55 @@ fn a_short_run_learns_is_reproducible_and_resumes() {
     let err = ExpertPredictors::load(&path, &e.model).unwrap_err().to_string();
     assert!(err.contains("not for this model") && err.contains("sift train prefill"), "{err}");
 }
+
+/// FastForward's error compensator on the same blocks: the oracle's skipped neurons add less to
+/// the FFN output than the predictor's (the oracle keeps the largest); a short run lowers the
+/// relative MSE (1: no correction; C2 starts at zero) and is reproducible; the side file keeps
+/// it.
+#[test]
+fn a_short_compensator_run_learns_and_is_kept_in_the_file() {
+    use sift_train::compensate::{collect_errors, down_transposed, train_compensator, CompOptions};
+    let m = model();
+    let down = down_transposed(&m).unwrap();
+    let identity = model_identity(&m);
+    let tok = Tokenizer::from_gguf(&m.file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let ids = tok.encode(&text, true, false).unwrap();
+    let eo = EngineOptions { n_threads: 2, n_ctx: 512, n_batch: 128, ..EngineOptions::default() };
+    let mut e = Engine::new(m, &eo);
+    let data = collect_blocks(&mut e, &ids, 4, 6, &mut |_| {}).unwrap();
+    let o = TrainOptions { steps: 40, batch: 4, lr: 3e-3, keep: 0.5, seed: 7 };
+    let mut p = train_predictor(&data, &o, None, &mut |_, _| {}).unwrap();
+    let errs = collect_errors(&mut e, &ids, 4, 6, down, std::sync::Arc::new(p.clone()), 0.5, &mut |_| {}).unwrap();
+    assert_eq!(errs.blocks, 6);
+    let energy = |v: &[half::f16]| v.iter().map(|x| (x.to_f32() as f64).powi(2)).sum::<f64>();
+    let (eo_, ep) =
+        (errs.oracle.iter().map(|l| energy(l)).sum::<f64>(), errs.predicted.iter().map(|l| energy(l)).sum::<f64>());
+    eprintln!("error energy: oracle masks {eo_:.1}, predicted masks {ep:.1}");
+    assert!(eo_ < ep, "the oracle's skipped part {eo_} vs the predictor's {ep}");
+
+    let co = CompOptions { steps: 60, batch: 2, lr: 3e-3, seed: 3 };
+    let mut losses = Vec::new();
+    train_compensator(&data, &errs, &co, &mut p, &mut |_, l| losses.push(l)).unwrap();
+    // Minibatch losses are noisy: means of 5 steps, the first ones on the predictor's masks
+    // against the last ones.
+    let mean = |r: std::ops::Range<usize>| losses[r.clone()].iter().sum::<f32>() / r.len() as f32;
+    let (first, last) = (mean(co.steps / 3..co.steps / 3 + 5), mean(co.steps - 5..co.steps));
+    eprintln!(
+        "compensator relative MSE: step 1 {:.4}, first predicted-mask steps {first:.4}, last {last:.4}",
+        losses[0]
+    );
+    assert!(last < 0.9 * first, "relative MSE {first} -> {last}");
+    assert!(p.has_compensator() && p.header.comp_steps == 60);
+    let mut q = train_predictor(&data, &o, None, &mut |_, _| {}).unwrap();
+    train_compensator(&data, &errs, &co, &mut q, &mut |_, _| {}).unwrap();
+    assert_eq!(p.layers, q.layers, "the same seed gives the same compensator");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.prefill");
+    p.header.model = identity;
+    p.save(&path).unwrap();
+    let back = ExpertPredictors::load(&path, &e.model).unwrap();
+    assert_eq!(back.layers, p.layers);
+    assert_eq!(back.header.comp_rank, sift_engine::predictor::compensator_rank(e.config().n_embd));
+}
