@@ -83,6 +83,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             prefill_masks: Default::default(),
             prefill_predictor: None,
             prefill_compensator: None,
+            prefill_schedule: "layerwise".into(),
         };
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;
         engine.reset_stats();

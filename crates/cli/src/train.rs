@@ -8,6 +8,7 @@ use sift_engine::{Engine, EngineOptions};
 use sift_train::collect::collect_blocks;
 use sift_train::compensate::{collect_errors, down_transposed, train_compensator, CompOptions};
 use sift_train::prefill::{recall, train_predictor, TrainOptions};
+use sift_train::schedule::attention_mass;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -150,6 +151,20 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     eprintln!();
     let mut p = current.expect("at least one step");
     let r = recall(&p, &data, opts.keep);
+    // The layerwise schedule's importance: attention mass past the first block, on two
+    // sequences from the end of the text.
+    let t4 = std::time::Instant::now();
+    p.header.attn_mass = attention_mass(&mut engine, &tokens, eo.n_ctx, 2)?;
+    let keep = sift_engine::prefill::linear_schedule(&p.header.attn_mass, 1.0 - a.ratio);
+    let (lo, hi) = keep.iter().fold((f32::MAX, f32::MIN), |(a, b), &k| (a.min(k), b.max(k)));
+    eprintln!(
+        "sift: layerwise schedule from the attention mass ({:.1} s): layers keep {:.0}% to {:.0}% of their neurons at --prefill-sparsity {}",
+        t4.elapsed().as_secs_f64(),
+        100.0 * lo,
+        100.0 * hi,
+        a.ratio
+    );
+    p.save(&out)?;
     if a.compensator_steps > 0 {
         // The error targets: the same blocks again, each block's GLU masked by the oracle's and
         // the predictor's choice, through the down projection in its GGUF layout.

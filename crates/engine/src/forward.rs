@@ -115,6 +115,8 @@ pub struct Engine {
     pub(crate) predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
     /// Whether sparse blocks add the predictor file's error compensator (when it has one).
     pub(crate) prefill_compensate: bool,
+    /// FastForward's layerwise schedule: each layer's share of neurons kept (`None`: uniform).
+    pub(crate) prefill_keep: Option<Vec<f32>>,
     /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
     ffn_observer: Option<Box<dyn FfnObserver>>,
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
@@ -122,9 +124,12 @@ pub struct Engine {
 }
 
 /// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
-/// and its GLU `silu(gate)·up` (`n` rows of `n_ff`), before the down projection.
+/// and its GLU `silu(gate)·up` (`n` rows of `n_ff`), before the down projection; and, when it
+/// asks, each layer's queries and keys after RoPE (`n` rows of `n_embd_q` and `n_embd_kv`, the
+/// batch starting at position `pos`), for statistics of the attention (FastForward's schedule).
 pub trait FfnObserver: Send {
     fn ffn(&mut self, layer: usize, x: &[f32], glu: &[f32], n: usize);
+    fn attention(&mut self, _layer: usize, _q: &[f32], _k: &[f32], _n: usize, _pos: usize) {}
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -200,6 +205,7 @@ impl Engine {
             ffn_observer: None,
             hybrid: None,
             prefill_compensate: true,
+            prefill_keep: None,
         }
     }
 
@@ -227,6 +233,12 @@ impl Engine {
     /// has one; `--prefill-compensator`).
     pub fn set_prefill_compensator(&mut self, on: bool) {
         self.prefill_compensate = on;
+    }
+
+    /// Each layer's share of FFN neurons sparse prompt blocks keep (FastForward's layerwise
+    /// schedule, [`crate::prefill::linear_schedule`]); `None`: `1 − R` in every layer.
+    pub fn set_prefill_schedule(&mut self, keep: Option<Vec<f32>>) {
+        self.prefill_keep = keep;
     }
 
     /// The share of FFN neurons sparse prompt blocks skip (0: dense prefill; `--prefill-sparsity`).
@@ -713,10 +725,15 @@ impl Engine {
 
     /// Biases, RoPE, the KV cache append and attention over the projected q, k, v into `s.att`.
     fn attention_core(&mut self, l: usize, n: usize) {
-        let Engine { model, pool, kv, s, n_past, theta_scale, .. } = self;
+        let Engine { model, pool, kv, s, n_past, theta_scale, ffn_observer, .. } = self;
         let c = &model.config;
         let lw: &LayerWeights = &model.layers[l];
         let (qd, kvd) = (c.n_embd_q(), c.n_embd_kv());
+        let observe = |s: &Scratch, o: &mut Option<Box<dyn FfnObserver>>| {
+            if let Some(o) = o {
+                o.attention(l, &s.q[..n * qd], &s.k[..n * kvd], n, *n_past);
+            }
+        };
         for t in 0..n {
             let (q, k, v) =
                 (&mut s.q[t * qd..(t + 1) * qd], &mut s.k[t * kvd..(t + 1) * kvd], &mut s.v[t * kvd..(t + 1) * kvd]);
@@ -728,6 +745,7 @@ impl Engine {
             rope(c, *theta_scale, *n_past + t, q);
             rope(c, *theta_scale, *n_past + t, k);
         }
+        observe(s, ffn_observer);
         // llama.cpp computes K·q in the keys' type: q is rounded to f16 for f16 keys (q8_0 keys
         // quantize it per head inside `attention`). Storing converts k and v to the cache's type.
         if kv.k_type == KvType::F16 {

@@ -76,6 +76,10 @@ pub struct PredictorHeader {
     pub comp_on: bool,
     #[serde(default)]
     pub comp_check: Option<(f64, f64)>,
+    /// FastForward's layer importance (§3.4): per layer, the mean attention mass a query puts on
+    /// keys past the first block, over the calibration text (empty: the uniform schedule).
+    #[serde(default)]
+    pub attn_mass: Vec<f64>,
 }
 
 fn default_true() -> bool {
@@ -320,6 +324,7 @@ mod tests {
                 comp_loss: 0.0,
                 comp_on: true,
                 comp_check: None,
+                attn_mass: Vec::new(),
             },
             layers: vec![LayerPredictor {
                 q: vec![0.0; d],

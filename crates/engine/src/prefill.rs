@@ -39,6 +39,28 @@ use sift_sparsity::{top_k_indices, Site};
 /// Tokens per prompt block (the paper's unit).
 pub const PREFILL_BLOCK: usize = 128;
 
+/// FastForward's layerwise schedule (Algorithm 1): each layer's share of neurons kept, from its
+/// importance `mass[l]` (the attention mass its non-sink blocks receive) and the overall share
+/// `keep`: `b_l = min(1, mass_l / Σ_{j ≥ l} mass_j · T)`, `T` the budget left (`keep · L` at
+/// first), layer by layer. The mean of the result is `keep` (when no layer is capped at 1 or the
+/// rest can absorb it). Zero or invalid masses give the uniform schedule.
+pub fn linear_schedule(mass: &[f64], keep: f32) -> Vec<f32> {
+    let n = mass.len();
+    if n == 0 || mass.iter().any(|m| !m.is_finite() || *m < 0.0) || mass.iter().sum::<f64>() <= 0.0 {
+        return vec![keep; n];
+    }
+    let mut total = keep as f64 * n as f64;
+    let mut left: f64 = mass.iter().sum();
+    let mut out = Vec::with_capacity(n);
+    for &m in mass {
+        let b = if left > 0.0 { (m / left * total).min(1.0) } else { 0.0 };
+        total -= b;
+        left -= m;
+        out.push(b as f32);
+    }
+    out
+}
+
 /// How a sparse prompt block's FFN neurons are chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefillMasks {
@@ -80,7 +102,9 @@ impl Engine {
         // Repacked gate/up hold rows in interleaved groups of 8: choose whole groups then.
         let unit = if lw.w_gate.packed || lw.w_up.packed { 8 } else { 1 };
         let n_units = ff / unit;
-        let k_units = (((1.0 - ratio as f64) * n_units as f64).round() as usize).clamp(1, n_units);
+        // The layer's share of neurons kept: the layerwise schedule's, else 1 − R everywhere.
+        let keep = self.prefill_keep.as_ref().and_then(|k| k.get(l).copied()).unwrap_or(1.0 - ratio);
+        let k_units = ((keep as f64 * n_units as f64).round() as usize).clamp(1, n_units);
         let k = k_units * unit;
         match masks {
             PrefillMasks::Oracle => {
@@ -238,4 +262,22 @@ fn hash01(seed: u64, j: u64) -> f32 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::linear_schedule;
+
+    /// By hand: masses 1, 1, 2 at keep 0.5: T = 1.5; b1 = 1/4 · 1.5 = 0.375, T = 1.125;
+    /// b2 = 1/3 · 1.125 = 0.375, T = 0.75; b3 = 2/2 · 0.75 = 0.75. A layer capped at 1 leaves the
+    /// rest to the others.
+    #[test]
+    fn algorithm_one_by_hand() {
+        assert_eq!(linear_schedule(&[1.0, 1.0, 2.0], 0.5), vec![0.375, 0.375, 0.75]);
+        let capped = linear_schedule(&[8.0, 1.0, 1.0], 0.5);
+        assert_eq!(capped[0], 1.0);
+        assert!((capped.iter().sum::<f32>() - 1.5).abs() < 1e-6, "{capped:?}");
+        assert_eq!(linear_schedule(&[0.0, 0.0], 0.3), vec![0.3, 0.3]);
+        assert_eq!(linear_schedule(&[1.0, f64::NAN], 0.3), vec![0.3, 0.3]);
+    }
 }

@@ -152,9 +152,18 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
         (true, false) => format!("; its error compensator is off{why}"),
     };
     let masks = wanted.unwrap_or(PrefillMasks::Predicted);
+    let schedule = if sparsity.prefill_schedule == "layerwise" && !p.header.attn_mass.is_empty() {
+        let keep = sift_engine::prefill::linear_schedule(&p.header.attn_mass, 1.0 - sparsity.prefill_sparsity);
+        let (lo, hi) = keep.iter().fold((f32::MAX, f32::MIN), |(a, b), &k| (a.min(k), b.max(k)));
+        let line = format!("; layerwise schedule: layers keep {:.0}% to {:.0}%", 100.0 * lo, 100.0 * hi);
+        engine.set_prefill_schedule(Some(keep));
+        line
+    } else {
+        String::new()
+    };
     let how = if masks == PrefillMasks::Predicted { "chooses neurons with" } else { "uses" };
     eprintln!(
-        "sift: sparse prefill {how} the expert predictor '{}' ({} steps on {} blocks){comp}",
+        "sift: sparse prefill {how} the expert predictor '{}' ({} steps on {} blocks){comp}{schedule}",
         file.display(),
         p.header.steps,
         p.header.blocks

@@ -96,6 +96,10 @@ pub struct SparsityOptions {
     /// decided on held-out text), on, off
     #[arg(long = "prefill-compensator", default_value = "auto", value_parser = parse_switch)]
     pub prefill_compensator: Switch,
+    /// How the prefill sparsity is spread over layers: layerwise (FastForward's Algorithm 1 from
+    /// the attention mass recorded in the predictor file, when it has one) or uniform
+    #[arg(long = "prefill-schedule", default_value = "layerwise", value_parser = ["layerwise", "uniform"])]
+    pub prefill_schedule: String,
 }
 
 /// `auto` (`None`), `on` or `off`. (An alias, so that clap takes the value as parsed.)
@@ -185,6 +189,7 @@ impl SparsityOptions {
             prefill_masks: None,
             prefill_predictor: None,
             prefill_compensator: None,
+            prefill_schedule: "layerwise".into(),
         }
     }
 

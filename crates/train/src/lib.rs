@@ -15,3 +15,4 @@
 pub mod collect;
 pub mod compensate;
 pub mod prefill;
+pub mod schedule;

@@ -164,6 +164,7 @@ pub fn train_predictor(
             comp_loss: init.map_or(0.0, |p| p.header.comp_loss),
             comp_on: init.is_none_or(|p| p.header.comp_on),
             comp_check: init.and_then(|p| p.header.comp_check),
+            attn_mass: init.map_or_else(Vec::new, |p| p.header.attn_mass.clone()),
         },
         layers: out,
     })

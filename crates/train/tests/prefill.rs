@@ -107,6 +107,17 @@ fn a_short_compensator_run_learns_and_is_kept_in_the_file() {
     train_compensator(&data, &errs, &co, &mut q, &mut |_, _| {}).unwrap();
     assert_eq!(p.layers, q.layers, "the same seed gives the same compensator");
 
+    // The layerwise schedule's importance: a share of attention per layer, in (0, 1), not the
+    // same everywhere; its schedule keeps half of all neurons on average.
+    let mass = sift_train::schedule::attention_mass(&mut e, &ids, 512, 1).unwrap();
+    eprintln!("attention mass past the first block per layer: {mass:.3?}");
+    assert_eq!(mass.len(), e.config().n_layer);
+    assert!(mass.iter().all(|&m| m > 0.0 && m < 1.0), "{mass:?}");
+    assert!(mass.iter().any(|&m| (m - mass[0]).abs() > 0.01), "{mass:?}");
+    let keep = sift_engine::prefill::linear_schedule(&mass, 0.5);
+    assert!((keep.iter().sum::<f32>() / keep.len() as f32 - 0.5).abs() < 1e-4, "{keep:?}");
+    p.header.attn_mass = mass;
+
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.prefill");
     p.header.model = identity;
@@ -114,4 +125,5 @@ fn a_short_compensator_run_learns_and_is_kept_in_the_file() {
     let back = ExpertPredictors::load(&path, &e.model).unwrap();
     assert_eq!(back.layers, p.layers);
     assert_eq!(back.header.comp_rank, sift_engine::predictor::compensator_rank(e.config().n_embd));
+    assert_eq!(back.header.attn_mass, p.header.attn_mass);
 }
