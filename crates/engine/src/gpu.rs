@@ -25,7 +25,7 @@
 use sift_gpu::{GpuDevice, GpuError, GpuHead, GpuJob, GpuKv, GpuLayer, GpuMatrix, GpuVec, StackDims};
 use sift_model::layout::OpKind;
 use sift_model::{Model, QTensor, RopeStyle};
-use sift_quant::packed::{unpack_q4k_x8, PACK_ROWS};
+use sift_quant::packed::unpack_group;
 use sift_sparsity::Site;
 
 /// Which parts of a model the GPU holds.
@@ -119,17 +119,17 @@ pub enum GpuWay {
     OpByOp,
 }
 
-/// A matrix's bytes in GGUF order (a repacked Q4_K matrix unpacked).
+/// A matrix's bytes in GGUF order (a repacked matrix unpacked).
 fn gguf_rows<'a>(model: &'a Model, t: &QTensor, buf: &'a mut Vec<u8>) -> &'a [u8] {
     let data = &model.file.bytes()[t.range.clone()];
     if !t.packed {
         return data;
     }
-    let nb = t.row_bytes / std::mem::size_of::<sift_quant::blocks::BlockQ4K>();
-    let group = PACK_ROWS * t.row_bytes;
+    let nb = t.row_bytes / t.ty.block_bytes();
+    let group = t.group_rows() * t.row_bytes;
     buf.resize(data.len(), 0);
     for (src, dst) in data.chunks_exact(group).zip(buf.chunks_exact_mut(group)) {
-        unpack_q4k_x8(src, nb, dst);
+        unpack_group(t.ty, src, nb, dst);
     }
     buf
 }

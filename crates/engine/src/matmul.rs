@@ -16,7 +16,8 @@
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
 use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8_on, GEMM_TOKENS, PACK_ROWS};
-use sift_quant::{ActType, Dot4RowsFn, DotFn};
+use sift_quant::packed_q5_0::{gemm_q5_0_x16_on, gemv_q5_0_x16_on, PACK_ROWS_Q5_0};
+use sift_quant::{ActType, Dot4RowsFn, DotFn, WeightType};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Activations of `n_tok` tokens quantized into each format that some weight needs.
@@ -113,6 +114,7 @@ const ROW_CHUNK: usize = 256;
 const ROW_CHUNK_BATCH: usize = 64;
 
 const _: () = assert!(ROW_CHUNK.is_multiple_of(PACK_ROWS) && ROW_CHUNK_BATCH.is_multiple_of(PACK_ROWS));
+const _: () = assert!(ROW_CHUNK.is_multiple_of(PACK_ROWS_Q5_0) && ROW_CHUNK_BATCH.is_multiple_of(PACK_ROWS_Q5_0));
 
 /// Runs several products over the same quantized input in one pool dispatch.
 pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usize, jobs: &mut [MatJob<'_>]) {
@@ -162,6 +164,32 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         let n = j.w.cols;
         let w_row = |r: usize| &file[base + r * rb..base + (r + 1) * rb];
         let act = |t: usize| &j.act[t * j.act_rb..(t + 1) * j.act_rb];
+        if j.w.packed && j.w.ty == WeightType::Q5_0 {
+            // Groups of 16 interleaved rows (chunks are whole groups): four tokens at a time
+            // share each group's unpacked weights, bit for bit one at a time.
+            debug_assert!(r0.is_multiple_of(PACK_ROWS_Q5_0) && r1.is_multiple_of(PACK_ROWS_Q5_0));
+            let w = &file[base + r0 * rb..base + r1 * rb];
+            let mut t = 0;
+            while t + 4 <= n_tok {
+                let mut y = [[0f32; 4]; ROW_CHUNK_BATCH];
+                let y = &mut y[..r1 - r0];
+                gemm_q5_0_x16_on(isa, n, w, [act(t), act(t + 1), act(t + 2), act(t + 3)], y);
+                for k in 0..4 {
+                    // SAFETY: rows r0..r1 of token t + k belong to this chunk only.
+                    let out = unsafe { j.out.slice((t + k) * j.stride + r0..(t + k) * j.stride + r1) };
+                    for (o, y) in out.iter_mut().zip(y.iter()) {
+                        *o = y[k];
+                    }
+                }
+                t += 4;
+            }
+            for t in t..n_tok {
+                // SAFETY: rows r0..r1 of token t belong to this chunk only.
+                let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
+                gemv_q5_0_x16_on(isa, n, w, act(t), out);
+            }
+            continue;
+        }
         if j.w.packed {
             // Groups of 8 interleaved rows (chunks are whole groups): every token through the
             // 8-row kernel, so a batch computes what token-by-token evaluation computes.
@@ -246,21 +274,27 @@ pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32
             let i0 = (c % per_job) * ROW_CHUNK;
             let (rb, base) = (w.row_bytes, w.range.start);
             if w.packed {
-                // The 8-row kernel over each group holding a listed row (the dense product's
+                // The group kernel over each group holding a listed row (the dense product's
                 // numbers), keeping the listed rows.
                 let listed = &rows[i0..(i0 + ROW_CHUNK).min(rows.len())];
+                let gr = w.group_rows();
+                let gb = gr * rb;
+                let mut y = [0f32; PACK_ROWS_Q5_0];
                 let mut k = 0;
                 while k < listed.len() {
-                    let g = listed[k] as usize / PACK_ROWS;
-                    let gb = PACK_ROWS * rb;
-                    let y =
-                        sift_quant::packed::gemv_q4k_x8_on(isa, w.cols, &file[base + g * gb..base + (g + 1) * gb], act);
-                    while k < listed.len() && listed[k] as usize / PACK_ROWS == g {
+                    let g = listed[k] as usize / gr;
+                    let wg = &file[base + g * gb..base + (g + 1) * gb];
+                    if w.ty == WeightType::Q5_0 {
+                        gemv_q5_0_x16_on(isa, w.cols, wg, act, &mut y);
+                    } else {
+                        y[..PACK_ROWS].copy_from_slice(&gemv_q4k_x8_on(isa, w.cols, wg, act));
+                    }
+                    while k < listed.len() && listed[k] as usize / gr == g {
                         let r = listed[k] as usize;
                         // SAFETY: as below: each listed row is written by the one chunk that
                         // holds it.
                         let o = unsafe { out.slice(r..r + 1) };
-                        o[0] = y[r % PACK_ROWS];
+                        o[0] = y[r % gr];
                         k += 1;
                     }
                 }

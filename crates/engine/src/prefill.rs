@@ -99,8 +99,9 @@ impl Engine {
         let (ff, e) = (self.model.config.n_ff, self.model.config.n_embd);
         let (ratio, masks) = self.prefill;
         let lw = &self.model.layers[l];
-        // Repacked gate/up hold rows in interleaved groups of 8: choose whole groups then.
-        let unit = if lw.w_gate.packed || lw.w_up.packed { 8 } else { 1 };
+        // Repacked gate/up hold rows in interleaved groups (8 Q4_K rows, 16 Q5_0 rows): choose
+        // whole groups then.
+        let unit = lw.w_gate.group_rows().max(lw.w_up.group_rows());
         let n_units = ff / unit;
         // The layer's share of neurons kept: the layerwise schedule's, else 1 − R everywhere.
         let keep = self.prefill_keep.as_ref().and_then(|k| k.get(l).copied()).unwrap_or(1.0 - ratio);
@@ -134,7 +135,7 @@ impl Engine {
                         pred.scores(l, &self.s.h[..n * e], n, &mut p.gs);
                         p.score.clear();
                         p.score.resize(n_units, 0.0);
-                        // Repacked rows: a group of 8 scores as its best neuron.
+                        // Repacked rows: a group scores as its best neuron.
                         for (j, &v) in p.gs.iter().enumerate() {
                             let g = &mut p.score[j / unit];
                             *g = if j % unit == 0 { v } else { g.max(v) };
@@ -174,8 +175,8 @@ impl Engine {
         let compact = |w: &QTensor, rows: &mut Vec<u8>| -> QTensor {
             let start = rows.len();
             let data = model.data(w);
-            // Groups of `unit` consecutive rows (`unit` = 8 for repacked matrices: a group's 8
-            // interleaved rows are `8·row_bytes` contiguous bytes).
+            // Groups of `unit` consecutive rows (a repacked matrix's group: its interleaved rows
+            // are `unit·row_bytes` contiguous bytes).
             for g in p.units.chunks(unit) {
                 let r = g[0] as usize;
                 rows.extend_from_slice(&data[r * w.row_bytes..(r + unit) * w.row_bytes]);

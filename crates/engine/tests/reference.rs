@@ -86,8 +86,9 @@ fn qwen2_final_logits_match_llama_cpp() {
 }
 
 /// The same with the weights copied into memory and its Q4_K matrices repacked into 8-row groups
-/// (`--no-mmap`; `sift_quant::packed`): the 8-row kernel still matches llama.cpp, and a prompt as
-/// one batch gives bit for bit what token-by-token evaluation gives.
+/// (`--no-mmap`; `sift_quant::packed`), and on CPUs with AVX-512 VNNI its Q5_0 matrices into
+/// 16-row groups (`sift_quant::packed_q5_0`): the group kernels still match llama.cpp, and a
+/// prompt as one batch gives bit for bit what token-by-token evaluation gives.
 #[test]
 fn qwen2_repacked_weights_match_llama_cpp() {
     let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
@@ -99,6 +100,10 @@ fn qwen2_repacked_weights_match_llama_cpp() {
         let mut m = Model::load(&p).unwrap();
         let packed = m.load_into_memory(true).unwrap();
         assert!(packed > 0 && m.layers.iter().any(|l| l.w_down.packed), "no Q4_K matrix repacked");
+        if sift_quant::packed_q5_0::worth_packing(sift_quant::Isa::detect()) {
+            let q5 = |t: &sift_model::QTensor| t.ty == sift_quant::WeightType::Q5_0 && t.packed;
+            assert!(m.layers.iter().all(|l| q5(&l.w_gate) && q5(&l.w_up) && q5(&l.wq)), "Q5_0 not repacked");
+        }
         m
     };
     check_final_logits(load(), "logits_qwen2.json");

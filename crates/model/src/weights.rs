@@ -20,10 +20,23 @@ pub struct QTensor {
     pub row_bytes: usize,
     /// Byte range of the whole matrix within the file.
     pub range: Range<usize>,
-    /// The rows are stored in groups of 8 interleaved ([`sift_quant::packed::BlockQ4Kx8`], Q4_K
-    /// only), repacked at load ([`Model::load_into_memory`]); `row_bytes` is still one row's
-    /// share and the range the same bytes.
+    /// The rows are stored in interleaved groups ([`sift_quant::packed::BlockQ4Kx8`]: 8 Q4_K
+    /// rows; [`sift_quant::packed_q5_0::BlockQ5_0x16`]: 16 Q5_0 rows), repacked at load
+    /// ([`Model::load_into_memory`]); `row_bytes` is still one row's share and the range the same
+    /// bytes.
     pub packed: bool,
+}
+
+impl QTensor {
+    /// Rows per interleaved group: the packed layout's group, 1 for plain rows. Row ranges a
+    /// kernel reads start and end on a multiple of this.
+    pub fn group_rows(&self) -> usize {
+        if self.packed {
+            sift_quant::packed::group_rows(self.ty).expect("only packable types are marked packed")
+        } else {
+            1
+        }
+    }
 }
 
 /// The weights of one transformer block.
@@ -190,23 +203,18 @@ impl Model {
         Ok(self.mark_packed(&targets))
     }
 
-    /// The byte ranges and blocks per row of the matrices [`Model::repack_mapped`] repacks (not
-    /// packed yet).
-    fn repack_targets(&self) -> Vec<(Range<usize>, usize)> {
-        use sift_quant::packed::PACK_ROWS;
+    /// The byte ranges, types and blocks per row of the matrices [`Model::repack_mapped`] repacks
+    /// (not packed yet): every layer matrix [`sift_quant::packed::repacks`] on this CPU.
+    fn repack_targets(&self) -> Vec<RepackTarget> {
         let embd = self.tok_embd.range.clone();
-        let packable = |t: &QTensor| {
-            !t.packed
-                && t.ty == WeightType::Q4_K
-                && t.rows.is_multiple_of(PACK_ROWS)
-                && t.cols.is_multiple_of(256)
-                && t.range != embd
-        };
-        let mut targets: Vec<(Range<usize>, usize)> = Vec::new();
+        let isa = sift_quant::Isa::detect();
+        let packable =
+            |t: &QTensor| !t.packed && sift_quant::packed::repacks(t.ty, t.rows, t.cols, isa) && t.range != embd;
+        let mut targets: Vec<RepackTarget> = Vec::new();
         for l in &self.layers {
             for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                if packable(t) && !targets.iter().any(|(r, _)| *r == t.range) {
-                    targets.push((t.range.clone(), t.cols / 256));
+                if packable(t) && !targets.iter().any(|x| x.range == t.range) {
+                    targets.push(RepackTarget { range: t.range.clone(), ty: t.ty, row_bytes: t.row_bytes });
                 }
             }
         }
@@ -214,10 +222,10 @@ impl Model {
     }
 
     /// Marks the layers' matrices at `targets` packed; returns how many ranges there were.
-    fn mark_packed(&mut self, targets: &[(Range<usize>, usize)]) -> usize {
+    fn mark_packed(&mut self, targets: &[RepackTarget]) -> usize {
         for l in &mut self.layers {
             for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down] {
-                t.packed |= targets.iter().any(|(r, _)| *r == t.range);
+                t.packed |= targets.iter().any(|x| x.range == t.range);
             }
         }
         targets.len()
@@ -276,17 +284,24 @@ fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError>
     Ok(out)
 }
 
-/// Repacks the Q4_K matrices at `targets` (byte range, blocks per row) of `bytes` in place, a
-/// group of 8 rows at a time.
-fn repack_in_place(bytes: &mut [u8], targets: &[(Range<usize>, usize)]) {
-    use sift_quant::packed::{pack_q4k_x8, PACK_ROWS};
+/// A matrix [`Model::repack_mapped`] repacks: its bytes in the file, type and row size.
+struct RepackTarget {
+    range: Range<usize>,
+    ty: WeightType,
+    row_bytes: usize,
+}
+
+/// Repacks the matrices at `targets` of `bytes` in place, a group of rows at a time.
+fn repack_in_place(bytes: &mut [u8], targets: &[RepackTarget]) {
     let mut group = Vec::new();
-    for (range, nb) in targets {
-        let gb = PACK_ROWS * nb * 144;
-        for at in (range.start..range.end).step_by(gb) {
+    for t in targets {
+        let rows = sift_quant::packed::group_rows(t.ty).expect("repack targets have a packed layout");
+        let gb = rows * t.row_bytes;
+        let nb = t.row_bytes / t.ty.block_bytes();
+        for at in (t.range.start..t.range.end).step_by(gb) {
             group.clear();
             group.extend_from_slice(&bytes[at..at + gb]);
-            pack_q4k_x8(&group, *nb, &mut bytes[at..at + gb]);
+            sift_quant::packed::pack_group(t.ty, &group, nb, &mut bytes[at..at + gb]);
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sift_quant::packed_q5_0::{gemm_q5_0_x16_on, gemv_q5_0_x16_on, pack_q5_0_x16, PACK_ROWS_Q5_0};
 use sift_quant::{scalar, Isa, WeightType};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ const CASES: &[Case] = &[
     Case { t: WeightType::Q8_0, rows: 49152, n: 576, what: "SmolLM2 output" },
     Case { t: WeightType::Q8_0, rows: 4864, n: 896, what: "Qwen ffn_up" },
     Case { t: WeightType::Q5_0, rows: 896, n: 4864, what: "Qwen ffn_down" },
+    Case { t: WeightType::Q5_0, rows: 4864, n: 896, what: "Qwen2.5-0.5B ffn_up" },
     Case { t: WeightType::Q4_0, rows: 1536, n: 576, what: "" },
     Case { t: WeightType::F32, rows: 576, n: 576, what: "" },
     Case { t: WeightType::F16, rows: 576, n: 576, what: "" },
@@ -168,6 +170,43 @@ fn main() {
                 ns(multi),
                 one.as_secs_f64() / multi.as_secs_f64()
             );
+            if c.t == WeightType::Q5_0 && c.rows.is_multiple_of(PACK_ROWS_Q5_0) && isa == Isa::Avx512Vnni {
+                // The 16-row interleaved layout (repacked at load): chunks of 64 rows as the
+                // engine's batches, 256 rows for one token as its decode.
+                let gb = PACK_ROWS_Q5_0 * row_bytes;
+                let mut packed = vec![0u8; w.len()];
+                for (src, dst) in w.chunks_exact(gb).zip(packed.chunks_exact_mut(gb)) {
+                    pack_q5_0_x16(src, c.n / 32, dst);
+                }
+                let x16 = best_time(
+                    || {
+                        for (o, wr) in out_rows.chunks_mut(64).zip(packed.chunks(64 * row_bytes)) {
+                            gemm_q5_0_x16_on(isa, c.n, black_box(wr), black_box(a4), o);
+                        }
+                        black_box(&out_rows);
+                    },
+                    Duration::from_millis(100),
+                );
+                let mut y = vec![0f32; c.rows];
+                let gemv = best_time(
+                    || {
+                        for (o, wr) in y.chunks_mut(256).zip(packed.chunks(256 * row_bytes)) {
+                            gemv_q5_0_x16_on(isa, c.n, black_box(wr), black_box(&acts[0]), o);
+                        }
+                        black_box(&y);
+                    },
+                    Duration::from_millis(100),
+                );
+                println!(
+                    "{:<6} {:>12}  {:<11} x4: packed 16 rows {:>7.2} ns/row/token ({:.2}x dot4_rows); one token {:>7.2} ns/row",
+                    c.t.name(),
+                    format!("{}x{}", c.rows, c.n),
+                    format!("{isa:?}"),
+                    ns(x16),
+                    multi.as_secs_f64() / x16.as_secs_f64(),
+                    gemv.as_secs_f64() * 1e9 / c.rows as f64,
+                );
+            }
         }
     }
     // Activation quantizers (the dispatching one is SIMD where available).

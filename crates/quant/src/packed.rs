@@ -1,7 +1,8 @@
 //! Weights repacked at load into layouts the decode kernels want (issue 17, as llama.cpp's CPU
 //! "repack" buffer type does): eight rows of a Q4_K matrix interleaved in one [`BlockQ4Kx8`], so
 //! that one pass over the packed bytes computes eight dot products and every 32-byte load of
-//! quants feeds all eight rows.
+//! quants feeds all eight rows. [`group_rows`], [`repacks`], [`pack_group`] and [`unpack_group`]
+//! cover every packed layout (also [`crate::packed_q5_0`]'s 16 Q5_0 rows).
 //!
 //! The layout (1152 bytes per 8 rows × 256 columns, exactly the 8 source blocks' size, so a packed
 //! tensor keeps its byte range):
@@ -224,6 +225,53 @@ pub fn gemm_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; GEMM_TOKEN
         return out;
     }
     a.map(|a| gemv_q4k_x8_on(isa, n, w, a))
+}
+
+/// Rows per interleaved group of `ty`'s repacked layout: 8 for Q4_K ([`BlockQ4Kx8`]), 16 for
+/// Q5_0 ([`crate::packed_q5_0::BlockQ5_0x16`]); `None` for types sift does not repack.
+pub fn group_rows(ty: crate::WeightType) -> Option<usize> {
+    match ty {
+        crate::WeightType::Q4_K => Some(PACK_ROWS),
+        crate::WeightType::Q5_0 => Some(crate::packed_q5_0::PACK_ROWS_Q5_0),
+        _ => None,
+    }
+}
+
+/// Whether sift repacks a `ty` matrix of `rows × cols` at load on `isa`: whole groups of rows and
+/// whole blocks per row, and a kernel on this CPU that is faster on the packed layout (Q4_K on
+/// every CPU; Q5_0 where the AVX-512 VNNI kernels run).
+pub fn repacks(ty: crate::WeightType, rows: usize, cols: usize, isa: crate::Isa) -> bool {
+    let Some(g) = group_rows(ty) else { return false };
+    let cols_ok = match ty {
+        crate::WeightType::Q4_K => cols.is_multiple_of(QK_K),
+        _ => cols.is_multiple_of(32) && crate::packed_q5_0::worth_packing(isa),
+    };
+    cols_ok && rows.is_multiple_of(g)
+}
+
+/// Packs one group of rows of `ty` (`group_rows(ty)` rows of `nb` blocks, one after another in
+/// `src`) into `dst` (the same number of bytes).
+///
+/// # Panics
+/// If `ty` has no packed layout, or the lengths are not one group.
+pub fn pack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]) {
+    match ty {
+        crate::WeightType::Q4_K => pack_q4k_x8(src, nb, dst),
+        crate::WeightType::Q5_0 => crate::packed_q5_0::pack_q5_0_x16(src, nb, dst),
+        _ => panic!("{} has no packed layout", ty.name()),
+    }
+}
+
+/// The inverse of [`pack_group`]: the group's rows in the GGUF layout, the source bytes exactly.
+///
+/// # Panics
+/// As [`pack_group`].
+pub fn unpack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]) {
+    match ty {
+        crate::WeightType::Q4_K => unpack_q4k_x8(src, nb, dst),
+        crate::WeightType::Q5_0 => crate::packed_q5_0::unpack_q5_0_x16(src, nb, dst),
+        _ => panic!("{} has no packed layout", ty.name()),
+    }
 }
 
 #[cfg(test)]
