@@ -16,6 +16,7 @@
 use crate::pool::{SharedMut, ThreadPool};
 use sift_model::QTensor;
 use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8_on, GEMM_TOKENS, PACK_ROWS};
+use sift_quant::packed_q4k_x16::{gemm_q4k_x16_on, gemv_q4k_x16_on, PACK_ROWS_X16};
 use sift_quant::packed_q5_0::{gemm_q5_0_x16_on, gemv_q5_0_x16_on, PACK_ROWS_Q5_0};
 use sift_quant::{ActType, Dot4RowsFn, DotFn, WeightType};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -114,7 +115,8 @@ const ROW_CHUNK: usize = 256;
 const ROW_CHUNK_BATCH: usize = 64;
 
 const _: () = assert!(ROW_CHUNK.is_multiple_of(PACK_ROWS) && ROW_CHUNK_BATCH.is_multiple_of(PACK_ROWS));
-const _: () = assert!(ROW_CHUNK.is_multiple_of(PACK_ROWS_Q5_0) && ROW_CHUNK_BATCH.is_multiple_of(PACK_ROWS_Q5_0));
+const _: () = assert!(PACK_ROWS_Q5_0 == 16 && PACK_ROWS_X16 == 16);
+const _: () = assert!(ROW_CHUNK.is_multiple_of(16) && ROW_CHUNK_BATCH.is_multiple_of(16));
 
 /// Runs several products over the same quantized input in one pool dispatch.
 pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usize, jobs: &mut [MatJob<'_>]) {
@@ -164,16 +166,16 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
         let n = j.w.cols;
         let w_row = |r: usize| &file[base + r * rb..base + (r + 1) * rb];
         let act = |t: usize| &j.act[t * j.act_rb..(t + 1) * j.act_rb];
-        if j.w.packed && j.w.ty == WeightType::Q5_0 {
+        if let Some((gemm, gemv)) = group16_kernels(j.w) {
             // Groups of 16 interleaved rows (chunks are whole groups): four tokens at a time
             // share each group's unpacked weights, bit for bit one at a time.
-            debug_assert!(r0.is_multiple_of(PACK_ROWS_Q5_0) && r1.is_multiple_of(PACK_ROWS_Q5_0));
+            debug_assert!(r0.is_multiple_of(16) && r1.is_multiple_of(16));
             let w = &file[base + r0 * rb..base + r1 * rb];
             let mut t = 0;
             while t + 4 <= n_tok {
                 let mut y = [[0f32; 4]; ROW_CHUNK_BATCH];
                 let y = &mut y[..r1 - r0];
-                gemm_q5_0_x16_on(isa, n, w, [act(t), act(t + 1), act(t + 2), act(t + 3)], y);
+                gemm(isa, n, w, [act(t), act(t + 1), act(t + 2), act(t + 3)], y);
                 for k in 0..4 {
                     // SAFETY: rows r0..r1 of token t + k belong to this chunk only.
                     let out = unsafe { j.out.slice((t + k) * j.stride + r0..(t + k) * j.stride + r1) };
@@ -186,7 +188,7 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
             for t in t..n_tok {
                 // SAFETY: rows r0..r1 of token t belong to this chunk only.
                 let out = unsafe { j.out.slice(t * j.stride + r0..t * j.stride + r1) };
-                gemv_q5_0_x16_on(isa, n, w, act(t), out);
+                gemv(isa, n, w, act(t), out);
             }
             continue;
         }
@@ -245,6 +247,20 @@ pub fn matmul_many(pool: &ThreadPool, file: &[u8], acts: &QuantActs, n_tok: usiz
     });
 }
 
+/// A group kernel's product with four tokens (`out[r][t]`, as [`Dot4RowsFn`]) and with one.
+type GroupGemm = fn(sift_quant::Isa, usize, &[u8], [&[u8]; 4], &mut [[f32; 4]]);
+type GroupGemv = fn(sift_quant::Isa, usize, &[u8], &[u8], &mut [f32]);
+
+/// The kernels of a matrix packed in groups of 16 rows (Q5_0, and Q4_K with AVX-512 VNNI), which
+/// take runs of whole groups; `None` for plain rows and the 8-row Q4_K layout.
+fn group16_kernels(w: &QTensor) -> Option<(GroupGemm, GroupGemv)> {
+    match (w.ty, w.group_rows()) {
+        (WeightType::Q5_0, 16) => Some((gemm_q5_0_x16_on, gemv_q5_0_x16_on)),
+        (WeightType::Q4_K, 16) => Some((gemm_q4k_x16_on, gemv_q4k_x16_on)),
+        _ => None,
+    }
+}
+
 /// Row-gather products for one token: `out[r] = W[r] · x` for the rows in `rows` only (FFN
 /// neuron sparsity: the active neurons' gate and up rows); every other output is set to 0. Several
 /// matrices over the same input run in one dispatch. Each row's result is bit-identical to the
@@ -279,15 +295,15 @@ pub fn matmul_rows(pool: &ThreadPool, file: &[u8], acts: &QuantActs, rows: &[u32
                 let listed = &rows[i0..(i0 + ROW_CHUNK).min(rows.len())];
                 let gr = w.group_rows();
                 let gb = gr * rb;
-                let mut y = [0f32; PACK_ROWS_Q5_0];
+                let mut y = [0f32; 16];
+                let group16 = group16_kernels(w);
                 let mut k = 0;
                 while k < listed.len() {
                     let g = listed[k] as usize / gr;
                     let wg = &file[base + g * gb..base + (g + 1) * gb];
-                    if w.ty == WeightType::Q5_0 {
-                        gemv_q5_0_x16_on(isa, w.cols, wg, act, &mut y);
-                    } else {
-                        y[..PACK_ROWS].copy_from_slice(&gemv_q4k_x8_on(isa, w.cols, wg, act));
+                    match group16 {
+                        Some((_, gemv)) => gemv(isa, w.cols, wg, act, &mut y),
+                        None => y[..PACK_ROWS].copy_from_slice(&gemv_q4k_x8_on(isa, w.cols, wg, act)),
                     }
                     while k < listed.len() && listed[k] as usize / gr == g {
                         let r = listed[k] as usize;

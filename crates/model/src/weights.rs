@@ -20,8 +20,9 @@ pub struct QTensor {
     pub row_bytes: usize,
     /// Byte range of the whole matrix within the file.
     pub range: Range<usize>,
-    /// The rows are stored in interleaved groups ([`sift_quant::packed::BlockQ4Kx8`]: 8 Q4_K
-    /// rows; [`sift_quant::packed_q5_0::BlockQ5_0x16`]: 16 Q5_0 rows), repacked at load
+    /// The rows are stored in interleaved groups ([`sift_quant::packed::BlockQ4Kx8`] or, with
+    /// AVX-512 VNNI, [`sift_quant::packed_q4k_x16::BlockQ4Kx16`]: 8 or 16 Q4_K rows;
+    /// [`sift_quant::packed_q5_0::BlockQ5_0x16`]: 16 Q5_0 rows), repacked at load
     /// ([`Model::load_into_memory`]); `row_bytes` is still one row's share and the range the same
     /// bytes.
     pub packed: bool,
@@ -207,9 +208,7 @@ impl Model {
     /// (not packed yet): every layer matrix [`sift_quant::packed::repacks`] on this CPU.
     fn repack_targets(&self) -> Vec<RepackTarget> {
         let embd = self.tok_embd.range.clone();
-        let isa = sift_quant::Isa::detect();
-        let packable =
-            |t: &QTensor| !t.packed && sift_quant::packed::repacks(t.ty, t.rows, t.cols, isa) && t.range != embd;
+        let packable = |t: &QTensor| !t.packed && sift_quant::packed::repacks(t.ty, t.rows, t.cols) && t.range != embd;
         let mut targets: Vec<RepackTarget> = Vec::new();
         for l in &self.layers {
             for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {

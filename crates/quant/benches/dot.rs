@@ -12,6 +12,8 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sift_quant::packed::{gemm_q4k_x8_on, gemv_q4k_x8_on, pack_q4k_x8, PACK_ROWS};
+use sift_quant::packed_q4k_x16::{gemm_q4k_x16_on, gemv_q4k_x16_on, pack_q4k_x16, PACK_ROWS_X16};
 use sift_quant::packed_q5_0::{gemm_q5_0_x16_on, gemv_q5_0_x16_on, pack_q5_0_x16, PACK_ROWS_Q5_0};
 use sift_quant::{scalar, Isa, WeightType};
 use std::hint::black_box;
@@ -36,6 +38,7 @@ const CASES: &[Case] = &[
     Case { t: WeightType::F16, rows: 576, n: 576, what: "" },
     Case { t: WeightType::BF16, rows: 576, n: 576, what: "" },
     Case { t: WeightType::Q4_K, rows: 896, n: 4864, what: "" },
+    Case { t: WeightType::Q4_K, rows: 8960, n: 1536, what: "Qwen2.5-1.5B ffn_up" },
     Case { t: WeightType::Q5_K, rows: 896, n: 4864, what: "" },
     Case { t: WeightType::Q6_K, rows: 896, n: 4864, what: "" },
     Case { t: WeightType::Q4_1, rows: 16384, n: 4096, what: "40 MiB, streams from L3 / memory" },
@@ -170,6 +173,69 @@ fn main() {
                 ns(multi),
                 one.as_secs_f64() / multi.as_secs_f64()
             );
+            if c.t == WeightType::Q4_K && c.rows.is_multiple_of(PACK_ROWS_X16) && isa == Isa::Avx512Vnni {
+                // The two interleaved layouts (8 rows: every CPU; 16 rows: AVX-512 VNNI), in
+                // chunks of 64 rows as the engine's batches, and one token over 256 rows.
+                let (g8, g16) = (PACK_ROWS * row_bytes, PACK_ROWS_X16 * row_bytes);
+                let (mut p8, mut p16) = (vec![0u8; w.len()], vec![0u8; w.len()]);
+                for (src, dst) in w.chunks_exact(g8).zip(p8.chunks_exact_mut(g8)) {
+                    pack_q4k_x8(src, c.n / 256, dst);
+                }
+                for (src, dst) in w.chunks_exact(g16).zip(p16.chunks_exact_mut(g16)) {
+                    pack_q4k_x16(src, c.n / 256, dst);
+                }
+                let x8 = best_time(
+                    || {
+                        for (o, wr) in out_rows.chunks_mut(PACK_ROWS).zip(p8.chunks(g8)) {
+                            let y = gemm_q4k_x8_on(isa, c.n, black_box(wr), black_box(a4));
+                            for (r, o) in o.iter_mut().enumerate() {
+                                *o = [y[0][r], y[1][r], y[2][r], y[3][r]];
+                            }
+                        }
+                        black_box(&out_rows);
+                    },
+                    Duration::from_millis(100),
+                );
+                let x16 = best_time(
+                    || {
+                        for (o, wr) in out_rows.chunks_mut(64).zip(p16.chunks(64 * row_bytes)) {
+                            gemm_q4k_x16_on(isa, c.n, black_box(wr), black_box(a4), o);
+                        }
+                        black_box(&out_rows);
+                    },
+                    Duration::from_millis(100),
+                );
+                let mut y = vec![0f32; c.rows];
+                let v8 = best_time(
+                    || {
+                        for (o, wr) in y.chunks_mut(PACK_ROWS).zip(p8.chunks(g8)) {
+                            o.copy_from_slice(&gemv_q4k_x8_on(isa, c.n, black_box(wr), black_box(&acts[0])));
+                        }
+                        black_box(&y);
+                    },
+                    Duration::from_millis(100),
+                );
+                let v16 = best_time(
+                    || {
+                        for (o, wr) in y.chunks_mut(256).zip(p16.chunks(256 * row_bytes)) {
+                            gemv_q4k_x16_on(isa, c.n, black_box(wr), black_box(&acts[0]), o);
+                        }
+                        black_box(&y);
+                    },
+                    Duration::from_millis(100),
+                );
+                let per_row = |t: Duration| t.as_secs_f64() * 1e9 / c.rows as f64;
+                println!(
+                    "{:<6} {:>12}  {:<11} x4: packed 8 rows {:>7.2}, 16 rows {:>7.2} ns/row/token; one token: 8 rows {:>7.2}, 16 rows {:>7.2} ns/row",
+                    c.t.name(),
+                    format!("{}x{}", c.rows, c.n),
+                    format!("{isa:?}"),
+                    ns(x8),
+                    ns(x16),
+                    per_row(v8),
+                    per_row(v16),
+                );
+            }
             if c.t == WeightType::Q5_0 && c.rows.is_multiple_of(PACK_ROWS_Q5_0) && isa == Isa::Avx512Vnni {
                 // The 16-row interleaved layout (repacked at load): chunks of 64 rows as the
                 // engine's batches, 256 rows for one token as its decode.

@@ -26,7 +26,8 @@
 //!   quantizers) and [`x86::columns`] (the column kernels below).
 //! - [`packed`]: layouts repacked at load for multi-row decode kernels (8 Q4_K rows interleaved,
 //!   [`packed::BlockQ4Kx8`]), with their scalar reference; [`packed_q5_0`]: 16 Q5_0 rows
-//!   interleaved for the AVX-512 VNNI batch kernels ([`packed_q5_0::BlockQ5_0x16`]).
+//!   interleaved for the AVX-512 VNNI batch kernels ([`packed_q5_0::BlockQ5_0x16`]), and
+//!   [`packed_q4k_x16`]: 16 Q4_K rows for the same CPUs ([`packed_q4k_x16::BlockQ4Kx16`]).
 //! - [`columns`]: input-channel (column) sparse kernels over transposed, quantized matrices
 //!   (`y += Σ coef·column` over the active inputs only, for activation sparsity), with the column
 //!   formats' quantizers; [`x86::columns`]: their AVX2 and AVX-512 versions.
@@ -61,6 +62,7 @@ pub mod columns;
 pub mod exact;
 pub mod exact_q8;
 pub mod packed;
+pub mod packed_q4k_x16;
 pub mod packed_q5_0;
 pub mod scalar;
 pub mod scalar_k;

@@ -155,7 +155,7 @@ pub fn unpack_q4k_x8(src: &[u8], nb: usize, dst: &mut [u8]) {
 }
 
 /// The 12-byte Q4_K encoding of 8 6-bit scales and mins (the inverse of [`scale_min_k4`]).
-fn encode_scales_k4(sc: &[u8], mn: &[u8]) -> [u8; 12] {
+pub(crate) fn encode_scales_k4(sc: &[u8], mn: &[u8]) -> [u8; 12] {
     let mut q = [0u8; 12];
     for j in 0..4 {
         q[j] = (sc[j] & 63) | (sc[j + 4] >> 4) << 6;
@@ -227,37 +227,46 @@ pub fn gemm_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; GEMM_TOKEN
     a.map(|a| gemv_q4k_x8_on(isa, n, w, a))
 }
 
-/// Rows per interleaved group of `ty`'s repacked layout: 8 for Q4_K ([`BlockQ4Kx8`]), 16 for
-/// Q5_0 ([`crate::packed_q5_0::BlockQ5_0x16`]); `None` for types sift does not repack.
+/// Whether Q4_K matrices are packed 16 rows to a group ([`crate::packed_q4k_x16`]) rather than 8
+/// ([`BlockQ4Kx8`]) on `isa`: where the AVX-512 VNNI kernels run.
+pub fn q4k_x16(isa: crate::Isa) -> bool {
+    crate::packed_q5_0::worth_packing(isa)
+}
+
+/// Rows per interleaved group of `ty`'s repacked layout on this CPU ([`crate::Isa::detect`]):
+/// Q4_K 16 ([`crate::packed_q4k_x16::BlockQ4Kx16`]) with AVX-512 VNNI, else 8 ([`BlockQ4Kx8`]);
+/// Q5_0 16 ([`crate::packed_q5_0::BlockQ5_0x16`]); `None` for types sift does not repack.
 pub fn group_rows(ty: crate::WeightType) -> Option<usize> {
     match ty {
+        crate::WeightType::Q4_K if q4k_x16(crate::Isa::detect()) => Some(crate::packed_q4k_x16::PACK_ROWS_X16),
         crate::WeightType::Q4_K => Some(PACK_ROWS),
         crate::WeightType::Q5_0 => Some(crate::packed_q5_0::PACK_ROWS_Q5_0),
         _ => None,
     }
 }
 
-/// Whether sift repacks a `ty` matrix of `rows × cols` at load on `isa`: whole groups of rows and
-/// whole blocks per row, and a kernel on this CPU that is faster on the packed layout (Q4_K on
-/// every CPU; Q5_0 where the AVX-512 VNNI kernels run).
-pub fn repacks(ty: crate::WeightType, rows: usize, cols: usize, isa: crate::Isa) -> bool {
+/// Whether sift repacks a `ty` matrix of `rows × cols` at load on this CPU: whole groups of rows
+/// and whole blocks per row, and a kernel that is faster on the packed layout (Q4_K on every CPU;
+/// Q5_0 where the AVX-512 VNNI kernels run).
+pub fn repacks(ty: crate::WeightType, rows: usize, cols: usize) -> bool {
     let Some(g) = group_rows(ty) else { return false };
     let cols_ok = match ty {
         crate::WeightType::Q4_K => cols.is_multiple_of(QK_K),
-        _ => cols.is_multiple_of(32) && crate::packed_q5_0::worth_packing(isa),
+        _ => cols.is_multiple_of(32) && crate::packed_q5_0::worth_packing(crate::Isa::detect()),
     };
     cols_ok && rows.is_multiple_of(g)
 }
 
-/// Packs one group of rows of `ty` (`group_rows(ty)` rows of `nb` blocks, one after another in
-/// `src`) into `dst` (the same number of bytes).
+/// Packs one group of rows of `ty` ([`group_rows`] rows of `nb` blocks, one after another in
+/// `src`) into `dst` (the same number of bytes), in this CPU's layout for `ty`.
 ///
 /// # Panics
 /// If `ty` has no packed layout, or the lengths are not one group.
 pub fn pack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]) {
-    match ty {
-        crate::WeightType::Q4_K => pack_q4k_x8(src, nb, dst),
-        crate::WeightType::Q5_0 => crate::packed_q5_0::pack_q5_0_x16(src, nb, dst),
+    match (ty, group_rows(ty)) {
+        (crate::WeightType::Q4_K, Some(16)) => crate::packed_q4k_x16::pack_q4k_x16(src, nb, dst),
+        (crate::WeightType::Q4_K, _) => pack_q4k_x8(src, nb, dst),
+        (crate::WeightType::Q5_0, _) => crate::packed_q5_0::pack_q5_0_x16(src, nb, dst),
         _ => panic!("{} has no packed layout", ty.name()),
     }
 }
@@ -267,9 +276,10 @@ pub fn pack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]) 
 /// # Panics
 /// As [`pack_group`].
 pub fn unpack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]) {
-    match ty {
-        crate::WeightType::Q4_K => unpack_q4k_x8(src, nb, dst),
-        crate::WeightType::Q5_0 => crate::packed_q5_0::unpack_q5_0_x16(src, nb, dst),
+    match (ty, group_rows(ty)) {
+        (crate::WeightType::Q4_K, Some(16)) => crate::packed_q4k_x16::unpack_q4k_x16(src, nb, dst),
+        (crate::WeightType::Q4_K, _) => unpack_q4k_x8(src, nb, dst),
+        (crate::WeightType::Q5_0, _) => crate::packed_q5_0::unpack_q5_0_x16(src, nb, dst),
         _ => panic!("{} has no packed layout", ty.name()),
     }
 }

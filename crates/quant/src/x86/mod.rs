@@ -15,6 +15,7 @@
 //! | Q4_0, Q4_1, Q5_0, Q8_0, many rows × four tokens | [`legacy_avx2`] | [`pair`] (512-bit) |
 //! | Q4_K, Q5_K, Q6_K | [`k_quants`] | [`k_quants`] |
 //! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | [`packed`] |
+//! | Q4_K packed 16 rows ([`crate::packed_q4k_x16`]) | (8 rows instead) | [`packed_q4k_x16`] |
 //! | Q5_0 packed 16 rows ([`crate::packed_q5_0`]) | (plain layout kept) | [`packed_q5_0`] |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
 //! | exact column kernels | [`exact`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`], many tokens [`exact_vnni_tokens`] |
@@ -56,6 +57,7 @@ pub mod k_quants;
 pub mod legacy_avx2;
 pub mod legacy_avx512;
 pub mod packed;
+pub mod packed_q4k_x16;
 pub mod packed_q5_0;
 pub mod pair;
 pub mod quantize;

@@ -1,0 +1,193 @@
+//! The 16-row interleaved Q4_K layout (`sift_quant::packed_q4k_x16`): packing is lossless, and the
+//! packed reference gemv agrees with the 8-row layout's reference bit for bit (the same
+//! arithmetic row for row), with the plain scalar dot and with an f32 dot of dequantized values.
+//!
+//! Every instruction set's kernel equals the scalar reference bit for bit, and the four-token
+//! product equals four one-token products bit for bit. Tolerances of the reference (as
+//! tests/packed.rs): vs `scalar_k::dot_q4_k` per row `≤ 1e-4 · D`, vs `Σ w·a` of dequantized
+//! weights and activations (f64 sum) `≤ 1e-3 · D`, where `D = max(|reference|, 1e-2 · Σ|w·a|)`.
+//! Data: Gaussian rows quantized by `quantize_row_q4_k`, random raw block bytes (every bit pattern
+//! of quants and scales) with −128/127 activations, runs of several groups, and real weights
+//! (every Q4_K tensor of `models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` or `$SIFT_TEST_GGUF`,
+//! a few row groups each; skipped with a message when absent).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sift_quant::blocks::BlockQ8K;
+use sift_quant::packed::{gemv_q4k_x8, pack_q4k_x8, PACK_ROWS};
+use sift_quant::packed_q4k_x16::{
+    gemm_q4k_x16_on, gemv_q4k_x16, gemv_q4k_x16_on, pack_q4k_x16, unpack_q4k_x16, PACK_ROWS_X16,
+};
+use sift_quant::{scalar_k, ActType, Isa, WeightType};
+
+const QK_K: usize = 256;
+const ROWS: usize = PACK_ROWS_X16;
+const LENS: [usize; 3] = [256, 1536, 4864];
+
+fn gaussian(rng: &mut StdRng, n: usize, sigma: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f32 = rng.random::<f32>().max(1e-12);
+            let u2: f32 = rng.random();
+            sigma * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+        })
+        .collect()
+}
+
+/// Random raw Q4_K blocks with sane (finite, positive) f16 scales.
+fn random_blocks(rng: &mut StdRng, nb: usize) -> Vec<u8> {
+    let mut w: Vec<u8> = (0..nb * 144).map(|_| rng.random()).collect();
+    for b in w.chunks_exact_mut(144) {
+        b[0..2].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-4f32..1e-1)).to_le_bytes());
+        b[2..4].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-4f32..1e-1)).to_le_bytes());
+    }
+    w
+}
+
+/// Q8_K activations: quantized Gaussian values, or raw ±127/−128 quants (the extremes).
+fn activations(rng: &mut StdRng, n: usize, extreme: bool) -> Vec<u8> {
+    let mut a = vec![0u8; ActType::Q8_K.row_bytes(n)];
+    ActType::Q8_K.quantize(&gaussian(rng, n, 1.0), &mut a);
+    if extreme {
+        for b in bytemuck::cast_slice_mut::<u8, BlockQ8K>(&mut a) {
+            for q in b.qs.iter_mut() {
+                *q = [-128, 127][rng.random_range(0..2)];
+            }
+            for (j, s) in b.bsums.iter_mut().enumerate() {
+                let sum: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+                *s = (sum as i16).to_le_bytes();
+            }
+        }
+    }
+    a
+}
+
+/// Packs the row groups `w` (plain rows, a multiple of 16), checks the round trip, the kernels
+/// against the reference, the reference against the 8-row one, the plain scalar dot and the f32
+/// dot.
+fn check_groups(rng: &mut StdRng, n: usize, w: &[u8], a: &[u8], what: &str) {
+    let nb = n / QK_K;
+    let gb = ROWS * nb * 144;
+    let mut packed = vec![0u8; w.len()];
+    for (src, dst) in w.chunks_exact(gb).zip(packed.chunks_exact_mut(gb)) {
+        pack_q4k_x16(src, nb, dst);
+    }
+    let mut back = vec![0u8; w.len()];
+    for (src, dst) in packed.chunks_exact(gb).zip(back.chunks_exact_mut(gb)) {
+        unpack_q4k_x16(src, nb, dst);
+    }
+    assert!(back == w, "{what}: unpack(pack(rows)) differs");
+    let rows = w.len() / (nb * 144);
+    let mut got = vec![0f32; rows];
+    gemv_q4k_x16(n, &packed, a, &mut got);
+    // The 8-row layout's reference computes the same numbers.
+    let g8 = PACK_ROWS * nb * 144;
+    for (k, src) in w.chunks_exact(g8).enumerate() {
+        let mut p8 = vec![0u8; g8];
+        pack_q4k_x8(src, nb, &mut p8);
+        let y = gemv_q4k_x8(n, &p8, a);
+        let x16 = &got[PACK_ROWS * k..PACK_ROWS * (k + 1)];
+        assert!(y.iter().zip(x16).all(|(a, b)| a.to_bits() == b.to_bits()), "{what} n={n}: 16-row vs 8-row reference");
+    }
+    let others: Vec<Vec<u8>> = (0..3).map(|k| activations(rng, n, k == 1)).collect();
+    let four = [a, &others[0][..], &others[1][..], &others[2][..]];
+    let one: Vec<Vec<f32>> = four
+        .iter()
+        .map(|a| {
+            let mut y = vec![0f32; rows];
+            gemv_q4k_x16(n, &packed, a, &mut y);
+            y
+        })
+        .collect();
+    for isa in Isa::available() {
+        let mut k = vec![0f32; rows];
+        gemv_q4k_x16_on(isa, n, &packed, a, &mut k);
+        assert!(
+            k.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{what} n={n} {isa:?}: kernel differs from the reference"
+        );
+        let mut many = vec![[0f32; 4]; rows];
+        gemm_q4k_x16_on(isa, n, &packed, four, &mut many);
+        for (t, one) in one.iter().enumerate() {
+            assert!(
+                many.iter().zip(one).all(|(m, y)| m[t].to_bits() == y.to_bits()),
+                "{what} n={n} {isa:?}: token {t} of four differs from its one-token product"
+            );
+        }
+    }
+    let ad: Vec<f32> = bytemuck::cast_slice::<u8, BlockQ8K>(a)
+        .iter()
+        .flat_map(|b| b.qs.iter().map(move |&q| b.d() * q as f32))
+        .collect();
+    let rb = nb * 144;
+    for (r, &g) in got.iter().enumerate() {
+        let row = &w[r * rb..(r + 1) * rb];
+        let scalar = scalar_k::dot_q4_k(n, row, a);
+        let mut wd = vec![0f32; n];
+        scalar_k::dequantize_q4_k(row, &mut wd);
+        let reference: f64 = wd.iter().zip(&ad).map(|(&x, &y)| (x * y) as f64).sum();
+        let abs: f64 = wd.iter().zip(&ad).map(|(&x, &y)| (x * y).abs() as f64).sum();
+        let denom = |v: f64| v.abs().max(1e-2 * abs).max(f64::MIN_POSITIVE);
+        let e1 = (g as f64 - scalar as f64).abs() / denom(scalar as f64);
+        assert!(e1 <= 1e-4, "{what} n={n} row {r}: packed {g} vs scalar {scalar} (rel err {e1:.2e})");
+        let e2 = (g as f64 - reference).abs() / denom(reference);
+        assert!(e2 <= 1e-3, "{what} n={n} row {r}: packed {g} vs f32 {reference} (rel err {e2:.2e})");
+    }
+}
+
+#[test]
+fn packed_x16_groups_round_trip_and_agree_on_quantized_rows() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0c01);
+    for &n in &LENS {
+        // Two groups in one call: the kernels walk runs of groups.
+        let rows: Vec<u8> = (0..2 * ROWS)
+            .flat_map(|r| scalar_k::quantize_row_q4_k(&gaussian(&mut rng, n, [0.02, 1.0][r % 2])))
+            .collect();
+        for extreme in [false, true] {
+            let a = activations(&mut rng, n, extreme);
+            check_groups(&mut rng, n, &rows, &a, &format!("quantized, extreme={extreme}"));
+        }
+    }
+}
+
+#[test]
+fn packed_x16_groups_round_trip_and_agree_on_random_block_bytes() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0c02);
+    for &n in &LENS {
+        for round in 0..3 {
+            let rows = random_blocks(&mut rng, (round + 1) * ROWS * n / QK_K);
+            let a = activations(&mut rng, n, round % 2 == 1);
+            check_groups(&mut rng, n, &rows, &a, &format!("random bytes, round {round}"));
+        }
+    }
+}
+
+#[test]
+fn packed_x16_groups_agree_on_real_weights() {
+    let path = std::env::var_os("SIFT_TEST_GGUF").map(Into::into).unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    });
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let file = sift_gguf::GgufFile::open(&path).expect("open model");
+    let mut rng = StdRng::seed_from_u64(0x5eed_0c03);
+    let mut checked = 0;
+    for t in &file.gguf.tensors {
+        if WeightType::from_ggml_id(t.ty.id()) != Some(WeightType::Q4_K) || t.dims.len() != 2 {
+            continue;
+        }
+        let (n, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        if rows % ROWS != 0 || checked >= 24 {
+            continue;
+        }
+        let data = file.tensor_bytes(&t.name).expect("tensor data");
+        let gb = ROWS * n / QK_K * 144;
+        let g = rng.random_range(0..rows / ROWS);
+        let a = activations(&mut rng, n, false);
+        check_groups(&mut rng, n, &data[g * gb..(g + 1) * gb], &a, &format!("{} group {g}", t.name));
+        checked += 1;
+    }
+    assert!(checked > 0, "no Q4_K tensor in {}", path.display());
+}
