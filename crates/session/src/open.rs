@@ -217,7 +217,7 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
 }
 
 /// Loads a model and its tokenizer: in full without a budget (memory-mapped, or with
-/// `--no-mmap` copied into huge-page-backed memory; either way Q4_K matrices repacked, in the
+/// `--no-mmap` copied into huge-page-backed memory; either way Q4_K and Q5_0 matrices repacked, in the
 /// process's own pages, unless `--no-repack`), else only its resident parts — after checking, before reading them, that they, the tokenizer and the KV
 /// cache for `eo` fit the budget.
 pub fn load(path: &Path, eo: &EngineOptions, memory: &MemoryOptions) -> anyhow::Result<(Model, Tokenizer)> {

@@ -271,9 +271,10 @@ pub struct MemoryOptions {
     /// development VM (docs/benchmarks.md)
     #[arg(long = "no-mmap", overrides_with = "mmap")]
     pub no_mmap: bool,
-    /// Without --memory: keep the weights' own layout instead of repacking Q4_K matrices into
-    /// groups of 8 interleaved rows for the 8-row kernels at load (llama.cpp's --no-repack). The
-    /// repacked matrices are the process's own memory, the rest of a mapped file stays mapped
+    /// Without --memory: keep the weights' own layout instead of repacking them at load into
+    /// interleaved row groups for the group kernels (llama.cpp's --no-repack): Q4_K 16 rows with
+    /// AVX-512 VNNI (else 8), Q5_0 16 rows with AVX-512 VNNI. Same bytes; the repacked matrices are
+    /// the process's own memory, the rest of a mapped file stays mapped
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Device profile the planner predicts with: a file from `sift probe -o`, or a builtin name
