@@ -97,8 +97,8 @@ pub fn pack_block_q4k_x16(rows: [&BlockQ4K; PACK_ROWS_X16]) -> BlockQ4Kx16 {
             out.scm[16 * s + r] = sc | (mn >> 4) << 6;
             out.mnl[16 * (s % 4) + r] |= if s < 4 { mn & 0xF } else { (mn & 0xF) << 4 };
         }
-        for (b, &q) in x.qs.iter().enumerate() {
-            out.qs[64 * (b / 4) + 4 * r + b % 4] = q;
+        for (q, four) in x.qs.chunks_exact(4).enumerate() {
+            out.qs[64 * q + 4 * r..64 * q + 4 * r + 4].copy_from_slice(four);
         }
     }
     out

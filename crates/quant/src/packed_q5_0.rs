@@ -63,18 +63,20 @@ impl BlockQ5_0x16 {
 /// Packs the blocks of 16 rows at one column position.
 pub fn pack_block_q5_0_x16(rows: [&BlockQ5_0; PACK_ROWS_Q5_0]) -> BlockQ5_0x16 {
     let mut out = BlockQ5_0x16::zeroed();
+    let mut masks = [0u64; 8];
     for (r, x) in rows.iter().enumerate() {
         out.d[2 * r..2 * r + 2].copy_from_slice(&x.d);
-        let qh = u32::from_le_bytes(x.qh);
-        for v in 0..QK {
-            if (qh >> v) & 1 == 1 {
-                let bit = 4 * r + v % 4;
-                out.qh[8 * (v / 4) + bit / 8] |= 1 << (bit % 8);
-            }
+        let qh = u64::from(u32::from_le_bytes(x.qh));
+        // Quad `g`'s four fifth bits are bits `4g..4g + 4` of the row's `qh`.
+        for (g, m) in masks.iter_mut().enumerate() {
+            *m |= ((qh >> (4 * g)) & 0xF) << (4 * r);
         }
         for g in 0..4 {
             out.qs[64 * g + 4 * r..64 * g + 4 * r + 4].copy_from_slice(&x.qs[4 * g..4 * g + 4]);
         }
+    }
+    for (g, m) in masks.iter().enumerate() {
+        out.qh[8 * g..8 * g + 8].copy_from_slice(&m.to_le_bytes());
     }
     out
 }
