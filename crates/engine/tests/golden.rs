@@ -47,6 +47,15 @@
 //! logit 14.2 → 18.0, where the masked dense kernels give 15.7). The paths that do not compute on
 //! columns (`dense-gguf`, `masked-topk`, `masked-core`, `row-gather-core-gguf`) were checked bit
 //! for bit unchanged before re-blessing.
+//!
+//! Re-blessed at issue 17's eighth step, a declared change in the paths that compute on single-
+//! token columns: the column pieces (`sift_quant::exact::RUN_BREAK`) grew from 64 to 128 entries
+//! (fewer per-piece accumulators to clear and add), which regroups the pieces' sums and, for the
+//! K-quants, the 8-bit coefficient groups. The 21 column and tiered paths changed; at sparsity
+//! 0.5 SmolLM2's near ties then go either way (e.g. `columns-topk` from its fourth token).
+//! Perplexity through the columns did not move (`--all-columns --sparsity topk --ratio 0.5`,
+//! 10 chunks: SmolLM2 46.80 → 46.42, Qwen2.5-0.5B 56.64 → 56.34). The paths that do not compute
+//! on columns were checked bit for bit unchanged before re-blessing.
 
 use serde_json::{json, Value};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};

@@ -496,8 +496,11 @@ pub(crate) fn piece_offset(i0: usize, y_len: usize, width: usize) -> usize {
 
 /// List positions where a run always ends: a call over a part of an active list that starts at
 /// a multiple of this sees the same runs as a call over the whole list, so the parts of a site
-/// streamed in pieces of it add up to the whole site's result bit for bit.
-pub const RUN_BREAK: usize = 64;
+/// streamed in pieces of it add up to the whole site's result bit for bit. Each piece also has
+/// its own accumulator of the op's outputs (summed in piece order), so it sets how much of those
+/// a product writes and adds: 128 (64 before issue 17's eighth step) made Qwen2.5-1.5B's Top-K
+/// 0.5 decode ~10 % faster, with no perplexity change through the columns.
+pub const RUN_BREAK: usize = 128;
 
 /// Runs of consecutive entries of `units` in the same sub-block, also cut at list positions
 /// that are multiples of [`RUN_BREAK`]: `(start, end)` into the lists.

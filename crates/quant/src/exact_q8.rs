@@ -22,7 +22,7 @@
 //!   losing it).
 //! - Per run `r` and output row `k`: `T = Σ_i C_i·q_ik − zero·ΣC_r`; per group
 //!   `acc_k = Σ_r sc_rk·T_rk` and `M_k = Σ_r m_rk·ΣC_r` (`sc = m = 1` for the legacy formats),
-//!   exact in `i32` (at most 64 entries per group: `|acc| < 2^28`).
+//!   exact in `i32` (at most [`RUN_BREAK`] = 128 entries per group: `|acc| < 2^29`).
 //! - `y_k = fma(d_k·s, acc_k, y_k)`, then for formats with an offset `y_k = fma(b_k·s, M_k, y_k)`
 //!   (`d`, `b` the row's f16 super-block scale and offset).
 //!
