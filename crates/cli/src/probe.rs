@@ -57,7 +57,7 @@ fn probe_gpu(a: &ProbeArgs) -> anyhow::Result<()> {
     }
     let json = serde_json::to_string_pretty(&p)?;
     match &a.output {
-        Some(o) => std::fs::write(o, json + "\n").with_context(|| format!("cannot write '{}'", o.display()))?,
+        Some(o) => sift_output::write(o, &[], (json + "\n").as_bytes())?,
         None => println!("{json}"),
     }
     Ok(())

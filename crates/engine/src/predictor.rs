@@ -206,7 +206,8 @@ impl ExpertPredictors {
         self.layers.iter().flat_map(|l| l.q.iter().chain(&l.w1).chain(&l.w2).chain(&l.c1).chain(&l.c2))
     }
 
-    /// Writes the side file (a temporary file in the same folder, renamed over `path`).
+    /// Writes the side file (through [`sift_output::Output`]: a temporary file in the same folder,
+    /// renamed over `path` when whole; never over a device).
     pub fn save(&self, path: &Path) -> Result<(), PredictorError> {
         let io = |source| PredictorError::Io { path: path.to_path_buf(), source };
         let mut data = Vec::with_capacity(4 * self.weights().count());
@@ -216,16 +217,14 @@ impl ExpertPredictors {
         let mut header = self.header.clone();
         header.crc32 = crc32fast::hash(&data);
         let json = serde_json::to_vec(&header).expect("a header serializes");
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
-        tmp.write_all(MAGIC).map_err(io)?;
-        tmp.write_all(&PREDICTOR_VERSION.to_le_bytes()).map_err(io)?;
-        tmp.write_all(&(json.len() as u32).to_le_bytes()).map_err(io)?;
-        tmp.write_all(&json).map_err(io)?;
-        tmp.write_all(&data).map_err(io)?;
-        tmp.as_file().sync_all().map_err(io)?;
-        tmp.persist(path).map_err(|e| io(e.error))?;
-        Ok(())
+        let mut out = sift_output::Output::create(path, &[]).map_err(|e| io(e.into()))?;
+        let f = out.file();
+        f.write_all(MAGIC).map_err(io)?;
+        f.write_all(&PREDICTOR_VERSION.to_le_bytes()).map_err(io)?;
+        f.write_all(&(json.len() as u32).to_le_bytes()).map_err(io)?;
+        f.write_all(&json).map_err(io)?;
+        f.write_all(&data).map_err(io)?;
+        out.commit().map_err(|e| io(e.into()))
     }
 
     /// Reads a side file and checks it against `model` (the model it is used with).

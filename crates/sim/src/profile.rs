@@ -534,7 +534,7 @@ impl DeviceProfile {
             s.push('\n');
         }
         s.push_str(&self.to_toml());
-        std::fs::write(path, s)
+        Ok(sift_output::write(path, &[], s.as_bytes())?)
     }
 
     /// The seed profile `name` compiled into sift (see [`list_builtin`]).

@@ -228,6 +228,8 @@ pub struct TraceWriter(Arc<Mutex<Inner>>);
 struct Inner {
     path: PathBuf,
     w: Option<BufWriter<File>>,
+    /// The temporary file `w` writes, renamed over `path` by [`TraceWriter::finish`].
+    out: Option<sift_output::Output>,
     dims: [usize; 4],
     /// The first write error (the engine's hooks cannot return one).
     error: Option<std::io::Error>,
@@ -251,7 +253,8 @@ impl Inner {
 impl TraceWriter {
     pub fn create(path: &Path, header: &TraceHeader) -> Result<TraceWriter, TraceError> {
         let io = |source| TraceError::Io { path: path.into(), source };
-        let mut w = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
+        let mut out = sift_output::Output::create(path, &[]).map_err(|e| io(e.into()))?;
+        let mut w = BufWriter::with_capacity(1 << 20, out.file().try_clone().map_err(io)?);
         let h = serde_json::to_vec(header).expect("header serializes");
         w.write_all(MAGIC).map_err(io)?;
         w.write_all(&(h.len() as u32).to_le_bytes()).map_err(io)?;
@@ -259,6 +262,7 @@ impl TraceWriter {
         Ok(TraceWriter(Arc::new(Mutex::new(Inner {
             path: path.into(),
             w: Some(w),
+            out: Some(out),
             dims: header.dims,
             error: None,
             tokens: 0,
@@ -286,6 +290,9 @@ impl TraceWriter {
         }
         if let Some(mut w) = g.w.take() {
             w.flush().map_err(io)?;
+        }
+        if let Some(out) = g.out.take() {
+            out.commit().map_err(|e| io(e.into()))?;
         }
         Ok(g.tokens)
     }

@@ -277,7 +277,7 @@ impl Calibration {
         let p = path.display().to_string();
         let text =
             serde_json::to_string(self).map_err(|e| CalibrationError::Parse { path: p.clone(), msg: e.to_string() })?;
-        std::fs::write(path, text).map_err(|e| CalibrationError::Io { path: p, source: e })
+        sift_output::write(path, &[], text.as_bytes()).map_err(|e| CalibrationError::Io { path: p, source: e.into() })
     }
 
     /// Errors unless the calibration was made for a model of this shape: its header (`n_layer`,

@@ -67,8 +67,8 @@ pub enum PackError {
     Corrupt { path: PathBuf, what: String },
     #[error("{path}: bad table of contents: {msg}")]
     Toc { path: PathBuf, msg: String },
-    #[error("cannot write the pack to {path}: {msg}")]
-    Output { path: PathBuf, msg: String },
+    #[error(transparent)]
+    Output(#[from] sift_output::OutputError),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -133,39 +133,6 @@ struct Toc {
     orders: Vec<UnitOrderTensor>,
     #[serde(default)]
     groups: Vec<GroupTensor>,
-}
-
-/// Whether two metadata describe the same file (device and inode where the OS has them).
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        a.dev() == b.dev() && a.ino() == b.ino()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (a, b);
-        false
-    }
-}
-
-/// Refuses a pack destination that is not a regular file (a device such as `/dev/null`, a FIFO, a
-/// directory: the final rename would replace it) or that is the model being packed, compared by
-/// file identity, not by the path's spelling (`-o ../dir/model.gguf`). A missing destination is
-/// fine.
-fn check_destination(src: &Path, dst: &Path) -> Result<(), PackError> {
-    let out = |msg: &str| PackError::Output { path: dst.to_path_buf(), msg: msg.to_string() };
-    match std::fs::metadata(dst) {
-        Ok(m) if !m.is_file() => Err(out(
-            "it is not a regular file (a device, FIFO or directory), which the pack would replace; pass a file path to -o",
-        )),
-        Ok(m) => match std::fs::metadata(src) {
-            Ok(s) if same_file(&m, &s) => Err(out("it is the model being packed; pass another path to -o")),
-            _ => Ok(()),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(PackError::Io { path: dst.to_path_buf(), source: e }),
-    }
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> PackError + '_ {
@@ -494,7 +461,8 @@ pub fn pack_model(
     opts: &PackOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<u64, PackError> {
-    check_destination(src, dst)?;
+    // The destination first, before any work: never a device, never the model itself.
+    sift_output::check_destination(dst, &[src])?;
     let model = Model::load(src)?;
     let c = model.config.clone();
     check_unit_orders(src, &model, &opts.unit_orders)?;
@@ -504,23 +472,11 @@ pub fn pack_model(
             msg: "model dimensions are not multiples of 32; columns cannot be blocked".into(),
         });
     }
-    // A name of its own per build (process and call): two builds of one pack at once (two runs
-    // on a GGUF without its column file yet) each write their own file, and the last rename wins
-    // with a whole pack.
-    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dst.with_extension(format!("sift.{}-{build}.tmp", std::process::id()));
-    let f = File::create_new(&tmp).map_err(io(&tmp))?;
-    // An error anywhere below leaves no partial file behind.
-    struct RemoveUnlessKept<'a>(&'a Path, bool);
-    impl Drop for RemoveUnlessKept<'_> {
-        fn drop(&mut self) {
-            if !self.1 {
-                let _ = std::fs::remove_file(self.0);
-            }
-        }
-    }
-    let mut guard = RemoveUnlessKept(&tmp, false);
+    // A temporary file of its own per build beside `dst` (two builds of one pack at once each
+    // write their own, and the last rename wins with a whole pack), removed on any error.
+    let mut out = sift_output::Output::create(dst, &[src])?;
+    let tmp = out.tmp_path().to_path_buf();
+    let f = out.file().try_clone().map_err(io(&tmp))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let mut pos: u64 = 0;
     let pad_to = |w: &mut BufWriter<File>, pos: &mut u64, to: u64| -> Result<(), PackError> {
@@ -643,9 +599,6 @@ pub fn pack_model(
     f.write_all(&head).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     drop(f);
-    // Again at the end: the destination may have changed while the pack was written.
-    check_destination(src, dst)?;
-    std::fs::rename(&tmp, dst).map_err(io(dst))?;
-    guard.1 = true;
+    out.commit()?;
     Ok(pos)
 }

@@ -35,7 +35,7 @@ fn the_input_is_never_overwritten_whatever_the_spelling() {
     std::fs::hard_link(&src, &linked).unwrap();
     for dst in [dir.path().join("sub/../m.gguf"), linked] {
         let err = pack_model(&src, &dst, &PackOptions::default(), |_| {}).unwrap_err().to_string();
-        assert!(err.contains("the model being packed"), "{}: {err}", dst.display());
+        assert!(err.contains("an input of this command"), "{}: {err}", dst.display());
     }
     assert!(std::fs::read(&src).unwrap() == before, "the model changed");
     // Nothing but the model, its link and the folder: no temporary file left.
