@@ -11,9 +11,9 @@
 //! set of the same size (quality meaningless: it times the sparse FFN alone, the speed ceiling a
 //! trained predictor can reach).
 //!
-//! - Gate and up: the chosen rows are copied into a compact matrix per block (8-row groups when
-//!   the matrix is repacked for the 8-row kernels: the neurons are then chosen 8 at a time) and
-//!   run through the ordinary batch kernels.
+//! - Gate and up: the chosen rows are copied into a compact matrix per block (whole row groups
+//!   when the matrix is repacked for the group kernels, `QTensor::group_rows`: the neurons are
+//!   then chosen 8 or 16 at a time) and run through the ordinary batch kernels.
 //! - Down: the chosen neurons are input channels of `ffn_down`, i.e. columns: with a pack, its exact
 //!   columns through the many-token column kernel ([`sift_quant::exact_q8::ExactAxpyTokensFn`]),
 //!   each column read once for the whole block; without one, the dense kernel on the masked GLU
