@@ -7,13 +7,38 @@ use std::path::PathBuf;
 /// The default model, fetched by `scripts/fetch-model.sh`.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Most threads `-t` accepts (the pool starts that many; more is a typo, not a machine).
+pub const MAX_THREADS: usize = 1024;
+/// Largest prompt batch `-b` accepts (a batch's activations are allocated up front).
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// `-t`: a thread count in `1..=MAX_THREADS`, with an error naming the range otherwise.
+fn threads_in_range(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("'{s}' is not a thread count: {e}"))?;
+    if (1..=MAX_THREADS).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} threads: use 1 to {MAX_THREADS}"))
+    }
+}
+
+/// `-b`: a batch size in `1..=MAX_BATCH`.
+fn batch_in_range(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("'{s}' is not a batch size: {e}"))?;
+    if (1..=MAX_BATCH).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("batch size {n}: use 1 to {MAX_BATCH} tokens"))
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct ModelArgs {
     /// Model file (.gguf)
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
     /// Threads to compute with (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
     #[command(flatten)]
     pub threading: ThreadingArgs,
@@ -21,7 +46,7 @@ pub struct ModelArgs {
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
     /// Tokens per forward batch while reading a prompt
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = batch_in_range)]
     pub batch_size: usize,
     #[command(flatten)]
     pub kv: KvCacheArgs,
@@ -239,12 +264,12 @@ pub struct PerplexityArgs {
     #[arg(long = "chunks", default_value_t = -1, allow_negative_numbers = true)]
     pub chunks: i64,
     /// Threads to compute with (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
     #[command(flatten)]
     pub threading: ThreadingArgs,
     /// Tokens per forward batch
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = batch_in_range)]
     pub batch_size: usize,
 }
 
@@ -260,7 +285,7 @@ pub struct BenchArgs {
     #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
     /// Threads (comma-separated list allowed)
-    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    #[arg(short = 't', long = "threads", value_delimiter = ',', value_parser = threads_in_range)]
     pub threads: Vec<usize>,
     /// How long idle threads poll for work before they sleep, 0-100 (as llama-bench's --poll)
     #[arg(long = "poll", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
@@ -279,7 +304,7 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
     /// Batch size for prompt processing
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = batch_in_range)]
     pub batch_size: usize,
     /// Output format: md or json
     #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
@@ -328,7 +353,7 @@ pub struct SweepArgs {
     #[arg(long = "tg", default_value_t = 0)]
     pub tg: usize,
     /// Threads
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
     /// Output directory for sweep.csv and the SVG plots
     #[arg(short = 'o', long = "out", default_value = "sweep-out")]
@@ -414,7 +439,7 @@ pub struct CalibrateArgs {
     #[arg(long = "alpha", default_value_t = 0.4)]
     pub alpha: f32,
     /// Threads
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
 }
 

@@ -923,3 +923,22 @@ fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
     let o = ppl(m_s, &["--prefill-sparsity", "0.5"]);
     assert!(!o.status.success() && text(&o.stderr).contains("m.gguf.prefill"), "{}", text(&o.stderr));
 }
+
+/// Numeric flags out of range are refused with a message naming the range (issue 22): `-t` and
+/// `-b` at 2^40 used to abort in the allocator.
+#[test]
+fn thread_and_batch_counts_out_of_range_are_refused() {
+    for (flag, value, says) in [
+        ("-t", "1099511627776", "use 1 to 1024"),
+        ("-t", "0", "use 1 to 1024"),
+        ("-b", "1099511627776", "use 1 to 1048576"),
+    ] {
+        let out = sift(&["generate", "-m", model().to_str().unwrap(), "-p", "hi", "-n", "1", flag, value]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("alloc"), "{flag} {value}: {err}");
+    }
+    let out = sift(&["bench", "-m", model().to_str().unwrap(), "-t", "1,99999", "-p", "8", "-n", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
