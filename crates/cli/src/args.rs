@@ -22,6 +22,16 @@ fn threads_in_range(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A count in `LO..=HI` (a value parser: the error names the range).
+fn count_in<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("'{s}' is not a count: {e}"))?;
+    if (LO..=HI).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n}: use {LO} to {HI}"))
+    }
+}
+
 /// `-b`: a batch size in `1..=MAX_BATCH`.
 fn batch_in_range(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("'{s}' is not a batch size: {e}"))?;
@@ -263,6 +273,11 @@ pub struct PerplexityArgs {
     /// Score at most this many windows (-1 = all)
     #[arg(long = "chunks", default_value_t = -1, allow_negative_numbers = true)]
     pub chunks: i64,
+    /// Score the last N tokens of each window, after a prompt of the rest (sparse prefill applies
+    /// to the prompt only; FastForward's protocol: -c 2304 --score-last 256). Default: the second
+    /// half, as llama-perplexity
+    #[arg(long = "score-last")]
+    pub score_last: Option<usize>,
     /// Threads to compute with (default: all cores)
     #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
@@ -387,6 +402,13 @@ pub struct EvalArgs {
     /// Score at most this many items
     #[arg(long = "limit")]
     pub limit: Option<usize>,
+    /// Few-shot examples before every item (lm-eval's num_fewshot; MMLU's is 5): the first N items
+    /// of --shots-file
+    #[arg(long = "shots", default_value_t = 0, value_parser = count_in::<0, 64>)]
+    pub shots: usize,
+    /// The few-shot examples' file (default: dev.json beside --file, MMLU's layout)
+    #[arg(long = "shots-file")]
+    pub shots_file: Option<PathBuf>,
     /// Skip this many items first
     #[arg(long = "offset", default_value_t = 0)]
     pub offset: usize,

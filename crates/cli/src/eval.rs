@@ -22,14 +22,16 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let end = a.limit.map_or(total, |l| a.offset.saturating_add(l).min(total));
     let items = &ds.items[a.offset..end];
     anyhow::ensure!(!items.is_empty(), "--limit 0 leaves nothing to score");
+    let shots = sift_eval::load_shots(&ds, a.shots, a.shots_file.as_deref())?;
 
     let memory = sift_session::MemoryOptions::default();
     let mut session = crate::session::open(&a.model.model, a.model.engine_options(), &a.sparsity, &memory)?;
     let (engine, tok) = (&mut session.engine, session.tok.clone());
     eprintln!("sparsity: {}", engine.selector().describe());
     eprintln!(
-        "eval: task {}, {:?} format, items {}..{} of {total} from '{}', n_ctx {}, {} threads",
+        "eval: task {}{}, {:?} format, items {}..{} of {total} from '{}', n_ctx {}, {} threads",
         ds.name,
+        if a.shots > 0 { format!(", {}-shot", a.shots) } else { String::new() },
         ds.format,
         a.offset,
         end,
@@ -43,7 +45,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     // Selectors with sequence state (core neurons, DIP-CA's cache) must see each item from an
     // empty context, so every context restarts instead of reusing a shared prefix.
     scorer.reuse_prefix = !stateful;
-    let opts = EvalOptions { max_tokens: scorer.max_tokens() };
+    let opts = EvalOptions { max_tokens: scorer.max_tokens(), shots };
     let rep = evaluate(&ds.task, items, &tok, &mut scorer, &opts, |p| {
         if p.done.is_multiple_of(PROGRESS_EVERY) || p.done == p.total {
             let s = t0.elapsed().as_secs_f64();
@@ -78,6 +80,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             "model": a.model.model.display().to_string(),
             "n": rep.n,
             "offset": a.offset,
+            "shots": a.shots,
             "acc": rep.acc.value,
             "acc_stderr": rep.acc.stderr,
             "acc_norm": rep.acc_norm.value,

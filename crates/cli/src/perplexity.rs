@@ -2,7 +2,8 @@
 
 use crate::args::PerplexityArgs;
 use anyhow::Context;
-use sift_engine::{perplexity::perplexity, EngineOptions};
+use sift_engine::perplexity::{perplexity, Scored};
+use sift_engine::EngineOptions;
 use std::io::Write;
 
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
@@ -27,7 +28,8 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
     let t1 = std::time::Instant::now();
-    let r = perplexity(engine, &tokens, a.ctx_size, chunks, bos, |i, ppl| {
+    let scored = a.score_last.map_or(Scored::SecondHalf, Scored::Last);
+    let r = perplexity(engine, &tokens, a.ctx_size, scored, chunks, bos, |i, ppl| {
         print!("[{}]{ppl:.4},", i + 1);
         let _ = std::io::stdout().flush();
     })?;

@@ -5,7 +5,7 @@
 
 use crate::args::SweepArgs;
 use anyhow::Context;
-use sift_engine::perplexity::perplexity;
+use sift_engine::perplexity::{perplexity, Scored};
 use sift_engine::sparsity::Method;
 use sift_engine::{Engine, EngineOptions, Logits};
 use sift_eval::plot::{Chart, Series};
@@ -88,14 +88,14 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;
         engine.reset_stats();
         let t0 = Instant::now();
-        let p = perplexity(&mut engine, &tokens, a.ctx_size, Some(a.chunks), bos, |_, _| {})?;
+        let p = perplexity(&mut engine, &tokens, a.ctx_size, Scored::SecondHalf, Some(a.chunks), bos, |_, _| {})?;
         let active_mib = engine.active_bytes_per_token() / (1 << 20) as f64;
         let tok_s = if a.tg > 0 { decode_speed(&mut engine, &tokens, a.tg)? } else { f64::NAN };
         let (acc, acc_norm) = match &eval_set {
             Some((ds, n)) => {
                 let mut scorer = EngineScorer::new(&mut engine);
                 scorer.reuse_prefix = method == Method::Dense;
-                let eo = EvalOptions { max_tokens: scorer.max_tokens() };
+                let eo = EvalOptions { max_tokens: scorer.max_tokens(), shots: Vec::new() };
                 let rep = evaluate(&ds.task, &ds.items[..*n], &tok, &mut scorer, &eo, |_| {})?;
                 (rep.acc.value, rep.acc_norm.value)
             }

@@ -213,7 +213,16 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
             let mut ppl = [0f64; 2];
             for (i, on) in [true, false].into_iter().enumerate() {
                 engine.set_prefill_compensator(on);
-                ppl[i] = sift_engine::perplexity::perplexity(&mut engine, held, ctx, Some(4), None, |_, _| {})?.ppl;
+                ppl[i] = sift_engine::perplexity::perplexity(
+                    &mut engine,
+                    held,
+                    ctx,
+                    Default::default(),
+                    Some(4),
+                    None,
+                    |_, _| {},
+                )?
+                .ppl;
             }
             p.header.comp_on = ppl[0] < ppl[1];
             p.header.comp_check = Some((ppl[0], ppl[1]));

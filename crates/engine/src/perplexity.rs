@@ -4,7 +4,13 @@
 //!
 //! The first half runs as the prompt ([`Phase::Prompt`]) and the scored half as generation
 //! ([`Phase::Generate`]): the same numbers for per-token selectors, and the natural split for
-//! selectors that fix their units at prefill (core neurons).
+//! selectors that fix their units at prefill (core neurons) and for sparse prefill, which applies
+//! to the prompt only.
+//!
+//! [`Scored::Last`] instead scores exactly the last `N` tokens of each window after a prompt of
+//! the `n_ctx − N` before them, the first of them from the prompt's last logits: FastForward's
+//! protocol (256 tokens scored densely after a 2048-token context prefilled sparsely is
+//! `-c 2304 --score-last 256`).
 
 use crate::{Engine, EvalError, Logits};
 use sift_sparsity::Phase;
@@ -26,8 +32,20 @@ pub enum PerplexityError {
     TooShort { n_tokens: usize, need: usize },
     #[error("-c {n_ctx} is larger than the engine's context {engine_ctx}")]
     CtxTooLarge { n_ctx: usize, engine_ctx: usize },
+    #[error("--score-last {scored} must leave at least one prompt token in a window of -c {n_ctx}: use 1 to {}", n_ctx - 1)]
+    ScoredTooMany { scored: usize, n_ctx: usize },
     #[error(transparent)]
     Eval(#[from] EvalError),
+}
+
+/// Which tokens of a window are scored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scored {
+    /// llama-perplexity's: the second half of the window but its first token (`n_ctx/2 − 1`).
+    #[default]
+    SecondHalf,
+    /// The last `N` tokens, after a prompt of the window's first `n_ctx − N` (`1 ≤ N < n_ctx`).
+    Last(usize),
 }
 
 /// Computes perplexity over `tokens`; `on_chunk(i, running_ppl)` is called after each window.
@@ -35,6 +53,7 @@ pub fn perplexity(
     engine: &mut Engine,
     tokens: &[u32],
     n_ctx: usize,
+    scored: Scored,
     max_chunks: Option<usize>,
     bos: Option<u32>,
     mut on_chunk: impl FnMut(usize, f64),
@@ -49,8 +68,16 @@ pub fn perplexity(
     if let Some(m) = max_chunks {
         n_chunks = n_chunks.min(m.max(1));
     }
+    if let Scored::Last(n) = scored {
+        if n == 0 || n >= n_ctx {
+            return Err(PerplexityError::ScoredTooMany { scored: n, n_ctx });
+        }
+    }
     let n_vocab = engine.config().n_vocab;
-    let first = n_ctx / 2;
+    let first = match scored {
+        Scored::SecondHalf => n_ctx / 2,
+        Scored::Last(n) => n_ctx - n,
+    };
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let mut window = vec![0u32; n_ctx];
     for i in 0..n_chunks {
@@ -59,15 +86,25 @@ pub fn perplexity(
             window[0] = b;
         }
         engine.truncate(0);
-        engine.eval_phase(&window[..first], Logits::Last, Phase::Prompt)?;
-        let logits = engine.eval_phase(&window[first..], Logits::All, Phase::Generate)?;
-        for j in first..n_ctx - 1 {
-            let row = &logits[(j - first) * n_vocab..(j - first + 1) * n_vocab];
-            let target = tokens[i * n_ctx + j + 1] as usize;
-            let v = -log_softmax_at(row, target);
+        let last = engine.eval_phase(&window[..first], Logits::Last, Phase::Prompt)?;
+        let mut add = |row: &[f32], target: u32| {
+            let v = -log_softmax_at(row, target as usize);
             nll += v;
             nll2 += v * v;
             count += 1;
+        };
+        let rest = match scored {
+            Scored::SecondHalf => &window[first..],
+            Scored::Last(_) => {
+                add(last, tokens[i * n_ctx + first]);
+                &window[first..n_ctx - 1]
+            }
+        };
+        if !rest.is_empty() {
+            let logits = engine.eval_phase(rest, Logits::All, Phase::Generate)?;
+            for j in first..n_ctx - 1 {
+                add(&logits[(j - first) * n_vocab..(j - first + 1) * n_vocab], tokens[i * n_ctx + j + 1]);
+            }
         }
         on_chunk(i, (nll / count as f64).exp());
     }

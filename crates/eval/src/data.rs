@@ -201,6 +201,46 @@ pub fn load(path: &Path, format: Option<Format>, task: Option<TaskKind>) -> Resu
     Ok(Dataset { path: path.to_path_buf(), format, task, name, items })
 }
 
+/// The few-shot examples for `ds`: the first `n` items (lm-eval's `first_n` sampler) of `file`, by
+/// default `dev.json` beside the evaluated file (MMLU's layout: `SUBJECT/dev.json` next to
+/// `SUBJECT/test.json`), read as the same task. The evaluated file itself is refused (its items
+/// would be their own examples).
+pub fn load_shots(ds: &Dataset, n: usize, file: Option<&Path>) -> Result<Vec<Item>, LoadError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let path = match file {
+        Some(f) => f.to_path_buf(),
+        None => ds.path.parent().unwrap_or(Path::new(".")).join("dev.json"),
+    };
+    if !path.exists() {
+        return Err(LoadError::Invalid {
+            path,
+            msg: format!(
+                "--shots {n} takes its examples from this file, which does not exist: name one with --shots-file"
+            ),
+        });
+    }
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+    if same(&path, &ds.path) {
+        return Err(LoadError::Invalid {
+            path,
+            msg: "the few-shot examples would come from the evaluated file itself: use the task's dev or train split"
+                .into(),
+        });
+    }
+    let shots = load(&path, Some(ds.format), Some(ds.task.clone()))?;
+    if shots.items.len() < n {
+        return Err(LoadError::Invalid {
+            path,
+            msg: format!("--shots {n} needs {n} examples, the file holds {}", shots.items.len()),
+        });
+    }
+    let mut items = shots.items;
+    items.truncate(n);
+    Ok(items)
+}
+
 /// The format of a file by extension, else by its first non-blank character.
 pub fn detect_format(path: &Path, text: &str) -> Format {
     match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).as_deref() {

@@ -34,5 +34,5 @@ pub mod plot;
 pub mod prompt;
 pub mod score;
 
-pub use data::{load, Dataset, Format, Item, LoadError, TaskKind};
+pub use data::{load, load_shots, Dataset, Format, Item, LoadError, TaskKind};
 pub use score::{evaluate, Acc, EngineScorer, EvalOptions, LogProbs, Report, ScoreError};

@@ -9,6 +9,12 @@
 //! | WinoGrande | sentence before `_`, then the option | `" " + (sentence after _).trim()` | continuation |
 //! | MMLU | description, question, `"\nA. .."` lines, `"\nAnswer:"` | `" A"`, `" B"`, ... | letter |
 //!
+//! Few-shot prompts ([`requests_with_shots`], `sift eval --shots N`) are lm-eval's: each example
+//! is its zero-shot context followed by its gold continuation, the examples and the question
+//! joined by `"\n\n"` (lm-eval's `fewshot_delimiter`); MMLU's description comes once, first (its
+//! 5-shot prompt is the description, five dev questions each ending `"Answer: B"`, then the
+//! question).
+//!
 //! Decisions and where they differ from the brief or from lm-eval:
 //! - OpenBookQA: lm-eval's `openbookqa.yaml` has `doc_to_text: question_stem`, i.e. no
 //!   "Question:/Answer:" wrapper (the stems are sentence beginnings such as "There is most likely
@@ -43,6 +49,38 @@ pub struct Request {
 /// Errors (with a message, no panic) only when a WinoGrande sentence has no `_`; the loader
 /// already rejects those.
 pub fn requests(task: &TaskKind, item: &Item) -> Result<Vec<Request>, String> {
+    requests_with_shots(task, &[], item)
+}
+
+/// [`requests`] after the few-shot examples `shots` (see the module docs); errors as there, also
+/// for an example without a gold option.
+pub fn requests_with_shots(task: &TaskKind, shots: &[Item], item: &Item) -> Result<Vec<Request>, String> {
+    let mut prefix = String::new();
+    if let TaskKind::Mmlu { subject } = task {
+        if !subject.is_empty() {
+            prefix
+                .push_str(&format!("The following are multiple choice questions (with answers) about {subject}.\n\n"));
+        }
+    }
+    for shot in shots {
+        let gold = *shot.gold.first().ok_or("a few-shot example has no correct option")?;
+        let reqs = body(task, shot)?;
+        let r = reqs.get(gold).ok_or("a few-shot example's correct option is out of range")?;
+        prefix.push_str(&r.context);
+        prefix.push_str(&r.continuation);
+        prefix.push_str("\n\n");
+    }
+    let mut reqs = body(task, item)?;
+    if !prefix.is_empty() {
+        for r in &mut reqs {
+            r.context.insert_str(0, &prefix);
+        }
+    }
+    Ok(reqs)
+}
+
+/// The zero-shot requests without MMLU's description.
+fn body(task: &TaskKind, item: &Item) -> Result<Vec<Request>, String> {
     let chars = |s: &str| s.chars().count().max(1);
     let simple = |context: String| {
         item.options
@@ -66,13 +104,8 @@ pub fn requests(task: &TaskKind, item: &Item) -> Result<Vec<Request>, String> {
                 })
                 .collect()
         }
-        TaskKind::Mmlu { subject } => {
+        TaskKind::Mmlu { .. } => {
             let mut ctx = String::new();
-            if !subject.is_empty() {
-                ctx.push_str(&format!(
-                    "The following are multiple choice questions (with answers) about {subject}.\n\n"
-                ));
-            }
             ctx.push_str(item.question.trim());
             for (k, o) in item.options.iter().enumerate() {
                 ctx.push_str(&format!("\n{}. {o}", letter(k)));
@@ -126,5 +159,28 @@ mod tests {
             "The following are multiple choice questions (with answers) about high school biology.\n\nQ?\nA. a\nB. b\nC. c\nD. d\nAnswer:"
         );
         assert_eq!(r.iter().map(|r| r.continuation.as_str()).collect::<Vec<_>>(), [" A", " B", " C", " D"]);
+    }
+
+    #[test]
+    fn mmlu_few_shot_prompt() {
+        let t = TaskKind::Mmlu { subject: "anatomy".into() };
+        let mut s1 = item("S1?", &["x", "y"]);
+        s1.gold = vec![1];
+        let s2 = item("S2?", &["u", "v"]);
+        let r = requests_with_shots(&t, &[s1, s2], &item("Q?", &["a", "b"])).unwrap();
+        assert_eq!(
+            r[1].context,
+            "The following are multiple choice questions (with answers) about anatomy.\n\nS1?\nA. x\nB. y\nAnswer: B\n\nS2?\nA. u\nB. v\nAnswer: A\n\nQ?\nA. a\nB. b\nAnswer:"
+        );
+        assert_eq!(r[1].continuation, " B");
+        let mut bad = item("S?", &["x"]);
+        bad.gold = vec![];
+        assert!(requests_with_shots(&t, &[bad], &item("Q?", &["a"])).is_err());
+    }
+
+    #[test]
+    fn arc_few_shot_prompt() {
+        let r = requests_with_shots(&TaskKind::Arc, &[item("Why?", &["sun", "moon"])], &item("How?", &["a"])).unwrap();
+        assert_eq!(r[0].context, "Question: Why?\nAnswer: sun\n\nQuestion: How?\nAnswer:");
     }
 }

@@ -254,6 +254,8 @@ pub fn fit_context(ctx: &[u32], cont_len: usize, max: usize, bos: Option<u32>) -
 pub struct EvalOptions {
     /// Most context + continuation tokens per request ([`EngineScorer::max_tokens`]).
     pub max_tokens: usize,
+    /// Few-shot examples put before every item ([`prompt::requests_with_shots`]).
+    pub shots: Vec<Item>,
 }
 
 /// One scored item.
@@ -366,7 +368,8 @@ pub fn evaluate(
     };
     let (mut right, mut right_norm, mut right_llama) = (0usize, 0usize, 0usize);
     for item in items {
-        let reqs = prompt::requests(task, item).map_err(|msg| ScoreError::Item { line: item.line, msg })?;
+        let reqs = prompt::requests_with_shots(task, &opts.shots, item)
+            .map_err(|msg| ScoreError::Item { line: item.line, msg })?;
         let mut encoded: Vec<Encoded> = Vec::with_capacity(reqs.len());
         let mut lps: Vec<Vec<f64>> = Vec::with_capacity(reqs.len());
         for Request { context, continuation, .. } in &reqs {

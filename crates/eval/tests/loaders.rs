@@ -237,3 +237,38 @@ fn mc_malformed() {
     let wg = read("winogrande-test-first6.jsonl").replacen(" _ ", " he ", 1);
     expect_error("wg-nofill", "winogrande.jsonl", &wg, 1, "'_'");
 }
+
+#[test]
+fn few_shot_examples_from_the_dev_split_beside_the_file() {
+    use sift_eval::load_shots;
+    use sift_eval::prompt::requests_with_shots;
+    // MMLU's layout: SUBJECT/test.json and SUBJECT/dev.json (here both real excerpts).
+    let d = tmpdir("shots").join("mmlu").join("high-school-biology");
+    std::fs::create_dir_all(&d).unwrap();
+    let text = read("mmlu-high-school-biology.jsonl");
+    let lines: Vec<&str> = text.lines().collect();
+    let p = write(&d, "test.json", &lines[3..].join("\n"));
+    let ds = load(&p, None, None).unwrap();
+    // No dev.json yet: the error names the file and the flag that chooses another.
+    let e = load_shots(&ds, 3, None).unwrap_err().to_string();
+    assert!(e.contains("dev.json") && e.contains("--shots-file"), "{e}");
+    write(&d, "dev.json", &lines[..3].join("\n"));
+    let shots = load_shots(&ds, 3, None).unwrap();
+    assert_eq!(shots.len(), 3);
+    assert!(load_shots(&ds, 0, None).unwrap().is_empty());
+    let e = load_shots(&ds, 4, None).unwrap_err().to_string();
+    assert!(e.contains("needs 4 examples, the file holds 3"), "{e}");
+    let e = load_shots(&ds, 1, Some(&p)).unwrap_err().to_string();
+    assert!(e.contains("evaluated file itself"), "{e}");
+    // The 3-shot prompt: the description once, each example answered, then the question.
+    let r = requests_with_shots(&ds.task, &shots, &ds.items[0]).unwrap();
+    let ctx = &r[0].context;
+    assert!(
+        ctx.starts_with("The following are multiple choice questions (with answers) about high school biology.\n\n")
+    );
+    assert_eq!(ctx.matches("The following are").count(), 1);
+    assert_eq!(ctx.matches("\nAnswer: ").count(), 3, "{ctx}");
+    assert!(ctx.ends_with(&requests(&ds.task, &ds.items[0]).unwrap()[0].context.rsplit("\n\n").next().unwrap()));
+    let gold = ["A", "B", "C", "D"][shots[0].gold[0]];
+    assert!(ctx.contains(&format!("\nAnswer: {gold}\n\n")), "{ctx}");
+}

@@ -103,7 +103,9 @@ fn closure_scorer_is_used() {
     assert_eq!(ds.task, TaskKind::Arc);
     // A fake model that likes the token count: the longest continuation wins acc.
     let mut f = |_: &[u32], cont: &[u32]| -> Result<Vec<f64>, ScoreError> { Ok(vec![1.0; cont.len()]) };
-    let rep = evaluate(&ds.task, &ds.items[..5], &tok, &mut f, &EvalOptions { max_tokens: 1025 }, |_| {}).unwrap();
+    let rep =
+        evaluate(&ds.task, &ds.items[..5], &tok, &mut f, &EvalOptions { max_tokens: 1025, shots: Vec::new() }, |_| {})
+            .unwrap();
     for r in &rep.items {
         let best = r.n_tokens.iter().enumerate().max_by_key(|&(i, n)| (*n, usize::MAX - i)).unwrap().0;
         assert_eq!(r.pred, best);
@@ -115,7 +117,7 @@ fn closure_scorer_is_used() {
 fn run(e: &mut Engine, tok: &Tokenizer, name: &str, n: usize) -> Report {
     let ds = load(&fixture(name), None, None).unwrap();
     let mut s = EngineScorer::new(e);
-    let opts = EvalOptions { max_tokens: s.max_tokens() };
+    let opts = EvalOptions { max_tokens: s.max_tokens(), shots: Vec::new() };
     let t = std::time::Instant::now();
     let rep = evaluate(&ds.task, &ds.items[..n], tok, &mut s, &opts, |_| {}).unwrap();
     eprintln!(
