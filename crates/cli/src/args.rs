@@ -22,16 +22,6 @@ fn threads_in_range(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A count in `LO..=HI` (a value parser: the error names the range).
-fn count_in<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
-    let n: usize = s.parse().map_err(|e| format!("'{s}' is not a count: {e}"))?;
-    if (LO..=HI).contains(&n) {
-        Ok(n)
-    } else {
-        Err(format!("{n}: use {LO} to {HI}"))
-    }
-}
-
 /// `-b`: a batch size in `1..=MAX_BATCH`.
 fn batch_in_range(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("'{s}' is not a batch size: {e}"))?;
@@ -53,7 +43,7 @@ pub struct ModelArgs {
     #[command(flatten)]
     pub threading: ThreadingArgs,
     /// Context size in tokens (0 = the model's training context)
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096, value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: usize,
     /// Tokens per forward batch while reading a prompt
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = batch_in_range)]
@@ -146,25 +136,25 @@ pub struct SamplingArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
     /// Temperature (0 = greedy)
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true, value_parser = sift_session::ranges::signed_weight_f32)]
     pub temp: f32,
     /// Top-k sampling (0 = off)
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
     /// Top-p sampling (1.0 = off)
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = sift_session::ranges::fraction_f32)]
     pub top_p: f32,
     /// Min-p sampling (0.0 = off)
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = sift_session::ranges::fraction_f32)]
     pub min_p: f32,
     /// Penalty for repeating recent tokens (1.0 = off)
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = sift_session::ranges::positive_weight_f32)]
     pub repeat_penalty: f32,
     /// Subtracted from the logit of every token in the last --repeat-last-n (0.0 = off)
-    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true, value_parser = sift_session::ranges::signed_weight_f32)]
     pub presence_penalty: f32,
     /// Subtracted from a recent token's logit once per occurrence (0.0 = off)
-    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true, value_parser = sift_session::ranges::signed_weight_f32)]
     pub frequency_penalty: f32,
     /// How many recent tokens the penalties consider
     #[arg(long = "repeat-last-n", default_value_t = 64)]
@@ -268,7 +258,7 @@ pub struct PerplexityArgs {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
     /// Window size in tokens
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: usize,
     /// Score at most this many windows (-1 = all)
     #[arg(long = "chunks", default_value_t = -1, allow_negative_numbers = true)]
@@ -306,17 +296,17 @@ pub struct BenchArgs {
     #[arg(long = "poll", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub poll: u8,
     /// Prompt lengths to test (comma-separated; 0 skips the pp test)
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512", value_parser = sift_session::ranges::ctx_size)]
     pub n_prompt: Vec<usize>,
     /// Generation lengths to test (comma-separated; 0 skips the tg test)
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128", value_parser = sift_session::ranges::ctx_size)]
     pub n_gen: Vec<usize>,
     /// Tokens of context before each test (comma-separated, as llama-bench's -d: every test runs
     /// at every depth; the context is filled once per test, not timed)
-    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0", value_parser = sift_session::ranges::ctx_size)]
     pub n_depth: Vec<usize>,
     /// Repetitions of each test
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = sift_session::ranges::count_in::<1, 1000>)]
     pub reps: usize,
     /// Batch size for prompt processing
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = batch_in_range)]
@@ -344,28 +334,28 @@ pub struct SweepArgs {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
     /// Perplexity window in tokens
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512, value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: usize,
     /// Perplexity windows per run
-    #[arg(long = "chunks", default_value_t = 40)]
+    #[arg(long = "chunks", default_value_t = 40, value_parser = sift_session::ranges::count_in::<1, { 1 << 24 }>)]
     pub chunks: usize,
     /// Methods to sweep (comma-separated)
     #[arg(long = "methods", value_delimiter = ',', default_value = "topk,dip,dip-ca,glu,core")]
     pub methods: Vec<sift_engine::sparsity::Method>,
     /// Ratios to sweep (comma-separated; 0 runs dense once)
-    #[arg(long = "ratios", value_delimiter = ',', default_value = "0,0.3,0.4,0.5,0.6,0.7")]
+    #[arg(long = "ratios", value_delimiter = ',', default_value = "0,0.3,0.4,0.5,0.6,0.7", value_parser = sift_session::ranges::skip_ratio)]
     pub ratios: Vec<f64>,
     /// Calibration file (needed by threshold and core-sim)
     #[arg(long = "calib")]
     pub calib: Option<PathBuf>,
     /// DIP-CA's gamma
-    #[arg(long = "gamma", default_value_t = 0.2)]
+    #[arg(long = "gamma", default_value_t = 0.2, value_parser = sift_session::ranges::weight_f32)]
     pub gamma: f32,
     /// SparseInfer's alpha
-    #[arg(long = "alpha", default_value_t = 0.4)]
+    #[arg(long = "alpha", default_value_t = 0.4, value_parser = sift_session::ranges::fraction_f32)]
     pub alpha: f32,
     /// Decode steps timed per run (0 = skip the speed measurement)
-    #[arg(long = "tg", default_value_t = 0)]
+    #[arg(long = "tg", default_value_t = 0, value_parser = sift_session::ranges::ctx_size)]
     pub tg: usize,
     /// Threads
     #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
@@ -380,7 +370,7 @@ pub struct SweepArgs {
     #[arg(long = "eval")]
     pub eval: Option<PathBuf>,
     /// Items of the eval set per run
-    #[arg(long = "eval-limit", default_value_t = 200)]
+    #[arg(long = "eval-limit", default_value_t = 200, value_parser = sift_session::ranges::count_in::<1, { 1 << 24 }>)]
     pub eval_limit: usize,
 }
 
@@ -404,7 +394,7 @@ pub struct EvalArgs {
     pub limit: Option<usize>,
     /// Few-shot examples before every item (lm-eval's num_fewshot; MMLU's is 5): the first N items
     /// of --shots-file
-    #[arg(long = "shots", default_value_t = 0, value_parser = count_in::<0, 64>)]
+    #[arg(long = "shots", default_value_t = 0, value_parser = sift_session::ranges::count_in::<0, 64>)]
     pub shots: usize,
     /// The few-shot examples' file (default: dev.json beside --file, MMLU's layout)
     #[arg(long = "shots-file")]
@@ -428,37 +418,37 @@ pub struct CalibrateArgs {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
     /// Overall ratios to allocate across sites (comma-separated)
-    #[arg(long = "target", value_delimiter = ',', default_value = "0.3,0.4,0.5,0.6,0.7")]
+    #[arg(long = "target", value_delimiter = ',', default_value = "0.3,0.4,0.5,0.6,0.7", value_parser = sift_session::ranges::skip_ratio_f32)]
     pub targets: Vec<f32>,
     /// Output calibration file (JSON)
     #[arg(short = 'o', long = "output")]
     pub out: PathBuf,
     /// Tokens to skip at the start of the text (keep calibration text apart from evaluation text)
-    #[arg(long = "skip", default_value_t = 0)]
+    #[arg(long = "skip", default_value_t = 0, value_parser = sift_session::ranges::count_in::<0, { 1 << 32 }>)]
     pub skip: usize,
     /// Tokens for the activation histograms
-    #[arg(long = "tokens", default_value_t = 8192)]
+    #[arg(long = "tokens", default_value_t = 8192, value_parser = sift_session::ranges::count_in::<1, { 1 << 24 }>)]
     pub n_tokens: usize,
     /// Window length for the histogram passes
-    #[arg(long = "window", default_value_t = 512)]
+    #[arg(long = "window", default_value_t = 512, value_parser = sift_session::ranges::count_in::<2, 65536>)]
     pub window: usize,
     /// Tokens the greedy allocation evaluates each layer on
-    #[arg(long = "greedy-tokens", default_value_t = 256)]
+    #[arg(long = "greedy-tokens", default_value_t = 256, value_parser = sift_session::ranges::count_in::<1, 65536>)]
     pub greedy_tokens: usize,
     /// Ratio increment per greedy step
-    #[arg(long = "step", default_value_t = 0.05)]
+    #[arg(long = "step", default_value_t = 0.05, value_parser = sift_session::ranges::step_f32)]
     pub step: f32,
     /// Core-neuron clusters for --sparsity core-sim (0 = none)
-    #[arg(long = "clusters", default_value_t = 0)]
+    #[arg(long = "clusters", default_value_t = 0, value_parser = sift_session::ranges::count_in::<0, 4096>)]
     pub clusters: usize,
     /// Passages clustered
-    #[arg(long = "cluster-passages", default_value_t = 128)]
+    #[arg(long = "cluster-passages", default_value_t = 128, value_parser = sift_session::ranges::count_in::<1, 65536>)]
     pub cluster_passages: usize,
     /// Tokens per clustered passage
-    #[arg(long = "cluster-len", default_value_t = 64)]
+    #[arg(long = "cluster-len", default_value_t = 64, value_parser = sift_session::ranges::count_in::<2, 65536>)]
     pub cluster_len: usize,
     /// SparseInfer's alpha for the clusters
-    #[arg(long = "alpha", default_value_t = 0.4)]
+    #[arg(long = "alpha", default_value_t = 0.4, value_parser = sift_session::ranges::fraction_f32)]
     pub alpha: f32,
     /// Threads
     #[arg(short = 't', long = "threads", value_parser = threads_in_range)]

@@ -37,13 +37,13 @@ pub struct PlanArgs {
     #[arg(long = "cache-policy", default_value = "lfu")]
     pub cache_policy: String,
     /// Highest sparsity the planner may choose
-    #[arg(long = "max-ratio", default_value_t = sift_session::DEFAULT_MAX_RATIO)]
+    #[arg(long = "max-ratio", default_value_t = sift_session::DEFAULT_MAX_RATIO, value_parser = sift_session::ranges::skip_ratio)]
     pub max_ratio: f64,
     /// Plan only the group size for this fixed sparsity ratio
-    #[arg(long = "ratio")]
+    #[arg(long = "ratio", value_parser = sift_session::ranges::skip_ratio)]
     pub ratio: Option<f64>,
     /// Context size the run will use (KV cache)
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096, value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: usize,
     #[command(flatten)]
     pub kv: crate::args::KvCacheArgs,

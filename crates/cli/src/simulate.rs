@@ -50,30 +50,30 @@ pub struct SimulateArgs {
     #[arg(long = "sparsity", value_delimiter = ',', default_value = "recorded")]
     pub sparsity: Vec<String>,
     /// Ratio for --sparsity METHOD
-    #[arg(long = "ratio", default_value_t = 0.5)]
+    #[arg(long = "ratio", default_value_t = 0.5, value_parser = sift_session::ranges::skip_ratio)]
     pub ratio: f64,
     /// DIP-CA penalty for units not in cache
-    #[arg(long = "gamma", default_value_t = 0.2)]
+    #[arg(long = "gamma", default_value_t = 0.2, value_parser = sift_session::ranges::weight_f32)]
     pub gamma: f32,
     /// Calibration file (threshold, core-sim; static's hot set — else ranked from the trace itself)
     #[arg(long = "calib")]
     pub calib: Option<PathBuf>,
     /// Layers per cross-layer preload group
-    #[arg(long = "preload", default_value_t = 4)]
+    #[arg(long = "preload", default_value_t = 4, value_parser = sift_session::ranges::count_in::<0, 4096>)]
     pub preload: usize,
     /// Cache split among ops: read-cost or uniform
     #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
     pub cache_split: String,
     /// TAM decay λ and margin ε
-    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA)]
+    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA, value_parser = sift_session::ranges::skip_ratio_f32)]
     pub tam_lambda: f32,
-    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS)]
+    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS, value_parser = sift_session::ranges::fraction_f32)]
     pub tam_eps: f32,
     /// Override the runtime memory the trace recorded (bytes with K/M/G)
     #[arg(long = "runtime")]
     pub runtime: Option<String>,
     /// Override the context size the trace recorded (it sizes the KV cache in the plan)
-    #[arg(short = 'c', long = "ctx-size")]
+    #[arg(short = 'c', long = "ctx-size", value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: Option<usize>,
     /// Write results.csv, hitrate.svg, tps.svg and reads.svg into this directory (with
     /// tam-adaptive: lambda-N.svg and loads-N.svg, λ and loads per token of run N)

@@ -379,7 +379,7 @@ fn pack_then_sparse_generation_sweep_and_bad_sparsity_flags() {
     let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "magic"]);
     assert!(!o.status.success() && text(&o.stderr).contains("unknown sparsity method 'magic'"));
     let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "topk", "--ratio", "1.5"]);
-    assert!(!o.status.success() && text(&o.stderr).contains("outside [0, 1)"), "{}", text(&o.stderr));
+    assert!(!o.status.success() && text(&o.stderr).contains("use a number from 0 to 1"), "{}", text(&o.stderr));
     let o = sift(&["generate", "-m", ms, "-p", "x", "-n", "1", "--sparsity", "threshold"]);
     assert!(!o.status.success() && text(&o.stderr).contains("sift calibrate"), "{}", text(&o.stderr));
     let bad = dir.path().join("bad.sift");

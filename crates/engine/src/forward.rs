@@ -49,6 +49,13 @@ pub enum EvalError {
     Store(#[from] TierError),
     #[error("GPU: {0}")]
     Gpu(#[from] sift_gpu::GpuError),
+    #[error("the model computed non-finite values (NaN or infinity) in {where_} for tokens {first}..{end}: its weights are damaged or out of range (check the file with `sift inspect`, or fetch it again)")]
+    NonFinite { where_: String, first: usize, end: usize },
+}
+
+/// Whether every value is finite (NaN and infinities make `v · 0` NaN; one vectorized pass).
+fn all_finite(x: &[f32]) -> bool {
+    x.iter().fold(0f32, |a, &v| a + v * 0.0) == 0.0
 }
 
 /// Per-batch working memory, sized for `n_batch` tokens.
@@ -491,13 +498,19 @@ impl Engine {
             }
             _ => n_layer,
         };
+        let e = self.model.config.n_embd;
+        let non_finite =
+            |where_: String, n_past: usize| EvalError::NonFinite { where_, first: n_past, end: n_past + n };
         for l in 0..cpu_layers {
             self.layer(l, n)?;
+            // A damaged model must not pass silently (NaN logits would read as end of text).
+            if !all_finite(&self.s.x[..n * e]) {
+                return Err(non_finite(format!("layer {l}"), self.n_past));
+            }
         }
         let mut logits_done = false;
         if cpu_layers < n_layer {
             // The held layers as whole layers on the GPU, the head too when it holds it.
-            let e = self.model.config.n_embd;
             let nv = self.model.config.n_vocab;
             let gpu = self.gpu.as_mut().expect("whole layers need the GPU");
             let head = n_logits > 0 && gpu.holds_output() && self.sparse_head == 0.0;
@@ -507,11 +520,17 @@ impl Engine {
             let logits = if head { Some((n_logits, &mut self.s.logits[..n_logits * nv])) } else { None };
             gpu.run_layers(&mut self.s.x[..n * e], n, self.n_past, logits)?;
             logits_done = head;
+            if !all_finite(&self.s.x[..n * e]) {
+                return Err(non_finite(format!("the GPU's layers {cpu_layers}..{n_layer}"), self.n_past));
+            }
         }
-        self.n_past += n;
         if n_logits > 0 && !logits_done {
             self.output_head(n, n_logits)?;
         }
+        if n_logits > 0 && !all_finite(&self.s.logits[..n_logits * self.model.config.n_vocab]) {
+            return Err(non_finite("the output head".into(), self.n_past));
+        }
+        self.n_past += n;
         Ok(())
     }
 

@@ -10,6 +10,10 @@
 //! - [`Output::commit`] syncs it, checks the destination again, and renames it over the
 //!   destination; a file dropped without a commit (an error on the way, a full disk) is removed,
 //!   so the destination keeps its old content and no stub appears.
+//!
+//! Its counterpart for small inputs, [`read_regular`], reads a side file (a budget file) only
+//! when it is a regular file and not longer than a bound: a FIFO would block the read forever
+//! and a device never end.
 
 #![forbid(unsafe_code)]
 
@@ -137,6 +141,36 @@ pub fn write(dst: &Path, inputs: &[&Path], bytes: &[u8]) -> Result<(), OutputErr
     out.commit()
 }
 
+/// Reads `path` whole if it is a regular file of at most `max` bytes. It is opened without
+/// blocking (a FIFO with no writer would otherwise block the open) and checked with `fstat`
+/// before any read, so FIFOs, devices and directories are refused at once, naming the path.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = opts.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a regular file (a FIFO, device or directory): use a regular file", path.display()),
+        ));
+    }
+    let mut bytes = Vec::new();
+    f.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("{} is longer than the {max} bytes such a file may have", path.display()),
+        ));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +216,20 @@ mod tests {
         }
         assert_eq!(std::fs::read(&p).unwrap(), b"old");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "the temporary file was left");
+    }
+
+    #[test]
+    fn side_files_are_read_only_from_bounded_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("budget");
+        std::fs::write(&f, b"300M\n").unwrap();
+        assert_eq!(read_regular(&f, 16).unwrap(), b"300M\n");
+        let e = read_regular(&f, 3).unwrap_err();
+        assert!(e.to_string().contains("longer than the 3 bytes"), "{e}");
+        let e = read_regular(dir.path(), 16).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = read_regular(Path::new("/dev/zero"), 16).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert_eq!(read_regular(&dir.path().join("absent"), 16).unwrap_err().kind(), std::io::ErrorKind::NotFound);
     }
 }

@@ -13,8 +13,18 @@ use std::path::{Path, PathBuf};
 /// buffers, the allocator's own growth).
 pub const RUNTIME_SLACK: u64 = 8 << 20;
 
-/// Parses "700M", "1.5G", "123456", "60%" (of `model_size`).
+/// The largest budget a user may write: 1 PiB (beyond any machine; larger values, such as
+/// "1e30", would overflow the budget arithmetic).
+pub const MAX_BUDGET: u64 = 1 << 50;
+
+/// Parses "700M", "1.5G", "123456", "60%" (of `model_size`); at most [`MAX_BUDGET`].
 pub fn parse_budget(s: &str, model_size: u64) -> anyhow::Result<u64> {
+    let b = parse_budget_unchecked(s, model_size)?;
+    anyhow::ensure!(b <= MAX_BUDGET, "--memory '{s}' is {b} bytes or more: budgets go up to 1 PiB (1048576G)");
+    Ok(b)
+}
+
+fn parse_budget_unchecked(s: &str, model_size: u64) -> anyhow::Result<u64> {
     let t = s.trim();
     let bad = || {
         anyhow::anyhow!("bad --memory '{s}': use bytes with an optional K/M/G suffix (700M, 1.5G) or a percentage of the model size (60%)")
@@ -111,7 +121,7 @@ mod tests {
         assert_eq!(parse_budget("1.5G", 0).unwrap(), 3 << 29);
         assert_eq!(parse_budget("4096", 0).unwrap(), 4096);
         assert_eq!(parse_budget("60%", 1000).unwrap(), 600);
-        for bad in ["", "abc", "-5M", "0", "60%%", "nan"] {
+        for bad in ["", "abc", "-5M", "0", "60%%", "nan", "1e30", "inf", "1e300%", "2000000G"] {
             assert!(parse_budget(bad, 1000).is_err(), "{bad}");
         }
     }

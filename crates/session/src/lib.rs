@@ -17,6 +17,7 @@ mod open;
 mod options;
 pub mod plantrace;
 pub mod profile;
+pub mod ranges;
 pub mod report;
 
 pub use autopack::pack_for;

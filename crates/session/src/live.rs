@@ -31,7 +31,7 @@
 //! `follow_pressure` fails with an [`io::ErrorKind::Unsupported`] error saying so.
 
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -362,14 +362,13 @@ impl Watcher {
 
 /// The control file's state, `None` if it does not exist. Reads at most [`MAX_FILE_BYTES`].
 fn read_control_file(path: &Path) -> io::Result<Option<FileState>> {
-    let f = match fs::File::open(path) {
-        Ok(f) => f,
+    // A FIFO or a device is refused without blocking (it would hang the watcher).
+    let bytes = match sift_output::read_regular(path, MAX_FILE_BYTES) {
+        Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let meta = f.metadata()?;
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE_BYTES).read_to_end(&mut bytes)?;
+    let meta = fs::metadata(path)?;
     let text = String::from_utf8(bytes)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "content is not UTF-8 text"))?;
     Ok(Some(FileState { mtime: meta.modified().ok(), len: meta.len(), text }))

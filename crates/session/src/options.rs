@@ -47,7 +47,7 @@ pub struct SparsityOptions {
     #[arg(long = "sparsity")]
     pub method: Option<Method>,
     /// Fraction of units skipped at each sparsified site (0 = dense)
-    #[arg(long = "ratio", default_value_t = 0.5)]
+    #[arg(long = "ratio", default_value_t = 0.5, value_parser = crate::ranges::skip_ratio)]
     pub ratio: f64,
     /// JSON file with per-site / per-layer ratio overrides (see docs/sparsity.md)
     #[arg(long = "sparsity-config")]
@@ -56,19 +56,19 @@ pub struct SparsityOptions {
     #[arg(long = "calib")]
     pub calib: Option<PathBuf>,
     /// DIP-CA: penalty for units not in cache (Eq. 10)
-    #[arg(long = "gamma", default_value_t = 0.2)]
+    #[arg(long = "gamma", default_value_t = 0.2, value_parser = crate::ranges::weight_f32)]
     pub gamma: f32,
     /// DIP-CA: cache size as a fraction of each site's units (default: 1 - ratio)
-    #[arg(long = "cache-frac")]
+    #[arg(long = "cache-frac", value_parser = crate::ranges::fraction_f32)]
     pub cache_frac: Option<f32>,
     /// core: token-wise fraction of positive activations that are core (SparseInfer's alpha)
-    #[arg(long = "alpha", default_value_t = 0.4)]
+    #[arg(long = "alpha", default_value_t = 0.4, value_parser = crate::ranges::fraction_f32)]
     pub alpha: f32,
     /// core: rank neurons by |GLU| instead of positive GLU values (SwiGLU adaptation)
     #[arg(long = "core-magnitude")]
     pub core_magnitude: bool,
     /// Fraction of the output head's input channels skipped per token (magnitude Top-K)
-    #[arg(long = "sparse-head", default_value_t = 0.0)]
+    #[arg(long = "sparse-head", default_value_t = 0.0, value_parser = crate::ranges::skip_ratio_f32)]
     pub sparse_head: f32,
     /// With a .sift pack: decode sparse selections on the dense kernels with masked inputs instead
     /// of the column kernels (same results up to rounding; for comparisons)
@@ -80,7 +80,7 @@ pub struct SparsityOptions {
     pub all_columns: bool,
     /// FastForward's sparse prefill: share of FFN neurons skipped in the middle 128-token blocks
     /// of a prompt (the first and last blocks stay dense; 0 = dense prefill)
-    #[arg(long = "prefill-sparsity", default_value_t = 0.0)]
+    #[arg(long = "prefill-sparsity", default_value_t = 0.0, value_parser = crate::ranges::skip_ratio_f32)]
     pub prefill_sparsity: f32,
     /// How sparse prefill chooses a block's neurons: predicted (the expert predictor `sift train
     /// prefill` made), oracle (the block's dense FFN's own top neurons: the quality ceiling),
@@ -244,16 +244,16 @@ pub struct MemoryOptions {
     pub cache_policy: String,
     /// Layers per cross-layer preload group (0: read misses on demand only; 1: next layer only;
     /// default: the planner's choice)
-    #[arg(long = "preload")]
+    #[arg(long = "preload", value_parser = crate::ranges::count_in::<0, 4096>)]
     pub preload: Option<usize>,
     /// Slow tier: auto (io_uring, else pread), io_uring, pread, memory (whole pack in RAM; tests)
     #[arg(long = "io", default_value = "auto", value_parser = ["auto", "io_uring", "pread", "memory"])]
     pub io: String,
     /// TAM decay λ
-    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA)]
+    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA, value_parser = crate::ranges::skip_ratio_f32)]
     pub tam_lambda: f32,
     /// TAM admission margin ε (threshold (1 − λ) + ε)
-    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS)]
+    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS, value_parser = crate::ranges::fraction_f32)]
     pub tam_eps: f32,
     /// Keep the token-embedding table in memory (default: one row read from disk per token)
     #[arg(long = "resident-embd")]
@@ -282,7 +282,7 @@ pub struct MemoryOptions {
     #[arg(long = "profile")]
     pub profile: Option<String>,
     /// Highest sparsity the planner may choose when --sparsity is not given
-    #[arg(long = "max-ratio", default_value_t = DEFAULT_MAX_RATIO)]
+    #[arg(long = "max-ratio", default_value_t = DEFAULT_MAX_RATIO, value_parser = crate::ranges::skip_ratio)]
     pub max_ratio: f64,
     /// A file holding the budget (e.g. "500M" or "40%"): rewrite it (or send SIGUSR1) to change
     /// the budget of the running session
@@ -300,14 +300,14 @@ pub struct MemoryOptions {
 pub struct GpuOptions {
     /// Layers to hold on the GPU, counted as llama.cpp counts them: the last N transformer
     /// layers, and the output head when N exceeds their number (99: all) (-ngl)
-    #[arg(long = "gpu-layers", alias = "n-gpu-layers", value_name = "N")]
+    #[arg(long = "gpu-layers", alias = "n-gpu-layers", value_name = "N", value_parser = crate::ranges::count_in::<0, 65536>)]
     pub gpu_layers: Option<usize>,
     /// GPU memory for weights: bytes (K/M/G) or a percentage of the model's weight matrices
     /// ("50%"); the most layers that fit go to the GPU, in -ngl's order
     #[arg(long = "gpu-memory", value_name = "BYTES|PERCENT", conflicts_with = "gpu_layers")]
     pub gpu_memory: Option<String>,
     /// The GPU to use (-mg)
-    #[arg(long = "main-gpu", default_value_t = 0, value_name = "I")]
+    #[arg(long = "main-gpu", default_value_t = 0, value_name = "I", value_parser = crate::ranges::count_in::<0, 255>)]
     pub main_gpu: usize,
     /// Hybrid decode (KAIROX): the GPU holds groups of the FFN's sparse units within
     /// --gpu-memory and computes the active ones among them while the CPU computes the rest;

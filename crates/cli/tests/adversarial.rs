@@ -1,0 +1,187 @@
+//! Hostile input to the `sift` binary (issue 22's probe, kept as a suite): numbers at 2^40, 2^62,
+//! NaN, infinity and 1e30 on every numeric flag family; a FIFO as a budget file; a model whose
+//! weights compute NaN. Each must end with a clear error (exit 2 for flags, 1 for the rest) or run
+//! normally — never a panic, an abort, a hang or a silent NaN. Real model: SmolLM2-135M.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn sift_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sift"));
+    c.env("SIFT_PROFILE", "sift-dev-2core");
+    c
+}
+
+fn model() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
+    p
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs sift, killing it after `limit` (a hang is a failure, not a stuck test run).
+fn run_with_limit(args: &[&str], limit: Duration) -> Output {
+    let mut child = sift_cmd()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sift");
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("sift {} hung for more than {limit:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+const HUGE: [&str; 6] = ["1099511627776", "4611686018427387904", "18446744073709551616", "nan", "inf", "1e30"];
+
+/// Every numeric flag family at hostile values: refused when the command line is read (exit 2),
+/// the message naming the accepted range; never a panic.
+#[test]
+fn hostile_numbers_are_refused_with_the_range() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let gen = ["generate", "-m", m, "-p", "hi", "-n", "1"];
+    let ppl = ["perplexity", "-m", m, "-f", "x.txt"];
+    let bench = ["bench", "-m", m];
+    let plan = ["plan", "-m", m, "--memory", "100M"];
+    let calib = ["calibrate", m, "-f", "x.txt", "-o", "c.json"];
+    let sweep = ["sweep", "-m", m, "-f", "x.txt"];
+    let eval = ["eval", "-m", m, "-f", "x.jsonl"];
+    let cases: &[(&[&str], &str, &[&str], &str)] = &[
+        (&gen, "-c", &HUGE, "use 0 to 16777216"),
+        (&gen, "-t", &["0", "1099511627776"], "use 1 to 1024"),
+        (&gen, "-b", &["0", "1099511627776"], "use 1 to 1048576"),
+        (&gen, "--ratio", &["1", "1.5", "nan", "inf", "1e30"], "from 0 to 1"),
+        (&gen, "--sparse-head", &["1", "nan", "inf"], "from 0 to 1"),
+        (&gen, "--prefill-sparsity", &["1", "nan", "inf"], "from 0 to 1"),
+        (&gen, "--cache-frac", &["1.5", "nan"], "from 0 to 1"),
+        (&gen, "--alpha", &["2", "nan"], "from 0 to 1"),
+        (&gen, "--gamma", &["nan", "inf", "1e30"], "from 0 to 1000"),
+        (&gen, "--tam-lambda", &["1", "nan", "inf", "1e30"], "from 0 to 1"),
+        (&gen, "--tam-eps", &["2", "nan", "inf", "1e30"], "from 0 to 1"),
+        (&gen, "--max-ratio", &["1", "nan", "inf"], "from 0 to 1"),
+        (&gen, "--preload", &["1099511627776", "4611686018427387904"], "use 0 to 4096"),
+        (&gen, "--main-gpu", &["1099511627776"], "use 0 to 255"),
+        (&gen, "--gpu-layers", &["1099511627776"], "use 0 to 65536"),
+        (&gen, "--temp", &["nan", "inf", "1e30"], "from -1000 to 1000"),
+        (&gen, "--top-p", &["nan", "2"], "from 0 to 1"),
+        (&gen, "--min-p", &["nan", "2"], "from 0 to 1"),
+        (&gen, "--repeat-penalty", &["0", "nan", "inf"], "above 0"),
+        (&gen, "--presence-penalty", &["nan", "inf"], "from -1000 to 1000"),
+        (&gen, "--frequency-penalty", &["nan", "inf"], "from -1000 to 1000"),
+        (&ppl, "-c", &["1099511627776"], "use 0 to 16777216"),
+        (&ppl, "--score-last", &["x"], "invalid value"),
+        (&bench, "-p", &["1099511627776", "4611686018427387904"], "use 0 to 16777216"),
+        (&bench, "-n", &["1099511627776"], "use 0 to 16777216"),
+        (&bench, "-d", &["1099511627776"], "use 0 to 16777216"),
+        (&bench, "-r", &["0", "1099511627776"], "use 1 to 1000"),
+        (&plan, "-c", &["4611686018427387904"], "use 0 to 16777216"),
+        (&plan, "--ratio", &["nan", "1"], "from 0 to 1"),
+        (&calib, "--skip", &["1099511627776"], "use 0 to 4294967296"),
+        (&calib, "--tokens", &["0", "1099511627776"], "use 1 to 16777216"),
+        (&calib, "--window", &["1099511627776"], "use 2 to 65536"),
+        (&calib, "--step", &["0", "nan"], "above 0"),
+        (&calib, "--target", &["0.5,nan"], "from 0 to 1"),
+        (&sweep, "--ratios", &["0.5,1e30"], "from 0 to 1"),
+        (&sweep, "--chunks", &["0"], "use 1 to 16777216"),
+        (&eval, "--shots", &["65", "1099511627776"], "use 0 to 64"),
+    ];
+    let mut n = 0;
+    for (base, flag, values, says) in cases {
+        for v in *values {
+            let mut args = base.to_vec();
+            args.extend([*flag, *v]);
+            let out = run_with_limit(&args, Duration::from_secs(30));
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag} {v}: {err}");
+            assert!(err.contains(says), "{flag} {v}: expected '{says}' in: {err}");
+            assert!(!err.contains("panicked"), "{flag} {v}: {err}");
+            n += 1;
+        }
+    }
+    eprintln!("{n} hostile flag values refused");
+    // A budget is at most 1 PiB ("1e30" used to wrap the budget arithmetic).
+    for v in ["1e30", "2000000G", "1e300%"] {
+        let out = run_with_limit(&["generate", "-m", m, "-p", "hi", "-n", "1", "--memory", v], Duration::from_secs(30));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--memory {v}: {err}");
+        assert!(err.contains("budgets go up to 1 PiB"), "--memory {v}: {err}");
+    }
+}
+
+/// `--budget-file` on a FIFO used to block the budget watcher forever: now a warning names it and
+/// the run goes on with its budget.
+#[test]
+fn a_fifo_budget_file_does_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("budget");
+    let ok = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(ok.success());
+    let m = model();
+    let args = [
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--memory",
+        "300M",
+        "--pack-dir",
+        dir.path().to_str().unwrap(),
+        "--budget-file",
+        fifo.to_str().unwrap(),
+    ];
+    let out = run_with_limit(&args, Duration::from_secs(300));
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+    assert!(!text(&out.stdout).trim().is_empty());
+}
+
+/// Writes SmolLM2 with every block scale of the first row of layer 3's `ffn_down` set to NaN.
+fn damaged_model(dir: &Path) -> PathBuf {
+    let mut bytes = std::fs::read(model()).unwrap();
+    let g = sift_gguf::Gguf::parse(&bytes).unwrap();
+    let t = g.tensor("blk.3.ffn_down.weight").unwrap().clone();
+    let at = (g.data_offset + t.offset) as usize;
+    for b in 0..(t.row_bytes() as usize / 20) {
+        bytes[at + 20 * b..at + 20 * b + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    }
+    let p = dir.join("damaged.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    p
+}
+
+/// NaN logits used to read as the end of text (generate, exit 0) or print PPL = nan (exit 0).
+#[test]
+fn a_model_computing_nan_is_an_error_naming_the_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = damaged_model(dir.path());
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/wiki.test.head16k.raw");
+    let b = bad.to_str().unwrap();
+    for args in [
+        vec!["generate", "-m", b, "-p", "Hello", "-n", "4", "--temp", "0"],
+        vec!["perplexity", "-m", b, "-f", fixture.to_str().unwrap(), "-c", "128", "--chunks", "1"],
+    ] {
+        let out = run_with_limit(&args, Duration::from_secs(120));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", args[0]);
+        assert!(err.contains("non-finite") && err.contains("layer 3"), "{}: {err}", args[0]);
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
