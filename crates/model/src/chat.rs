@@ -36,6 +36,39 @@ pub enum ChatError {
     Compile(Error),
     #[error("chat template failed to render: {0:#}")]
     Render(Error),
+    #[error("chat template output passed {limit} bytes for {input} bytes of messages (a template that loops or grows without end); check the model's template or pass another")]
+    TooLong { limit: usize, input: usize },
+}
+
+/// Template instructions one rendering may run (minijinja's fuel): real templates use a few
+/// hundred per message; a template that loops without end stops here with an error.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// The most a rendering may write: 4 × the messages' bytes + 1 MiB (real templates add tens of
+/// bytes per message).
+fn output_limit(input: usize) -> usize {
+    input.saturating_mul(4).saturating_add(1 << 20)
+}
+
+/// A writer that fails past a limit (the template's output is bounded while it is written).
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+    overflow: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + b.len() > self.limit {
+            self.overflow = true;
+            return Err(std::io::Error::other("chat template output too long"));
+        }
+        self.out.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One turn of a conversation.
@@ -90,6 +123,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -134,17 +168,27 @@ impl ChatTemplate {
     /// the assistant's turn.
     pub fn apply(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatError> {
         let tmpl = self.env.get_template("chat").map_err(ChatError::Render)?;
-        tmpl.render(minijinja::context! {
-            messages => Value::from_serialize(messages),
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            add_generation_prompt => add_generation_prompt,
-            tools => Value::from(()),
-            functions => Value::from(()),
-            tool_choice => Value::from(()),
-            function_call => Value::from(()),
-        })
-        .map_err(ChatError::Render)
+        let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+        let mut out = Bounded { out: Vec::new(), limit: output_limit(input), overflow: false };
+        let r = tmpl.render_captured_to(
+            minijinja::context! {
+                messages => Value::from_serialize(messages),
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+                add_generation_prompt => add_generation_prompt,
+                tools => Value::from(()),
+                functions => Value::from(()),
+                tool_choice => Value::from(()),
+                function_call => Value::from(()),
+            },
+            &mut out,
+        );
+        match r {
+            Ok(_) => String::from_utf8(out.out)
+                .map_err(|_| ChatError::Render(Error::new(ErrorKind::InvalidOperation, "the output is not UTF-8"))),
+            Err(_) if out.overflow => Err(ChatError::TooLong { limit: out.limit, input }),
+            Err(e) => Err(ChatError::Render(e)),
+        }
     }
 
     /// The template source as found in the model.
@@ -444,6 +488,29 @@ mod tests {
             t.apply(&[], false).unwrap(),
             "{\"a\": \"s\", \"b\": [1, true, null]}|{\n  \"a\": \"s\",\n  \"b\": [\n    1,\n    true,\n    null\n  ]\n}|\"é\\\"\\n\"|1.5|2.0"
         );
+    }
+
+    /// A hostile template (issue 22): loops without end run out of fuel; output that grows past
+    /// 4 × the messages + 1 MiB is cut off with an error, before it takes the memory.
+    #[test]
+    fn runaway_templates_stop_with_an_error() {
+        let msgs = [ChatMessage::user("hi")];
+        let t = ChatTemplate::new(
+            "{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let err = t.apply(&msgs, true).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        let t = ChatTemplate::new("{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}", "", "").unwrap();
+        let err = t.apply(&msgs, true).unwrap_err();
+        assert!(matches!(err, ChatError::TooLong { .. }), "{err}");
+        assert!(err.to_string().contains("passed 1048600 bytes"), "{err}");
+        // An ordinary template with long messages is not affected.
+        let long = ChatMessage::user("word ".repeat(400_000));
+        let t = ChatTemplate::new(CHATML_TEMPLATE, "", "").unwrap();
+        assert!(t.apply(&[long], true).unwrap().len() > 2_000_000);
     }
 
     #[test]
