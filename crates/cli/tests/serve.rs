@@ -567,6 +567,8 @@ fn serve_changes_the_memory_budget_of_a_pack_live() {
     assert_eq!(metric(a, "sift_memory_budget_bytes"), (120u64 << 20) as f64);
     assert_error(&post(a, "/admin/memory", &json!({"budget": "10M"})), 400, "invalid_request_error");
     assert_error(&post(a, "/admin/memory", &json!({"budget": "lots"})), 400, "invalid_request_error");
+    // Issue 22: a budget past 1 PiB ("1e30" used to be taken as u64::MAX) is refused.
+    assert_error(&post(a, "/admin/memory", &json!({"budget": "1e30"})), 400, "invalid_request_error");
     assert_error(&post(a, "/admin/memory", &json!({"size": 1})), 400, "invalid_request_error");
     // The budget changes what stays cached, not the text.
     assert_eq!(completion(a, PROMPTS[0], 16), before);
