@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGINT/SIGTERM before they are cancelled
     #[arg(long = "shutdown-grace", default_value_t = 5.0)]
     pub grace: f64,
+    /// Seconds a connection may make no progress reading or writing before it is closed, and a
+    /// request may take before it gets 408 (llama-server's -to / --timeout)
+    #[arg(long = "timeout", default_value_t = 600, value_parser = sift_session::ranges::count_in::<1, 86400>)]
+    pub timeout: usize,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -63,6 +67,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_tokens_limit: a.max_tokens_limit,
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         grace: Duration::from_secs_f64(a.grace),
+        timeout: Duration::from_secs(a.timeout as u64),
         session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
     };
     sift_server::run(cfg)

@@ -585,3 +585,34 @@ fn serve_changes_the_memory_budget_of_a_pack_live() {
     assert!((metric(a, "sift_decode_bound_tokens_per_second") - bound).abs() <= 1e-6 * bound);
     assert!(metric(a, "sift_decode_bytes_read_per_token") >= 0.0);
 }
+
+/// Issue 22: a connection that stays silent, or stops halfway through its body, is closed after
+/// `--timeout` (llama-server's `-to`) instead of holding a task and a socket forever; the server
+/// goes on answering.
+#[test]
+fn serve_closes_idle_and_stalled_connections() {
+    let s = Server::start(&["--timeout", "2"]);
+    let a = s.addr.as_str();
+    let read_all = |mut c: TcpStream| {
+        let t0 = Instant::now();
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        (t0.elapsed(), String::from_utf8_lossy(&buf).into_owned())
+    };
+    // Silent: nothing sent after connecting.
+    let c = TcpStream::connect(a).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (took, got) = read_all(c);
+    assert!(took < Duration::from_secs(15) && got.is_empty(), "idle connection: {took:?}, {got:?}");
+    // Stalled: the head and 5 of 100 body bytes, then nothing.
+    let mut c = TcpStream::connect(a).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"pr");
+    c.write_all(head.as_bytes()).unwrap();
+    let (took, got) = read_all(c);
+    assert!(took < Duration::from_secs(15), "stalled body: {took:?}, {got:?}");
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "stalled body: {got:?}");
+    assert!(!got.contains("400 Bad Request"), "{got}");
+    // The server still answers.
+    assert!(!completion(a, PROMPTS[0], 4).is_empty(), "{}", s.log());
+}

@@ -90,6 +90,16 @@ impl ApiError {
         )
     }
 
+    /// 408: the request took longer than the server's time limit.
+    pub fn timed_out(limit: std::time::Duration) -> Self {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "server_error",
+            Some("timeout"),
+            format!("The request took longer than the server's limit of {:.0} s (--timeout)", limit.as_secs_f64()),
+        )
+    }
+
     /// 503: the request queue is full.
     pub fn queue_full(n: usize) -> Self {
         ApiError::new(

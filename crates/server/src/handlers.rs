@@ -43,10 +43,28 @@ pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+/// Whether an error was caused by a connection's timeout ([`crate::conn::TimedIo`]).
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
+        } else if timed_out(&e) {
+            ApiError::timed_out(timeout)
         } else {
             ApiError::invalid(format!("cannot read the request body: {e}"))
         }
@@ -88,7 +106,7 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 /// `POST /v1/completions`.
 pub async fn completions(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body)?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let req: CompletionRequest = parse_body(&body)?;
         check_model(req.model.as_deref(), &s.cfg.alias, &s.cfg.file_name)?;
         let g = req.validate(&s.limits)?;
@@ -101,7 +119,7 @@ pub async fn completions(State(s): S, body: Result<Bytes, BytesRejection>) -> Re
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body)?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let req: ChatRequest = parse_body(&body)?;
         check_model(req.model.as_deref(), &s.cfg.alias, &s.cfg.file_name)?;
         let g = req.validate(&s.limits)?;
@@ -224,7 +242,7 @@ async fn generate(s: &Arc<AppState>, req: GenRequest) -> Result<Response, ApiErr
 /// `POST /admin/memory {"budget": "300MB"}`: a new budget, applied between tokens.
 pub async fn admin_memory(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body)?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let v: Value = parse_body(&body)?;
         let spec = match v.get("budget") {
             Some(Value::String(b)) => b.clone(),
@@ -287,7 +305,7 @@ fn field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Value> {
 /// token is `{"id", "piece"}`.
 pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body)?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let v: Value = parse_body(&body)?;
         let text = match field(&v, &["prompt", "content"]) {
             Some(Value::String(t)) => t.clone(),
@@ -322,7 +340,7 @@ pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Respo
 /// Answers `{"prompt": text}` (vLLM) with the same text under `content` (llama-server).
 pub async fn detokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body)?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let v: Value = parse_body(&body)?;
         let bad = || ApiError::invalid_param("tokens", "send {\"tokens\": [token ids]}");
         let arr = v.get("tokens").and_then(Value::as_array).ok_or_else(bad)?;

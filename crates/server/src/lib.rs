@@ -6,7 +6,8 @@
 //! remote tokenizer), `GET /health`, `GET /metrics` (Prometheus), `POST /admin/memory` (change
 //! the memory budget live) and `GET /admin/stats`.
 //!
-//! Layout: [`router`] (routes, API key, body limit), [`handlers`] (one fn per endpoint),
+//! Layout: [`router`] (routes, API key, body and time limits), [`conn`] (connections that time
+//! out when idle or stalled, `--timeout`), [`handlers`] (one fn per endpoint),
 //! [`stream`] (SSE), [`openai`] (request/response types and validation), [`worker`] (the one
 //! thread that owns the engine and runs one sequence at a time; the tokenizer is shared
 //! read-only with the handlers), [`metrics`] (Prometheus text), [`error`] (OpenAI-shaped
@@ -15,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod conn;
 pub mod error;
 pub mod handlers;
 pub mod metrics;
@@ -48,6 +50,9 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// After SIGINT/SIGTERM, how long in-flight requests may finish before they are cancelled.
     pub grace: Duration,
+    /// llama-server's `--timeout`: a connection that makes no progress reading or writing for
+    /// this long is closed, and a request whose handling takes longer gets 408 ([`conn`]).
+    pub timeout: Duration,
     /// The model and how to run it: opened on the worker thread exactly as `sift generate`
     /// opens it (every sparsity, memory and policy flag applies).
     pub session: sift_session::SessionOptions,
@@ -75,9 +80,9 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     });
     let result = rt.block_on(async move {
         let addr = format!("{}:{}", state.cfg.host, state.cfg.port);
-        let listener =
-            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener.local_addr()?;
+        let inner = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = conn::TimedListener { inner, timeout: state.cfg.timeout };
+        let local = listener.inner.local_addr()?;
         eprintln!("sift: listening on http://{local} (model {})", state.cfg.alias);
         let app = router::build(state.clone());
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);

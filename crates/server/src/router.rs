@@ -1,5 +1,6 @@
 //! The axum [`Router`]: routes to [`crate::handlers`], the API-key check (`Authorization: Bearer
-//! KEY` on every route but `/health` when `--api-key` is set), the request-body limit, and
+//! KEY` on every route but `/health` when `--api-key` is set), the request-body limit, the
+//! request time limit (`--timeout`: 408), and
 //! OpenAI-shaped 404 / 405 for unknown routes and methods.
 
 use crate::error::ApiError;
@@ -32,6 +33,16 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
     next.run(req).await
 }
 
+/// The request time limit (`--timeout`): the request's handling, body included, up to the
+/// response head; a streamed body goes on after it (bounded by `max_tokens`).
+async fn time_limit(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let limit = s.cfg.timeout;
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::timed_out(limit).into_response(),
+    }
+}
+
 /// The server's routes.
 pub fn build(state: Arc<AppState>) -> Router {
     let max_body = state.cfg.max_body;
@@ -55,6 +66,7 @@ pub fn build(state: Arc<AppState>) -> Router {
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), time_limit))
         .with_state(state)
 }
 
