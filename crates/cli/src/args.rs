@@ -453,6 +453,9 @@ pub struct CalibrateArgs {
     /// Threads
     #[arg(short = 't', long = "threads", value_parser = threads_in_range)]
     pub threads: Option<usize>,
+    /// Replace the output file if it exists (without it, an existing file is an error)
+    #[arg(long = "force")]
+    pub force: bool,
 }
 
 #[derive(Args)]
@@ -483,4 +486,7 @@ pub struct PackArgs {
     /// Units per group for --grouping metis
     #[arg(long = "group-units", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub group_units: u32,
+    /// Replace the output file if it exists (without it, an existing file is an error)
+    #[arg(long = "force")]
+    pub force: bool,
 }

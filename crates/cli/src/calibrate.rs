@@ -7,6 +7,7 @@ use sift_engine::calibrate::{calibrate, CalibrateOptions};
 use sift_engine::{Engine, EngineOptions};
 
 pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
+    sift_output::check_new(&a.out, a.force)?;
     let model_path = a.model_pos.clone().or(a.model.clone()).unwrap_or_else(|| crate::args::DEFAULT_MODEL.into());
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
     for &t in &a.targets {

@@ -40,6 +40,9 @@ pub struct ProbeArgs {
     /// The GPU to measure (-mg)
     #[arg(long = "main-gpu", default_value_t = 0, value_name = "I")]
     pub main_gpu: usize,
+    /// Replace the output file if it exists (without it, an existing file is an error)
+    #[arg(long = "force")]
+    pub force: bool,
 }
 
 /// `sift probe --gpu`.
@@ -64,6 +67,9 @@ fn probe_gpu(a: &ProbeArgs) -> anyhow::Result<()> {
 }
 
 pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
+    if let Some(o) = &a.output {
+        sift_output::check_new(o, a.force)?;
+    }
     if a.gpu {
         return probe_gpu(&a);
     }

@@ -27,9 +27,13 @@ pub struct TraceArgs {
     /// Output trace file
     #[arg(short = 'o', long = "output", default_value = "sift.trace")]
     pub output: PathBuf,
+    /// Replace the output file if it exists (without it, an existing file is an error)
+    #[arg(long = "force")]
+    pub force: bool,
 }
 
 pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
+    sift_output::check_new(&a.output, a.force)?;
     let prompts: Vec<String> = match (&a.prompt, &a.file) {
         (Some(p), _) => vec![p.clone()],
         (None, Some(f)) => std::fs::read_to_string(f)

@@ -78,6 +78,9 @@ pub struct TrainPrefillArgs {
     /// The compensator's learning rate
     #[arg(long = "compensator-lr", default_value_t = 1e-3)]
     pub compensator_lr: f64,
+    /// Replace the output file if it exists (without it, an existing file is an error)
+    #[arg(long = "force")]
+    pub force: bool,
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
@@ -98,6 +101,7 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         "--blocks (at most 65536) or --batch (at most 4096) too large"
     );
     let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
+    sift_output::check_new(&out, a.force || a.resume)?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
     let eo = EngineOptions {
         n_threads: threads,

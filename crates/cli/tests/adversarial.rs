@@ -185,3 +185,35 @@ fn a_model_computing_nan_is_an_error_naming_the_layer() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// An explicit output that exists is replaced only with `--force` (a typo in `-o` used to
+/// replace any file silently): refused before any work, the file untouched.
+#[test]
+fn existing_outputs_need_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let m = m.to_str().unwrap();
+    let keep = dir.path().join("notes.txt");
+    std::fs::write(&keep, b"precious").unwrap();
+    let k = keep.to_str().unwrap();
+    for args in [
+        vec!["pack", m, "-o", k],
+        vec!["calibrate", m, "-f", k, "-o", k],
+        vec!["trace", "-m", m, "-p", "hi", "-n", "2", "-o", k],
+        vec!["probe", "--quick", "-o", k],
+        vec!["train", "prefill", "-m", m, "-f", k, "-o", k],
+    ] {
+        let out = run_with_limit(&args, Duration::from_secs(60));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", args[0]);
+        assert!(err.contains("exists: pass --force"), "{}: {err}", args[0]);
+        assert_eq!(std::fs::read(&keep).unwrap(), b"precious", "{}", args[0]);
+    }
+    // With --force the trace replaces it.
+    let out = run_with_limit(
+        &["trace", "-m", m, "-p", "hi", "-n", "2", "-t", "2", "-o", k, "--force"],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ne!(std::fs::read(&keep).unwrap(), b"precious");
+}

@@ -31,6 +31,8 @@ pub enum OutputError {
     IsInput { path: PathBuf, input: PathBuf },
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} exists: pass --force to replace it, or choose another output path")]
+    Exists { path: PathBuf },
 }
 
 impl From<OutputError> for std::io::Error {
@@ -55,6 +57,15 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
         let _ = (a, b);
         false
     }
+}
+
+/// A command's explicit output: refused when it exists unless `force` (`--force`), so a typo in
+/// `-o` never replaces a file silently. Checked before any work; [`Output`] then writes it.
+pub fn check_new(dst: &Path, force: bool) -> Result<(), OutputError> {
+    if !force && std::fs::symlink_metadata(dst).is_ok() {
+        return Err(OutputError::Exists { path: dst.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// Checks a destination: a regular file or nothing, and none of `inputs`.
