@@ -275,3 +275,30 @@ fn llama_cpp_vocab_test_suites() {
     }
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Byte-level BPE pre-tokenizes long texts in pieces (issue 22: a 2 MB text took 200+ MB at
+/// once); the pieces are cut where every pre-tokenizer splits anyway, so the ids are the whole
+/// text's, for pieces of any size, on real text (WikiText-2's first 16 KiB, special tokens and
+/// newline runs in it) and on text made to stress the cuts.
+#[test]
+fn encoding_in_pieces_gives_the_same_ids() {
+    let wiki = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let hostile =
+        "a\nb\n\nC\r\nd \n e\n\n\n  f\n1\n!x\n's\n<|im_start|>user\nHi\nit's  a b\t c.d e1 f\u{301} g\u{e9} h\n"
+            .repeat(50);
+    let mut paths = vec![smollm_path()];
+    paths.extend(qwen_path());
+    for p in paths {
+        let tok = load(&p);
+        for text in [&wiki, &hostile] {
+            for special in [false, true] {
+                let whole = tok.encode_in_pieces(text, true, special, usize::MAX).unwrap();
+                assert_eq!(tok.encode(text, true, special).unwrap(), whole, "{}", p.display());
+                for piece in [1, 7, 100, 4096] {
+                    let got = tok.encode_in_pieces(text, true, special, piece).unwrap();
+                    assert_eq!(got, whole, "{}: pieces of {piece}", p.display());
+                }
+            }
+        }
+    }
+}

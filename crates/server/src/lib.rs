@@ -76,6 +76,7 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
         limits: openai::Limits { max_tokens: cfg.max_tokens_limit },
         created: handlers::now_secs(),
         next_id: AtomicU64::new(1),
+        tokenizer_gate: tokio::sync::Semaphore::new(1),
         cfg,
     });
     let result = rt.block_on(async move {

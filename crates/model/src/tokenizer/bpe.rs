@@ -228,8 +228,23 @@ impl BpeEngine {
         Ok(BpeEngine { pre: Sequence::new(steps), merges, char_ids, ignore_merges: spec.ignore_merges })
     }
 
-    /// Appends the tokens of `text` (plain text, no special tokens) to `out`.
-    pub(super) fn encode(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+    /// Appends the tokens of `text` (plain text, no special tokens) to `out`, pre-tokenizing it
+    /// in pieces of about `piece` bytes ([`pieces`]): the pre-tokenizer keeps ~100 bytes of
+    /// alignment data per input byte, so a 2 MB text took 200+ MB at once (issue 22).
+    pub(super) fn encode(
+        &self,
+        text: &str,
+        vocab: &Vocab,
+        out: &mut Vec<u32>,
+        piece: usize,
+    ) -> Result<(), TokenizerError> {
+        for p in pieces(text, piece) {
+            self.encode_piece(p, vocab, out)?;
+        }
+        Ok(())
+    }
+
+    fn encode_piece(&self, text: &str, vocab: &Vocab, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
         let mut pre = PreTokenizedString::from(text);
         self.pre.pre_tokenize(&mut pre).map_err(|e| TokenizerError::Encode(e.to_string()))?;
         let mut symbols = Vec::new();
@@ -311,4 +326,32 @@ impl BpeEngine {
             }
         }
     }
+}
+
+/// `text` cut into pieces of at least `min` bytes where the pre-tokenizers always split: after an
+/// ASCII letter and before a space or a newline. A match holding a letter is a letter run (with at most one
+/// non-letter, non-newline prefix, or a contraction ending in a letter), which ends at the last
+/// letter, and the next match starts at the newline afresh (the regexes have no lookbehind), so
+/// the pieces' tokens are the whole text's. (Cutting after a newline is not safe: `\s+(?!\S)`
+/// splits a newline run by what follows it.) A text without such a place stays whole.
+pub(super) fn pieces(text: &str, min: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let b = rest.as_bytes();
+        let mut cut = rest.len();
+        let mut i = min.max(1);
+        while i < b.len() {
+            if b[i - 1].is_ascii_alphabetic() && (b[i] == b'\n' || b[i] == b' ') {
+                cut = i;
+                break;
+            }
+            i += 1;
+        }
+        let (head, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(head)
+    })
 }

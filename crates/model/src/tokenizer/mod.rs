@@ -132,6 +132,9 @@ enum Fragment<'a> {
     Token(u32),
 }
 
+/// Bytes of text byte-level BPE pre-tokenizes at a time ([`Tokenizer::encode_in_pieces`]).
+pub const ENCODE_PIECE: usize = 64 << 10;
+
 /// A tokenizer for one model; see the module docs for what it matches.
 pub struct Tokenizer {
     engine: Engine,
@@ -387,6 +390,19 @@ impl Tokenizer {
     /// control tokens written in the text (`<|im_start|>`) become their token instead of being
     /// tokenized as plain text.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_in_pieces(text, add_special, parse_special, ENCODE_PIECE)
+    }
+
+    /// [`Tokenizer::encode`] with byte-level BPE's pre-tokenization done in pieces of about
+    /// `piece` bytes (the same tokens for any `piece`; tests use small ones).
+    #[doc(hidden)]
+    pub fn encode_in_pieces(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        piece: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let fragments = self.partition(text, parse_special);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
@@ -397,7 +413,7 @@ impl Tokenizer {
                 for f in fragments {
                     match f {
                         Fragment::Token(id) => out.push(id),
-                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out)?,
+                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out, piece)?,
                     }
                 }
             }
