@@ -27,8 +27,11 @@
 //! stale: run `sift pack` again), the length (truncated), every section's CRC-32 (corrupt) and
 //! that the source GGUF is there and unchanged ([`SourceGguf::locate`]). A pack opened for a
 //! memory budget ([`open_partial`]) checks the header, the table of contents, every section's
-//! bounds and the source, but reads only the resident tensors: checksumming the whole file would
-//! read it all.
+//! bounds and the source, and every section's CRC-32 by streaming the file once through a 1 MiB
+//! buffer (the pages it read are dropped from the page cache again, so the check holds no
+//! memory). That read costs a second or two for a GB pack, so a passed check is remembered in
+//! `PACK.verified` beside it (the pack's device, inode, size, modification and change times): a
+//! pack rewritten or touched since is checked again; an unwritable folder means a check per open.
 
 use crate::source::{SourceError, SourceGguf};
 use serde::{Deserialize, Serialize};
@@ -270,10 +273,98 @@ pub fn open_partial(
     if header_len == 0 || header_len > len {
         return Err(PackError::Toc { path: path.into(), msg: format!("GGUF header length {header_len} of {len}") });
     }
+    verify_streaming(path, &toc)?;
     let gguf = GgufFile::from_parts(src, len as usize, header_len as usize, fill, resident, check)?;
     let mut model = Model::from_file(gguf)?;
     model.columns = Some(build_index(path, &model, toc)?);
     Ok(model)
+}
+
+/// The file identity a passed check is remembered by (see the module docs).
+fn identity(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!(
+        "sift pack verified: dev {} ino {} size {} mtime {}.{} ctime {}.{}\n",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    ))
+}
+
+fn stamp_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".verified");
+    PathBuf::from(p)
+}
+
+/// Every section's CRC-32 unless a check of this very file passed before (its stamp).
+fn verify_streaming(path: &Path, toc: &PackToc) -> Result<(), PackError> {
+    let id = identity(path);
+    let stamp = stamp_path(path);
+    if id.is_some() && sift_output::read_regular(&stamp, 4096).ok().as_deref() == id.as_ref().map(|s| s.as_bytes()) {
+        return Ok(());
+    }
+    verify_sections(path, toc)?;
+    if let Some(id) = id {
+        // Best effort: a folder we cannot write only means checking again next time.
+        let _ = sift_output::write(&stamp, &[path], id.as_bytes());
+    }
+    Ok(())
+}
+
+/// Every section's CRC-32, the file read once front to back through one 1 MiB buffer; what was
+/// read is dropped from the page cache again (`POSIX_FADV_DONTNEED`).
+fn verify_sections(path: &Path, toc: &PackToc) -> Result<(), PackError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let t = &toc.toc;
+    let mut sections: Vec<(u64, u64, u32, String)> = Vec::new();
+    for c in &t.columns {
+        sections.push((c.offset, c.len, c.crc32, format!("layer {} {:?} columns", c.layer, c.op)));
+        sections.push((c.scales_offset, c.scales_len, c.scales_crc32, format!("layer {} {:?} scales", c.layer, c.op)));
+    }
+    for g in &t.groups {
+        sections.push((g.offset, g.len, g.crc32, format!("group of layers {:?}", g.layers())));
+    }
+    sections.sort_by_key(|s| s.0);
+    let mut f = std::fs::File::open(path).map_err(io(path))?;
+    let mut buf = vec![0u8; 1 << 20];
+    for (off, len, crc, what) in sections {
+        section_end(path, &what, off, len, toc.total)?;
+        f.seek(SeekFrom::Start(off)).map_err(io(path))?;
+        let mut h = crc32fast::Hasher::new();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            f.read_exact(&mut buf[..n]).map_err(io(path))?;
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        if h.finalize() != crc {
+            return Err(PackError::Corrupt { path: path.into(), what });
+        }
+        drop_cached(&f, off, len);
+    }
+    Ok(())
+}
+
+/// Asks the kernel to drop a range of the file from the page cache (a hint).
+fn drop_cached(f: &std::fs::File, off: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: posix_fadvise takes a file descriptor we own (open for the call's duration)
+        // and plain integers; it never touches our memory.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (f, off, len);
 }
 
 /// The end of a section, checked to lie inside the pack.
