@@ -351,6 +351,11 @@ impl Engine {
         self.n_ctx
     }
 
+    /// Tokens per forward batch (`-b`; at most 64 under a memory budget).
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
     /// Threads of one-token decode steps (`-t`).
     pub fn n_threads(&self) -> usize {
         self.threads.0

@@ -100,10 +100,16 @@ pub fn perplexity(
                 &window[first..n_ctx - 1]
             }
         };
-        if !rest.is_empty() {
-            let logits = engine.eval_phase(rest, Logits::All, Phase::Generate)?;
-            for j in first..n_ctx - 1 {
-                add(&logits[(j - first) * n_vocab..(j - first + 1) * n_vocab], tokens[i * n_ctx + j + 1]);
+        // One batch at a time: the logits of a whole scored half (256 tokens × a 49k-152k
+        // vocabulary: 50-155 MB) are never held at once, only one batch's.
+        let step = engine.n_batch().max(1);
+        for (b, part) in rest.chunks(step).enumerate() {
+            let logits = engine.eval_phase(part, Logits::All, Phase::Generate)?;
+            for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
+                let j = first + b * step + r;
+                if j + 1 < n_ctx {
+                    add(row, tokens[i * n_ctx + j + 1]);
+                }
             }
         }
         on_chunk(i, (nll / count as f64).exp());
