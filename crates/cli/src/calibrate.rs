@@ -1,5 +1,6 @@
 //! `sift calibrate`: activation histograms, greedy per-site allocations and core-neuron clusters
-//! for the calibrated selection methods (`--sparsity threshold`, `core-sim`).
+//! for the calibrated selection methods (`--sparsity threshold`, `core-sim`, `wina-threshold`), and
+//! the weight columns' norms the weight-aware ones rank by.
 
 use crate::args::CalibrateArgs;
 use anyhow::Context;
@@ -16,6 +17,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.step > 0.0 && a.step < 0.5, "--step must be in (0, 0.5), got {}", a.step);
     let (model, tok) = sift_session::load(&model_path, &Default::default(), &Default::default())?;
     let tokens = tok.encode(&text, true, false)?;
+    let column_norms = Some(sift_engine::weight_norms::column_norms(&model)?);
     anyhow::ensure!(
         tokens.len() > a.skip + a.window,
         "'{}' has {} tokens; calibration needs more than --skip {} + one window of {}",
@@ -50,6 +52,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         cluster_passages: a.cluster_passages,
         cluster_len: a.cluster_len,
         alpha: a.alpha,
+        column_norms,
     };
     let name = model_path.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let t0 = std::time::Instant::now();

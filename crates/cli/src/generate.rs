@@ -8,24 +8,24 @@ use sift_session::Session;
 use std::io::Write;
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
-    let prompt = match (&a.prompt, &a.file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file '{}'", f.display()))?
-        }
-        (None, None) => anyhow::bail!("no prompt: pass -p TEXT or -f FILE"),
-    };
+    anyhow::ensure!(a.prompt.is_some() || a.file.is_some(), "no prompt: pass -p TEXT or -f FILE");
     let opts = a.sampling.generate_options()?;
     let mut session = crate::session::open(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
     let tok = session.tok.clone();
+    let n_ctx = session.engine.n_ctx();
+    let prompt = match (&a.prompt, &a.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => sift_session::prompt::read_prompt_file(f, &tok, n_ctx)?,
+        (None, None) => unreachable!("checked above"),
+    };
     let text = if a.chat {
         let tmpl = ChatTemplate::from_gguf(&session.engine.model.file.gguf, &tok)?
             .context("the model has no chat template")?;
-        tmpl.apply(&[ChatMessage { role: "user".into(), content: prompt.clone() }], true)?
+        tmpl.apply(&[ChatMessage { role: "user".into(), content: prompt }], true)?
     } else {
-        prompt.clone()
+        prompt
     };
-    let tokens = tok.encode(&text, true, a.chat)?;
+    let tokens = sift_session::prompt::encode_prompt(&tok, &text, true, a.chat, n_ctx)?;
     anyhow::ensure!(!tokens.is_empty(), "the prompt is empty after tokenization");
     let t0 = std::time::Instant::now();
     let mut out = std::io::stdout().lock();

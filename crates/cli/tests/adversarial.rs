@@ -217,3 +217,47 @@ fn existing_outputs_need_force() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_ne!(std::fs::read(&keep).unwrap(), b"precious");
 }
+
+/// A prompt longer than the context: a file whose size alone shows it (refused before it is
+/// read: no echo, no tokenizing) and a text with more tokens than `-c` (the tokenizer stops at
+/// the context size). Both exit 1 with what to do; a prompt that fits still runs.
+#[test]
+fn prompts_longer_than_the_context_are_refused_up_front() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let wiki = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/wiki.test.head16k.raw"),
+    )
+    .unwrap();
+    // 4 MB of real text for a context of 64: far more tokens than fit, by size alone.
+    let big = dir.path().join("big.txt");
+    std::fs::write(&big, wiki.repeat(4_000_000 / wiki.len() + 1)).unwrap();
+    let out = run_with_limit(
+        &["generate", "-m", m, "-c", "64", "-f", big.to_str().unwrap(), "-n", "1", "-t", "1"],
+        Duration::from_secs(60),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("holds at least") && err.contains("context size 64") && err.contains("raise -c"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing echoed: {} bytes", out.stdout.len());
+    // 2 KB: within the size bound, but some 500 tokens for a context of 64.
+    let mid = dir.path().join("mid.txt");
+    std::fs::write(&mid, &wiki[..2000]).unwrap();
+    let out = run_with_limit(
+        &["generate", "-m", m, "-c", "64", "-f", mid.to_str().unwrap(), "-n", "1", "-t", "1"],
+        Duration::from_secs(60),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("more than 64 tokens") && err.contains("raise -c"), "{err}");
+    assert!(out.stdout.is_empty());
+    // 100 bytes fit.
+    let small = dir.path().join("small.txt");
+    std::fs::write(&small, &wiki[..100]).unwrap();
+    let out = run_with_limit(
+        &["generate", "-m", m, "-c", "64", "-f", small.to_str().unwrap(), "-n", "1", "-t", "1"],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

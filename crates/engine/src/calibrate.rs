@@ -37,6 +37,9 @@ pub struct CalibrateOptions {
     pub cluster_passages: usize,
     pub cluster_len: usize,
     pub alpha: f32,
+    /// The weight columns' norms ([`crate::weight_norms`]): kept in the file, with histograms of
+    /// the weight-aware scores (`wina`, `wina-threshold`).
+    pub column_norms: Option<sift_sparsity::ColumnNorms>,
 }
 
 impl Default for CalibrateOptions {
@@ -51,6 +54,7 @@ impl Default for CalibrateOptions {
             cluster_passages: 128,
             cluster_len: 64,
             alpha: 0.4,
+            column_norms: None,
         }
     }
 }
@@ -58,6 +62,7 @@ impl Default for CalibrateOptions {
 /// A selector that records |x| histograms and keeps every unit.
 struct HistogramCollector {
     calib: Calibration,
+    scores: Vec<f32>,
 }
 
 impl Selector for HistogramCollector {
@@ -67,6 +72,7 @@ impl Selector for HistogramCollector {
     fn select(&mut self, layer: usize, site: Site, _: Phase, x: &[f32], _: &mut Vec<u32>) -> Selection {
         self.calib.histograms[layer][site.index()].add(x);
         self.calib.add_channel_abs(layer, site, x);
+        self.calib.add_weighted(layer, site, x, &mut self.scores);
         Selection::All
     }
 }
@@ -110,7 +116,11 @@ pub fn calibrate(
     let dims = engine.site_dims();
     let window = opts.window.min(engine.n_ctx()).max(2);
     // 1. Histograms.
-    let collector = Arc::new(Mutex::new(HistogramCollector { calib: Calibration::new(model_name.to_string(), dims) }));
+    let mut calib = Calibration::new(model_name.to_string(), dims);
+    if let Some(n) = &opts.column_norms {
+        calib.set_column_norms(n.clone());
+    }
+    let collector = Arc::new(Mutex::new(HistogramCollector { calib, scores: Vec::new() }));
     engine.set_selector(Box::new(Shared(collector.clone())));
     let mut used = 0;
     let mut win = Vec::with_capacity(window);

@@ -25,6 +25,7 @@ pub mod source;
 pub mod sparse;
 pub mod trace;
 pub mod vecops;
+pub mod weight_norms;
 
 pub use budget::{current_rss, BudgetChange, BudgetHandle};
 pub use forward::{default_threads, Engine, EngineOptions, EvalError, FfnObserver, Logits};

@@ -84,12 +84,13 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
         cluster_passages: 6,
         cluster_len: 16,
         alpha: 0.4,
+        column_norms: Some(sift_engine::weight_norms::column_norms(&e.model).unwrap()),
     };
     let calib = calibrate(&mut e, &ids[1024..], tok.bos(), "SmolLM2-135M-Instruct.Q4_1.gguf", &opts, |_| {}).unwrap();
 
     // The real calibration passes, and every method that reads it runs.
     calib.check_dims(dims).unwrap();
-    for m in [Method::Threshold, Method::CoreSim, Method::DipCa] {
+    for m in [Method::Threshold, Method::CoreSim, Method::DipCa, Method::Wina, Method::WinaThreshold] {
         let sel = build_selector(&config(m, dims.n_layer), dims, Some(&calib)).unwrap();
         assert_eq!(run(&mut e, &tok, sel).len(), 2);
     }
@@ -99,7 +100,7 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
     Calibration::load(&path).unwrap().check_dims(dims).unwrap();
 
     let n_layer = dims.n_layer;
-    let cases: [(&str, Method, Cut); 7] = [
+    let cases: [(&str, Method, Cut); 10] = [
         // core-sim indexed `centroids[c][l]` for every layer at the prompt's end: a panic.
         ("clusters.centroids[0]", Method::CoreSim, |c| {
             for cent in &mut c.clusters.as_mut().unwrap().centroids {
@@ -119,6 +120,12 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
         // The static cache pins `hot_ranking`'s unit ids: too few (or too many) channels.
         ("channel_mean_abs[4][2]", Method::Dip, |c| c.channel_mean_abs[4][2].truncate(100)),
         ("channel_mean_abs[0][3]", Method::DipCa, |c| c.channel_mean_abs[0][3].push(1.0)),
+        // The weight-aware selectors index the norms by channel.
+        ("column_norms", Method::Wina, |c| {
+            c.column_norms.as_mut().unwrap().norms[2][3].pop();
+        }),
+        ("column_norms", Method::Wina, |c| c.column_norms.as_mut().unwrap().norms[5][0][7] = -2.5),
+        ("weighted_histograms[1][2].bins", Method::WinaThreshold, |c| c.weighted_histograms[1][2].bins.truncate(9)),
     ];
     for (field, method, cut) in cases {
         let mut bad = calib.clone();
@@ -137,4 +144,10 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
         assert_refused(&err, field);
         assert!(err.contains(&path.display().to_string()), "the error names the file: {err}");
     }
+
+    // A calibration from before the weight-aware tables: `wina-threshold` says to calibrate again.
+    let mut old = calib.clone();
+    old.weighted_histograms.clear();
+    let err = build_selector(&config(Method::WinaThreshold, n_layer), dims, Some(&old)).err().unwrap().to_string();
+    assert!(err.contains("weight-aware") && err.contains("run `sift calibrate` again"), "{err}");
 }

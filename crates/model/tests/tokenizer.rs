@@ -302,3 +302,30 @@ fn encoding_in_pieces_gives_the_same_ids() {
         }
     }
 }
+
+/// `encode_at_most`: the same ids as `encode` when the text fits, the `TooManyTokens` error as
+/// soon as it does not; and `max_piece_bytes` bounds the bytes per token (real text).
+#[test]
+fn encoding_at_most_stops_at_the_limit() {
+    let wiki = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let mut paths = vec![smollm_path()];
+    paths.extend(qwen_path());
+    for p in paths {
+        let tok = load(&p);
+        let all = tok.encode(&wiki, true, false).unwrap();
+        assert_eq!(tok.encode_at_most(&wiki, true, false, all.len()).unwrap(), all, "{}", p.display());
+        match tok.encode_at_most(&wiki, true, false, all.len() - 1) {
+            Err(sift_model::tokenizer::TokenizerError::TooManyTokens { limit }) => assert_eq!(limit, all.len() - 1),
+            other => panic!("{}: {other:?}", p.display()),
+        }
+        assert!(tok.encode_at_most(&wiki, true, false, 10).is_err());
+        let m = tok.max_piece_bytes();
+        assert!(
+            m >= 2 && all.len() >= wiki.len() / m,
+            "{}: {} tokens, {} bytes, max piece {m}",
+            p.display(),
+            all.len(),
+            wiki.len()
+        );
+    }
+}

@@ -458,8 +458,17 @@ impl Worker {
     fn tokenize(&self, p: &PromptInput) -> Result<(Vec<u32>, String), ApiError> {
         let tok = &self.l.session.tok;
         let bad = |e: String| ApiError::invalid_param("prompt", e);
+        // Tokenized only up to the context size: a longer prompt is refused without holding
+        // all its ids.
+        let n_ctx = self.l.session.engine.n_ctx();
+        let encode = |text: &str, special: bool| match tok.encode_at_most(text, true, special, n_ctx) {
+            Err(sift_model::tokenizer::TokenizerError::TooManyTokens { limit }) => Err(ApiError::context_length(
+                format!("This model's maximum context length is {limit} tokens; the prompt has more"),
+            )),
+            r => r.map_err(|e| bad(e.to_string())),
+        };
         let (tokens, text) = match p {
-            PromptInput::Text(s) => (tok.encode(s, true, false).map_err(|e| bad(e.to_string()))?, s.clone()),
+            PromptInput::Text(s) => (encode(s, false)?, s.clone()),
             PromptInput::Tokens(t) => {
                 if let Some(&id) = t.iter().find(|&&id| id as usize >= self.l.session.engine.config().n_vocab) {
                     return Err(bad(format!(
@@ -476,7 +485,7 @@ impl Worker {
                     .as_ref()
                     .ok_or_else(|| ApiError::invalid("this model has no chat template: use /v1/completions"))?;
                 let text = t.apply(m, true).map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-                (tok.encode(&text, true, true).map_err(|e| bad(e.to_string()))?, String::new())
+                (encode(&text, true)?, String::new())
             }
         };
         if tokens.is_empty() {

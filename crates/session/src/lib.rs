@@ -17,6 +17,7 @@ mod open;
 mod options;
 pub mod plantrace;
 pub mod profile;
+pub mod prompt;
 pub mod ranges;
 pub mod report;
 

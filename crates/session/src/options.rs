@@ -6,7 +6,9 @@
 use anyhow::Context;
 use clap::Args;
 use sift_engine::prefill::PrefillMasks;
-use sift_engine::sparsity::{build_selector, Calibration, Method, Ratios, Selector, SparsityConfig};
+use sift_engine::sparsity::{
+    build_selector_with_norms, Calibration, ColumnNorms, Method, Ratios, Selector, SparsityConfig,
+};
 use sift_engine::{Engine, EngineOptions};
 use sift_store::cache::Policy;
 use sift_store::io::TierKind;
@@ -42,8 +44,8 @@ impl SessionOptions {
 
 #[derive(Args, Clone, Debug)]
 pub struct SparsityOptions {
-    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim (default: dense;
-    /// with --memory alone, the planner's choice)
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim, wina,
+    /// wina-threshold (default: dense; with --memory alone, the planner's choice)
     #[arg(long = "sparsity")]
     pub method: Option<Method>,
     /// Fraction of units skipped at each sparsified site (0 = dense)
@@ -204,7 +206,8 @@ impl SparsityOptions {
             Some(p) => Some(Calibration::load(p)?),
             None => None,
         };
-        Ok(build_selector(&cfg, dims, calib.as_ref())?)
+        let norms = column_norms_if_needed(&cfg, calib.as_ref(), model)?;
+        Ok(build_selector_with_norms(&cfg, dims, calib.as_ref(), norms)?)
     }
 
     /// Installs the selector on `engine`.
@@ -216,10 +219,25 @@ impl SparsityOptions {
             Some(p) => Some(Calibration::load(p)?),
             None => None,
         };
-        let sel = build_selector(&cfg, dims, calib.as_ref())?;
+        let norms = column_norms_if_needed(&cfg, calib.as_ref(), &engine.model)?;
+        let sel = build_selector_with_norms(&cfg, dims, calib.as_ref(), norms)?;
         engine.set_selector(sel);
         Ok(())
     }
+}
+
+/// The weight columns' norms a weight-aware method needs, computed from `model` when the
+/// calibration (if any) does not hold them (a second or so per GB of weights).
+fn column_norms_if_needed(
+    cfg: &SparsityConfig,
+    calib: Option<&Calibration>,
+    model: &sift_model::Model,
+) -> anyhow::Result<Option<std::sync::Arc<ColumnNorms>>> {
+    if !cfg.method.needs_column_norms() || calib.is_some_and(|c| c.column_norms.is_some()) {
+        return Ok(None);
+    }
+    let norms = sift_engine::weight_norms::column_norms(model)?;
+    Ok(Some(std::sync::Arc::new(norms)))
 }
 
 #[derive(Args, Clone, Debug)]

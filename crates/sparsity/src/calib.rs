@@ -2,6 +2,7 @@
 //! way of turning a target sparsity into thresholds), greedy per-site allocations of an overall
 //! ratio, and SparseInfer's core-neuron clusters. Saved as versioned JSON.
 
+use crate::weight_aware::ColumnNorms;
 use crate::{Ratios, Site, SiteDims};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -31,6 +32,8 @@ pub enum CalibrationError {
     Shape { origin: String, field: String, expected: String, found: String },
     #[error("the calibration has no histogram for layer {layer} site {site}")]
     Missing { layer: usize, site: &'static str },
+    #[error("the calibration has no weight-aware (WINA) score histograms: it was made before `sift calibrate` recorded them; run `sift calibrate` again")]
+    NoWeightedHistograms,
 }
 
 /// A histogram of |x| at one site of one layer.
@@ -213,6 +216,14 @@ pub struct Calibration {
     /// channels a `static` cache pins (empty in files from before it was recorded).
     #[serde(default)]
     pub channel_mean_abs: Vec<Vec<Vec<f32>>>,
+    /// The weight columns' norms per layer, site and channel (the weight-aware selectors' `‖W_:,i‖`;
+    /// none in files from before they were recorded: then computed from the model at startup).
+    #[serde(default)]
+    pub column_norms: Option<ColumnNorms>,
+    /// `weighted_histograms[layer][site]`: histograms of the weight-aware scores `|x_i| · ‖W_:,i‖`
+    /// (`wina-threshold`'s thresholds; empty in files from before they were recorded).
+    #[serde(default)]
+    pub weighted_histograms: Vec<Vec<SiteHistogram>>,
 }
 
 impl Calibration {
@@ -227,7 +238,36 @@ impl Calibration {
             allocations: Vec::new(),
             clusters: None,
             channel_mean_abs: (0..dims.n_layer).map(|_| dims.units.iter().map(|&n| vec![0.0; n]).collect()).collect(),
+            column_norms: None,
+            weighted_histograms: Vec::new(),
         }
+    }
+
+    /// Records the weight columns' norms and starts the weight-aware score histograms.
+    pub fn set_column_norms(&mut self, norms: ColumnNorms) {
+        self.weighted_histograms = vec![vec![SiteHistogram::default(); 4]; self.n_layer];
+        self.column_norms = Some(norms);
+    }
+
+    /// Adds one activation row's weight-aware scores (`|x_i| · ‖W_:,i‖`) to its site's histogram,
+    /// when the norms were set ([`Calibration::set_column_norms`]); `scratch` holds the scores.
+    pub fn add_weighted(&mut self, layer: usize, site: Site, x: &[f32], scratch: &mut Vec<f32>) {
+        let Some(norms) = &self.column_norms else { return };
+        if let Some(h) = self.weighted_histograms.get_mut(layer).and_then(|r| r.get_mut(site.index())) {
+            crate::weight_aware::weighted_scores(x, norms.site(layer, site), scratch);
+            h.add(scratch);
+        }
+    }
+
+    /// The weight-aware scores' histogram of `site` in `layer`.
+    pub fn weighted_histogram(&self, layer: usize, site: Site) -> Result<&SiteHistogram, CalibrationError> {
+        if self.weighted_histograms.is_empty() {
+            return Err(CalibrationError::NoWeightedHistograms);
+        }
+        self.weighted_histograms
+            .get(layer)
+            .and_then(|h| h.get(site.index()))
+            .ok_or(CalibrationError::Missing { layer, site: site.name() })
     }
 
     /// Adds one activation row to the channel sums (divide by the row count with
@@ -327,6 +367,34 @@ impl Calibration {
                         format!("{HIST_BINS} bins"),
                         format!("{} bins", h.bins.len()),
                     ));
+                }
+            }
+        }
+        if let Some(n) = &self.column_norms {
+            let dims = SiteDims { n_layer, units: self.units };
+            n.check(dims).map_err(|found| {
+                bad("column_norms".into(), format!("{n_layer} layers × 4 sites × units, finite"), found)
+            })?;
+        }
+        if !self.weighted_histograms.is_empty() {
+            if self.column_norms.is_none() {
+                return Err(bad("weighted_histograms".into(), "none without column_norms".into(), "histograms".into()));
+            }
+            if self.weighted_histograms.len() != n_layer {
+                return Err(bad("weighted_histograms".into(), want_layers(), layers(self.weighted_histograms.len())));
+            }
+            for (l, row) in self.weighted_histograms.iter().enumerate() {
+                if row.len() != 4 {
+                    return Err(bad(format!("weighted_histograms[{l}]"), want_sites(), sites(row.len())));
+                }
+                for (s, h) in row.iter().enumerate() {
+                    if h.bins.len() != HIST_BINS {
+                        return Err(bad(
+                            format!("weighted_histograms[{l}][{s}].bins"),
+                            format!("{HIST_BINS} bins"),
+                            format!("{} bins", h.bins.len()),
+                        ));
+                    }
                 }
             }
         }

@@ -19,6 +19,8 @@
 //! - `core` / `core-sim` ([`CoreNeuronSelector`]): SparseInfer's sentence-level core neurons,
 //!   fixed at prefill (stability-guided) or taken from the nearest calibration cluster
 //!   (similarity-guided);
+//! - `wina` / `wina-threshold` ([`WeightAwareSelector`]): Top-K or calibrated thresholds over
+//!   `|x_i| · ‖W_:,i‖`, the input times its weight column's norm (WINA);
 //! - `dense` ([`DenseSelector`]).
 
 #![forbid(unsafe_code)]
@@ -29,6 +31,7 @@ mod dip;
 mod ratios;
 mod threshold;
 mod topk;
+pub mod weight_aware;
 
 pub use calib::{Calibration, CalibrationError, SiteHistogram};
 pub use core_neurons::{CoreNeuronSelector, CoreParams};
@@ -36,6 +39,7 @@ pub use dip::{DipSelector, LfuCacheState};
 pub use ratios::{RatioError, Ratios};
 pub use threshold::ThresholdSelector;
 pub use topk::{top_k_indices, TopKSelector};
+pub use weight_aware::{ColumnNorms, WeightAwareSelector};
 
 use std::fmt;
 use std::str::FromStr;
@@ -161,10 +165,12 @@ pub enum Method {
     Glu,
     Core,
     CoreSim,
+    Wina,
+    WinaThreshold,
 }
 
 impl Method {
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 10] = [
         Method::Dense,
         Method::TopK,
         Method::Threshold,
@@ -173,6 +179,8 @@ impl Method {
         Method::Glu,
         Method::Core,
         Method::CoreSim,
+        Method::Wina,
+        Method::WinaThreshold,
     ];
 
     pub fn name(self) -> &'static str {
@@ -185,6 +193,8 @@ impl Method {
             Method::Glu => "glu",
             Method::Core => "core",
             Method::CoreSim => "core-sim",
+            Method::Wina => "wina",
+            Method::WinaThreshold => "wina-threshold",
         }
     }
 
@@ -192,7 +202,7 @@ impl Method {
     pub fn sites(self) -> &'static [Site] {
         match self {
             Method::Dense => &[],
-            Method::TopK | Method::Threshold => &Site::ALL,
+            Method::TopK | Method::Threshold | Method::Wina | Method::WinaThreshold => &Site::ALL,
             Method::Dip | Method::DipCa => &[Site::FfnIn, Site::FfnMid],
             Method::Glu | Method::Core | Method::CoreSim => &[Site::FfnMid],
         }
@@ -200,7 +210,12 @@ impl Method {
 
     /// Whether the method needs a calibration file (`--calib`).
     pub fn needs_calibration(self) -> bool {
-        matches!(self, Method::Threshold | Method::CoreSim)
+        matches!(self, Method::Threshold | Method::CoreSim | Method::WinaThreshold)
+    }
+
+    /// Whether the method ranks inputs by their weight columns' norms (WINA).
+    pub fn needs_column_norms(self) -> bool {
+        matches!(self, Method::Wina | Method::WinaThreshold)
     }
 }
 
@@ -260,10 +275,23 @@ pub struct SiteDims {
 /// Builds the selector a config asks for. A calibration is checked against `dims` first
 /// ([`Calibration::check_dims`]: its header and every per-layer / per-site table), so a file cut
 /// short or made for another model is an error here rather than an index out of bounds later.
+/// The weight-aware methods take their column norms from the calibration
+/// ([`build_selector_with_norms`] gives them otherwise).
 pub fn build_selector(
     cfg: &SparsityConfig,
     dims: SiteDims,
     calib: Option<&Calibration>,
+) -> Result<Box<dyn Selector>, SelectorError> {
+    build_selector_with_norms(cfg, dims, calib, None)
+}
+
+/// [`build_selector`], with the weight columns' norms for the weight-aware methods when the
+/// calibration has none (computed from the model: `sift_engine::weight_norms`).
+pub fn build_selector_with_norms(
+    cfg: &SparsityConfig,
+    dims: SiteDims,
+    calib: Option<&Calibration>,
+    norms: Option<std::sync::Arc<ColumnNorms>>,
 ) -> Result<Box<dyn Selector>, SelectorError> {
     if !(0.0..=1.0).contains(&cfg.gamma) {
         return Err(SelectorError::Invalid(format!("--gamma must be in [0, 1], got {}", cfg.gamma)));
@@ -275,6 +303,20 @@ pub fn build_selector(
         c.check_dims(dims)?;
     }
     let r = cfg.ratios.clone();
+    let column_norms = || -> Result<std::sync::Arc<ColumnNorms>, SelectorError> {
+        let n = match (calib.and_then(|c| c.column_norms.clone()), norms.clone()) {
+            (Some(n), _) => std::sync::Arc::new(n),
+            (None, Some(n)) => n,
+            (None, None) => {
+                return Err(SelectorError::Invalid(format!(
+                    "--sparsity {} needs the weight columns' norms: give a calibration that has them (`sift calibrate`) or let sift compute them from the model",
+                    cfg.method
+                )))
+            }
+        };
+        n.check(dims).map_err(|e| SelectorError::Invalid(format!("weight column norms do not fit this model: {e}")))?;
+        Ok(n)
+    };
     Ok(match cfg.method {
         Method::Dense => Box::new(DenseSelector),
         Method::TopK => Box::new(TopKSelector::new("topk", r)),
@@ -284,6 +326,11 @@ pub fn build_selector(
             Box::new(ThresholdSelector::new(c, &r)?)
         }
         Method::Dip => Box::new(DipSelector::new(r, None)),
+        Method::Wina => Box::new(WeightAwareSelector::top_k(column_norms()?, r)),
+        Method::WinaThreshold => {
+            let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
+            Box::new(WeightAwareSelector::threshold(column_norms()?, c, &r)?)
+        }
         Method::DipCa => {
             let frac = |l: usize, s: Site| cfg.cache_fraction.unwrap_or(1.0 - r.get(l, s));
             let cache = LfuCacheState::new(dims, &[Site::FfnIn, Site::FfnMid], frac);

@@ -237,9 +237,13 @@ impl BpeEngine {
         vocab: &Vocab,
         out: &mut Vec<u32>,
         piece: usize,
+        limit: usize,
     ) -> Result<(), TokenizerError> {
         for p in pieces(text, piece) {
             self.encode_piece(p, vocab, out)?;
+            if out.len() > limit {
+                return Err(TokenizerError::TooManyTokens { limit });
+            }
         }
         Ok(())
     }

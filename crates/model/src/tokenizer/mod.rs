@@ -57,6 +57,8 @@ pub enum TokenizerError {
     Build(String),
     #[error("tokenizing failed: {0}")]
     Encode(String),
+    #[error("the text has more than {limit} tokens")]
+    TooManyTokens { limit: usize },
 }
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -403,8 +405,45 @@ impl Tokenizer {
         parse_special: bool,
         piece: usize,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_limited(text, add_special, parse_special, piece, usize::MAX)
+    }
+
+    /// [`Tokenizer::encode`], stopping with [`TokenizerError::TooManyTokens`] as soon as the text
+    /// is known to have more than `max` tokens (a prompt longer than the context: neither all its
+    /// ids nor the tokenizer's work on the rest are ever held).
+    pub fn encode_at_most(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        max: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_limited(text, add_special, parse_special, ENCODE_PIECE, max)
+    }
+
+    /// The most bytes of text one token stands for: a text of `n` bytes has at least
+    /// `n / max_piece_bytes()` tokens (a check on a prompt's size before it is read).
+    pub fn max_piece_bytes(&self) -> usize {
+        (0..self.pieces.len() as u32).map(|id| self.piece(id).len()).max().unwrap_or(1).max(1)
+    }
+
+    fn encode_limited(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        piece: usize,
+        limit: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let fragments = self.partition(text, parse_special);
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let too_many = |out: &Vec<u32>| {
+            if out.len() > limit {
+                Err(TokenizerError::TooManyTokens { limit })
+            } else {
+                Ok(())
+            }
+        };
+        let mut out = Vec::with_capacity((text.len() / 3 + 2).min(limit.saturating_add(2)));
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
@@ -413,8 +452,9 @@ impl Tokenizer {
                 for f in fragments {
                     match f {
                         Fragment::Token(id) => out.push(id),
-                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out, piece)?,
+                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out, piece, limit)?,
                     }
+                    too_many(&out)?;
                 }
             }
             Engine::Spm { byte_tokens } => {
@@ -436,6 +476,7 @@ impl Tokenizer {
                             prev_special = false;
                         }
                     }
+                    too_many(&out)?;
                 }
             }
         }
