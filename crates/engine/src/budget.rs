@@ -94,8 +94,10 @@ impl Engine {
     /// Makes room in the KV cache for `positions` tokens, a page at a time (never past the
     /// context). Under a budget the new pages' bytes are first taken from the weight cache
     /// ([`TieredStore::set_kv_growth`]); when the cache cannot give them up the batch is refused
-    /// with [`EvalError::KvBudget`] and nothing changes.
-    pub(crate) fn reserve_kv(&mut self, positions: usize) -> Result<(), EvalError> {
+    /// with [`EvalError::KvBudget`] and nothing changes. Evaluating a batch reserves its positions
+    /// itself; a caller that feeds a long prompt in several batches (the server) reserves the
+    /// whole prompt first, so that a prompt the budget cannot hold is refused before any work.
+    pub fn reserve_kv(&mut self, positions: usize) -> Result<(), EvalError> {
         if positions <= self.kv.capacity() {
             return Ok(());
         }

@@ -111,6 +111,9 @@ pub struct Engine {
     /// Watches decoded tokens for `sift trace`.
     tracer: Option<Box<dyn Tracer>>,
     budget: LiveBudget,
+    /// Bytes of every budget kept for work outside the engine (a server's requests,
+    /// [`Engine::set_budget_reserve`]).
+    budget_reserve: u64,
     /// FastForward's block-wise sparse prefill: the share of FFN neurons a sparse block skips
     /// (0: off) and how they are chosen; whether the batch being run is a sparse block.
     pub(crate) prefill: (f32, PrefillMasks),
@@ -204,6 +207,7 @@ impl Engine {
             stats,
             tracer: None,
             budget: LiveBudget::default(),
+            budget_reserve: 0,
             prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
             prefill_scratch: PrefillScratch::default(),
             sparse_block: false,
@@ -284,13 +288,38 @@ impl Engine {
 
     /// Changes the memory budget of a run under `--memory` (see [`TieredStore::set_budget`])
     /// between tokens, keeping the conversation. Returns the new plan.
+    /// A budget set aside ([`Engine::set_budget_reserve`]) is taken from `budget` first.
     pub fn set_memory_budget(&mut self, budget: u64) -> Result<MemoryPlan, TierError> {
+        let reserve = self.budget_reserve;
         match self.source.store_mut() {
-            Some(store) => store.set_budget(budget).cloned(),
+            Some(store) => store.set_budget(budget.saturating_sub(reserve)).cloned(),
             None => {
                 Err(TierError::Unsupported("the memory budget can change only in a run started with --memory".into()))
             }
         }
+    }
+
+    /// Keeps `reserve` bytes of the budget (this one and every later one) for work outside the
+    /// engine: a server's request bodies, tokenizing and responses. The store's plan then holds
+    /// the rest. Refused, with nothing changed, when the rest cannot hold the run.
+    pub fn set_budget_reserve(&mut self, reserve: u64) -> Result<MemoryPlan, TierError> {
+        let old = self.budget_reserve;
+        let Some(store) = self.source.store_mut() else {
+            return Err(TierError::Unsupported("a budget reserve needs a run started with --memory".into()));
+        };
+        let total = store.plan.budget + old;
+        match store.set_budget(total.saturating_sub(reserve)) {
+            Ok(plan) => {
+                self.budget_reserve = reserve;
+                Ok(plan.clone())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bytes of the budget kept for work outside the engine.
+    pub fn budget_reserve(&self) -> u64 {
+        self.budget_reserve
     }
 
     /// A handle other threads use to change the budget of this engine's run while it runs.

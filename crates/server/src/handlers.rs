@@ -312,8 +312,10 @@ fn field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Value> {
 /// token is `{"id", "piece"}`.
 pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
+        // One tokenizer request at a time (the others wait with their bodies, at most
+        // --max-body each): its work is the budget's request reserve.
         let _permit = s.tokenizer_gate.acquire().await.map_err(|_| ApiError::shutting_down())?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let large = body.len() > TRIM_AFTER_BYTES;
         let v: Value = parse_body(&body)?;
         drop(body);
@@ -367,8 +369,10 @@ pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Respo
 /// Answers `{"prompt": text}` (vLLM) with the same text under `content` (llama-server).
 pub async fn detokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
+        // One tokenizer request at a time (the others wait with their bodies, at most
+        // --max-body each): its work is the budget's request reserve.
         let _permit = s.tokenizer_gate.acquire().await.map_err(|_| ApiError::shutting_down())?;
+        let body = body_bytes(body, s.cfg.max_body, s.cfg.timeout)?;
         let v: Value = parse_body(&body)?;
         let bad = || ApiError::invalid_param("tokens", "send {\"tokens\": [token ids]}");
         let arr = v.get("tokens").and_then(Value::as_array).ok_or_else(bad)?;

@@ -58,11 +58,18 @@ pub struct ServerConfig {
     pub session: sift_session::SessionOptions,
 }
 
+/// Bodies' worth of the budget kept for requests under `--memory` (see [`run`]).
+pub const REQUEST_RESERVE_BODIES: u64 = 12;
+
 /// Opens the session on the worker thread, listens, and serves until SIGINT or SIGTERM.
 /// Prints `sift: listening on http://HOST:PORT (model NAME)` on stderr when ready.
 pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let (worker, thread) = worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue)?;
+    // Under --memory, a request's working memory (its body, the parsed JSON, the tokenizer's work,
+    // the response: about 10 × its body, measured on /tokenize) comes from the budget: 12 ×
+    // --max-body is kept for it, and tokenizer requests run one at a time (`tokenizer_gate`).
+    let reserve = (cfg.max_body as u64).saturating_mul(REQUEST_RESERVE_BODIES);
+    let (worker, thread) = worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue, reserve)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

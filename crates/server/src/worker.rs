@@ -195,8 +195,23 @@ struct Loaded {
 }
 
 /// Opens the session on the worker thread (so the engine never crosses threads).
-fn open(opts: &SessionOptions) -> anyhow::Result<Loaded> {
-    let session = Session::open(opts)?;
+fn open(opts: &SessionOptions, request_reserve: u64) -> anyhow::Result<Loaded> {
+    let mut session = Session::open(opts)?;
+    if session.engine.store().is_some() && request_reserve > 0 {
+        // Requests' bodies, tokenizing and responses live in the budget too.
+        let plan = session.engine.set_budget_reserve(request_reserve).map_err(|e| {
+            anyhow::anyhow!(
+                "--memory leaves no room for requests: the server keeps {} MiB of it for request bodies, tokenizing and \
+                 responses (12 × --max-body), and the rest cannot hold the model ({e}); raise --memory or lower --max-body",
+                request_reserve >> 20
+            )
+        })?;
+        eprintln!(
+            "sift: {} MiB of the budget kept for requests (12 × --max-body); the engine plans with {} MiB",
+            request_reserve >> 20,
+            plan.budget >> 20
+        );
+    }
     if let Some(line) = &session.planned {
         eprintln!("{line}");
     }
@@ -216,6 +231,7 @@ pub fn spawn(
     opts: SessionOptions,
     metrics: Arc<Metrics>,
     max_queue: usize,
+    request_reserve: u64,
 ) -> anyhow::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Msg>();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
@@ -232,7 +248,7 @@ pub fn spawn(
             Err(_) => None,
         };
     let thread = std::thread::Builder::new().name("sift-worker".into()).spawn(move || {
-        let loaded = match open(&opts) {
+        let loaded = match open(&opts, request_reserve) {
             Ok(l) => l,
             Err(e) => {
                 let msg = std::iter::once(e.to_string())
@@ -384,6 +400,7 @@ impl Worker {
                 eprintln!("sift: budget -> {bytes} bytes (admin request), cache {} bytes", plan.cache);
                 Ok(json!({
                     "budget": bytes,
+                    "request_reserve": self.l.session.engine.budget_reserve(),
                     "plan": plan,
                     "applied_secs": t0.elapsed().as_secs_f64(),
                     "rss_bytes": sift_engine::current_rss(),
@@ -409,7 +426,7 @@ impl Worker {
     fn publish(&self) {
         let mut g = MemoryGauges { rss_bytes: sift_engine::current_rss().unwrap_or(0), ..Default::default() };
         if let Some(s) = self.l.session.engine.store() {
-            g.budget_bytes = s.plan.budget;
+            g.budget_bytes = s.plan.budget + self.l.session.engine.budget_reserve();
             g.hit_rate = s.stats().hit_rate();
             g.bytes_read = s.stats().bytes_read();
         }
@@ -585,6 +602,11 @@ impl Worker {
                 tokens.len(),
                 if req.max_tokens > 0 { " and at least one more is needed to generate" } else { "" }
             ))));
+        }
+        // The whole prompt's KV cache from the budget first: a prompt the budget cannot hold is
+        // refused now, not after the part that fits was computed (the prompt runs in chunks).
+        if let Err(e) = self.l.session.engine.reserve_kv(need) {
+            return Err(Stop::Failed(ApiError::context_length(e.to_string())));
         }
         let k = req.logprobs;
         let t_prompt = Instant::now();

@@ -100,7 +100,8 @@ pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {
     let store = engine.store()?;
     let s = store.stats();
     Some(serde_json::json!({
-        "memory_budget": store.plan.budget,
+        "memory_budget": store.plan.budget + engine.budget_reserve(),
+        "budget_reserve": engine.budget_reserve(),
         "memory_plan": store.plan,
         "cache_policy": store.policy().name(),
         "preload": store.preload_layers(),
