@@ -619,3 +619,42 @@ fn serve_closes_idle_and_stalled_connections() {
     // The server still answers.
     assert!(!completion(a, PROMPTS[0], 4).is_empty(), "{}", s.log());
 }
+
+/// Issue 22: requests hold a share of the request memory (12 × `--max-body`) from before their
+/// body is read until they are answered. Two `/tokenize` of 48 KB each need 480 KiB of the 768
+/// KiB that `--max-body 64K` keeps: while one stalls in its body the other waits (unread), and
+/// goes through once the first is closed by `--timeout`; requests without a body never wait.
+#[test]
+fn requests_wait_for_their_share_of_the_request_memory() {
+    let s = Server::start(&["--timeout", "3", "--max-body", "64K"]);
+    let a = s.addr.clone();
+    // The first: its head (48,000 bytes declared) and 5 bytes, then nothing.
+    let mut first = TcpStream::connect(&a).unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /tokenize HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: 48000\r\n\r\n{{\"co"
+    );
+    first.write_all(head.as_bytes()).unwrap();
+    // (The second comes 1.5 s later, so that its own 3 s limit ends well after the first's.)
+    std::thread::sleep(Duration::from_millis(1500));
+    // The second, whole: it must wait for the first's share.
+    let text = "The river crossing grew into a market town. ".repeat(1100);
+    let t0 = Instant::now();
+    let a2 = a.clone();
+    let second = std::thread::spawn(move || {
+        let r = post(&a2, "/tokenize", &json!({"content": text[..47000].to_string()}));
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Meanwhile a GET is answered at once.
+    let t1 = Instant::now();
+    assert_eq!(get(&a, "/health").status, 200);
+    assert!(t1.elapsed() < Duration::from_secs(2), "/health waited {:?}", t1.elapsed());
+    let (r, took) = second.join().unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.json()["count"].as_u64().unwrap() > 5000, "{r:?}");
+    // It went through only after the first was closed (3 s after it started: ~1.5 s of waiting).
+    assert!(took >= Duration::from_millis(1000), "the second did not wait: {took:?}");
+    let mut buf = Vec::new();
+    let _ = first.read_to_end(&mut buf);
+}

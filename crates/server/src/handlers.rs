@@ -37,6 +37,18 @@ pub struct AppState {
     /// One tokenizer request (`/tokenize`, `/detokenize`) works at a time, as the engine's one
     /// sequence does: eight concurrent 1.8 MB texts no longer take eight times the memory.
     pub tokenizer_gate: tokio::sync::Semaphore,
+    /// The request memory (KiB): each request with a body holds its share
+    /// ([`crate::router`]'s `request_memory`) from before its body is read until it is answered.
+    pub request_memory: tokio::sync::Semaphore,
+}
+
+impl AppState {
+    /// The request memory's capacity in KiB (12 × `--max-body`).
+    pub fn request_memory_kib(&self) -> usize {
+        usize::try_from(((self.cfg.max_body as u64).saturating_mul(crate::REQUEST_RESERVE_BODIES)) >> 10)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
 }
 
 /// Bodies past this size give their memory back to the system after the request

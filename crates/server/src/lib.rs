@@ -67,7 +67,8 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     // Under --memory, a request's working memory (its body, the parsed JSON, the tokenizer's work,
     // the response: about 10 × its body, measured on /tokenize) comes from the budget: 12 ×
-    // --max-body is kept for it, and tokenizer requests run one at a time (`tokenizer_gate`).
+    // --max-body is kept for it, and requests hold their share of it from before their body is
+    // read until they are answered (`router`'s `request_memory`).
     let reserve = (cfg.max_body as u64).saturating_mul(REQUEST_RESERVE_BODIES);
     let (worker, thread) = worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue, reserve)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -84,6 +85,7 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
         created: handlers::now_secs(),
         next_id: AtomicU64::new(1),
         tokenizer_gate: tokio::sync::Semaphore::new(1),
+        request_memory: tokio::sync::Semaphore::new(usize::try_from(reserve >> 10).unwrap_or(usize::MAX).max(1)),
         cfg,
     });
     let result = rt.block_on(async move {

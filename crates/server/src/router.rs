@@ -1,12 +1,14 @@
 //! The axum [`Router`]: routes to [`crate::handlers`], the API-key check (`Authorization: Bearer
 //! KEY` on every route but `/health` when `--api-key` is set), the request-body limit, the
-//! request time limit (`--timeout`: 408), and
-//! OpenAI-shaped 404 / 405 for unknown routes and methods.
+//! request time limit (`--timeout`: 408), the request memory (a request's body, parsing,
+//! tokenizing and response held to a share of the budget's request reserve), and OpenAI-shaped
+//! 404 / 405 for unknown routes and methods.
 
 use crate::error::ApiError;
 use crate::handlers::{self, AppState};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,6 +32,34 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
             return ApiError::unauthorized().into_response();
         }
     }
+    next.run(req).await
+}
+
+/// Working memory per body byte: `/tokenize` measured ~9 × its body (the text, the parsed JSON,
+/// the tokenizer's pieces, the ids and their JSON); the other routes parse and keep the body.
+const TOKENIZE_BYTES_PER_BODY_BYTE: u64 = 10;
+const OTHER_BYTES_PER_BODY_BYTE: u64 = 4;
+/// The least a request with a body holds (KiB): its headers, the response.
+const MIN_REQUEST_KIB: u64 = 64;
+
+/// A request with a body waits, before the body is read, until its share of the request memory
+/// is free: its declared length (at most `--max-body`) times what its route makes of each byte.
+/// The share is held until the response head is sent, so concurrent requests never take more
+/// than the reserve kept in the budget for them (`sift serve --memory`).
+async fn request_memory(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if req.method() == Method::GET {
+        return next.run(req).await;
+    }
+    let max_body = s.cfg.max_body as u64;
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let body = declared.unwrap_or(max_body).min(max_body);
+    let per_byte =
+        if req.uri().path().ends_with("tokenize") { TOKENIZE_BYTES_PER_BODY_BYTE } else { OTHER_BYTES_PER_BODY_BYTE };
+    let capacity = s.request_memory_kib();
+    let kib = ((body * per_byte) >> 10).max(MIN_REQUEST_KIB).min(capacity as u64) as u32;
+    let Ok(_share) = s.request_memory.acquire_many(kib).await else {
+        return ApiError::shutting_down().into_response();
+    };
     next.run(req).await
 }
 
@@ -59,6 +89,7 @@ pub fn build(state: Arc<AppState>) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/admin/memory", post(handlers::admin_memory))
         .route("/admin/stats", get(handlers::admin_stats))
+        .route_layer(middleware::from_fn_with_state(state.clone(), request_memory))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/health", get(handlers::health))
