@@ -18,13 +18,24 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory)?;
     let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();
-    let tokens = tok.encode(&text, true, false)?;
+    // With --chunks, only the windows scored are tokenized (the same ids as the start of the
+    // whole text's): a long file's ids are never all held.
+    let chunks = usize::try_from(a.chunks).ok();
+    let tokens = match chunks {
+        Some(n) => tok.encode_prefix(&text, true, false, n.saturating_mul(a.ctx_size)),
+        None => tok.encode(&text, true, false)?,
+    };
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
+    // The text is not needed again: its memory goes back before the run is planned.
+    let large = text.len() > 1 << 20;
+    drop(text);
+    if large {
+        sift_session::budget::trim_heap();
+    }
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let mut session = crate::session::build(model, tok, &opts)?;
     let engine = &mut session.engine;
     eprintln!("sparsity: {}", engine.selector().describe());
-    let chunks = usize::try_from(a.chunks).ok();
     let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
     let t1 = std::time::Instant::now();

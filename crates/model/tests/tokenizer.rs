@@ -304,7 +304,8 @@ fn encoding_in_pieces_gives_the_same_ids() {
 }
 
 /// `encode_at_most`: the same ids as `encode` when the text fits, the `TooManyTokens` error as
-/// soon as it does not; and `max_piece_bytes` bounds the bytes per token (real text).
+/// soon as it does not; `encode_prefix`: the whole text's first ids; and `max_piece_bytes` bounds
+/// the bytes per token (real text).
 #[test]
 fn encoding_at_most_stops_at_the_limit() {
     let wiki = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
@@ -319,6 +320,13 @@ fn encoding_at_most_stops_at_the_limit() {
             other => panic!("{}: {other:?}", p.display()),
         }
         assert!(tok.encode_at_most(&wiki, true, false, 10).is_err());
+        // A prefix is the start of the whole text's ids, wherever it ends (160 KB: three of the
+        // tokenizer's 64 KiB pieces, the later ones never tokenized for a short prefix).
+        let long = wiki.repeat(10);
+        let all = tok.encode(&long, true, false).unwrap();
+        for n in [0, 1, 7, 1000, 20_000, all.len() - 1, all.len(), all.len() + 5] {
+            assert_eq!(tok.encode_prefix(&long, true, false, n), all[..n.min(all.len())], "{}: {n}", p.display());
+        }
         let m = tok.max_piece_bytes();
         assert!(
             m >= 2 && all.len() >= wiki.len() / m,

@@ -421,6 +421,14 @@ impl Tokenizer {
         self.encode_limited(text, add_special, parse_special, ENCODE_PIECE, max)
     }
 
+    /// The first `n` tokens of `text` (all of them if it has fewer): the same ids as the start
+    /// of [`Tokenizer::encode`]'s, the text tokenized only a piece past them.
+    pub fn encode_prefix(&self, text: &str, add_special: bool, parse_special: bool, n: usize) -> Vec<u32> {
+        let (mut out, _) = self.encode_bounded(text, add_special, parse_special, ENCODE_PIECE, n);
+        out.truncate(n);
+        out
+    }
+
     /// The most bytes of text one token stands for: a text of `n` bytes has at least
     /// `n / max_piece_bytes()` tokens (a check on a prompt's size before it is read).
     pub fn max_piece_bytes(&self) -> usize {
@@ -435,6 +443,36 @@ impl Tokenizer {
         piece: usize,
         limit: usize,
     ) -> Result<Vec<u32>, TokenizerError> {
+        match self.encode_bounded(text, add_special, parse_special, piece, limit) {
+            (_, Some(e)) => Err(e),
+            (out, None) => Ok(out),
+        }
+    }
+
+    /// The tokens, stopping once there are more than `limit` (then with the reason: the tokens
+    /// so far are the start of the text's, or the tokenizer's error).
+    fn encode_bounded(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        piece: usize,
+        limit: usize,
+    ) -> (Vec<u32>, Option<TokenizerError>) {
+        let mut out = Vec::new();
+        let r = self.encode_into(text, add_special, parse_special, piece, limit, &mut out);
+        (out, r.err())
+    }
+
+    fn encode_into(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        piece: usize,
+        limit: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
         let fragments = self.partition(text, parse_special);
         let too_many = |out: &Vec<u32>| {
             if out.len() > limit {
@@ -443,7 +481,7 @@ impl Tokenizer {
                 Ok(())
             }
         };
-        let mut out = Vec::with_capacity((text.len() / 3 + 2).min(limit.saturating_add(2)));
+        out.reserve((text.len() / 3 + 2).min(limit.saturating_add(2)));
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
@@ -452,9 +490,9 @@ impl Tokenizer {
                 for f in fragments {
                     match f {
                         Fragment::Token(id) => out.push(id),
-                        Fragment::Text(s) => bpe.encode(s, &self.vocab, &mut out, piece, limit)?,
+                        Fragment::Text(s) => bpe.encode(s, &self.vocab, out, piece, limit)?,
                     }
-                    too_many(&out)?;
+                    too_many(out)?;
                 }
             }
             Engine::Spm { byte_tokens } => {
@@ -472,18 +510,18 @@ impl Tokenizer {
                             }
                             t.push_str(s);
                             let t = t.replace(' ', "\u{2581}");
-                            self.spm_tokenize(&t, byte_tokens, &mut out);
+                            self.spm_tokenize(&t, byte_tokens, out);
                             prev_special = false;
                         }
                     }
-                    too_many(&out)?;
+                    too_many(out)?;
                 }
             }
         }
         if add_special && self.add_eos {
             out.extend(self.eos);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Splits `text` around special tokens (llama.cpp's `tokenizer_st_partition`).
