@@ -658,3 +658,93 @@ fn requests_wait_for_their_share_of_the_request_memory() {
     let mut buf = Vec::new();
     let _ = first.read_to_end(&mut buf);
 }
+
+/// nginx, from the distribution's packages (`apt-get install nginx-light`), if installed.
+fn nginx() -> Option<PathBuf> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"].iter().map(PathBuf::from).find(|p| p.exists())
+}
+
+/// Issue 21: sift replicas are stateless; behind a standard load balancer (nginx, two replicas on
+/// loopback, docs/serve.md's configuration) every request is answered, both replicas serve, and
+/// a replica that dies is taken out without a client error. Also `/slots` and the queue's
+/// `Retry-After` as llama-server gives them.
+#[test]
+fn replicas_behind_nginx_survive_a_failed_replica() {
+    let a = Server::start(&["-c", "256"]);
+    let mut b = Server::start(&["-c", "256"]);
+    // /slots: one slot, idle.
+    let r = get(&a.addr, "/slots");
+    assert_eq!(r.status, 200, "{r:?}");
+    let s = &r.json()[0];
+    assert_eq!(
+        (s["id"].as_u64(), s["n_ctx"].as_u64(), s["is_processing"].as_bool()),
+        (Some(0), Some(256), Some(false)),
+        "{s}"
+    );
+    let Some(nginx) = nginx() else {
+        eprintln!("SKIPPED the nginx part: install nginx (apt-get install nginx-light) to run it");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let d = dir.path().display();
+    let upstream = format!(
+        "upstream sift {{\n    server {} max_fails=1 fail_timeout=30s;\n    server {} max_fails=1 fail_timeout=30s;\n  }}",
+        a.addr, b.addr
+    );
+    let location = "    location / {\n      proxy_pass http://sift;\n      proxy_http_version 1.1;\n      \
+                    proxy_buffering off;\n      proxy_read_timeout 600s;\n      \
+                    proxy_next_upstream error timeout http_502 http_503 non_idempotent;\n    }\n";
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         {upstream}\n  server {{\n    listen 127.0.0.1:{port};\n{location}  }}\n}}\n"
+    );
+    std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+    let mut lb = Command::new(&nginx)
+        .args(["-c", dir.path().join("nginx.conf").to_str().unwrap(), "-p", dir.path().to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run nginx");
+    let front = format!("127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while TcpStream::connect(&front).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "nginx did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ask = |i: usize| {
+        let r = post(
+            &front,
+            "/v1/completions",
+            &json!({"prompt": PROMPTS[i % PROMPTS.len()], "max_tokens": 4, "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "request {i} through nginx: {r:?}");
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let first: Vec<String> = (0..6).map(ask).collect();
+    // Round robin: both replicas served.
+    let served = |s: &Server| metric(&s.addr, "sift_requests_total");
+    assert!(served(&a) >= 1.0 && served(&b) >= 1.0, "a {} b {}", served(&a), served(&b));
+    // One replica dies: every request still gets its answer (the same greedy text).
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    let after: Vec<String> = (0..6).map(ask).collect();
+    assert_eq!(after, first, "the surviving replica answers as both did");
+    // Every request went through nginx (its log line may follow the response by a moment).
+    let posts = || {
+        let log = std::fs::read_to_string(dir.path().join("access.log")).unwrap_or_default();
+        log.lines().filter(|l| l.contains("POST /v1/completions")).count()
+    };
+    let t0 = Instant::now();
+    while posts() < 12 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(posts(), 12);
+    let _ = lb.kill();
+    let _ = lb.wait();
+}

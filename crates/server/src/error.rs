@@ -1,6 +1,6 @@
 //! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the HTTP status
 //! each kind of failure gets (400 invalid_request_error, 401 invalid_api_key, 404 model_not_found
-//! or unknown route, 413 body too large, 503 queue full / shutting down, 500 internal).
+//! or unknown route, 413 body too large, 503 queue full (with `Retry-After`) / shutting down, 500 internal).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -137,8 +137,30 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// Seconds a client told the queue is full waits before it retries (`Retry-After`).
+pub const RETRY_AFTER_SECS: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.code == Some("queue_full") {
+            // A load balancer or client backs off, then retries (here or on another replica).
+            let retry = [(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.to_string())];
+            return (self.status, retry, axum::Json(self.body())).into_response();
+        }
         (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_says_when_to_retry() {
+        let r = ApiError::queue_full(4).into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], RETRY_AFTER_SECS.to_string().as_str());
+        let r = ApiError::shutting_down().into_response();
+        assert!(r.headers().get(axum::http::header::RETRY_AFTER).is_none());
     }
 }

@@ -89,6 +89,7 @@ pub fn build(state: Arc<AppState>) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/admin/memory", post(handlers::admin_memory))
         .route("/admin/stats", get(handlers::admin_stats))
+        .route("/slots", get(handlers::slots))
         .route_layer(middleware::from_fn_with_state(state.clone(), request_memory))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
