@@ -19,10 +19,11 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();
     // With --chunks, only the windows scored are tokenized (the same ids as the start of the
-    // whole text's): a long file's ids are never all held.
+    // whole text's; at least two windows, which llama.cpp's method asks of any text): a long
+    // file's ids are never all held.
     let chunks = usize::try_from(a.chunks).ok();
     let tokens = match chunks {
-        Some(n) => tok.encode_prefix(&text, true, false, n.saturating_mul(a.ctx_size)),
+        Some(n) => tok.encode_prefix(&text, true, false, n.max(2).saturating_mul(a.ctx_size)),
         None => tok.encode(&text, true, false)?,
     };
     eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
