@@ -26,6 +26,11 @@ mod train;
 
 use clap::{Parser, Subcommand};
 
+/// The system allocator, holding untrusted work (a model's chat template) to a memory limit:
+/// see `sift_alloc`.
+#[global_allocator]
+static ALLOC: sift_alloc::ScopedLimitAlloc = sift_alloc::ScopedLimitAlloc;
+
 #[derive(Parser)]
 #[command(
     name = "sift",

@@ -1,5 +1,5 @@
 //! Hostile input to the `sift` binary (issue 22's probe, kept as a suite): numbers at 2^40, 2^62,
-//! NaN, infinity and 1e30 on every numeric flag family; a FIFO as a budget file; a model whose
+//! NaN, infinity and 1e30 on every numeric flag family; a FIFO as a budget file; chat templates that loop or grow; a model whose
 //! weights compute NaN. Each must end with a clear error (exit 2 for flags, 1 for the rest) or run
 //! normally — never a panic, an abort, a hang or a silent NaN. Real model: SmolLM2-135M.
 
@@ -260,4 +260,59 @@ fn prompts_longer_than_the_context_are_refused_up_front() {
         Duration::from_secs(60),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Writes SmolLM2 with its chat template replaced by `template` (padded with a Jinja comment to
+/// the original's length, so every offset in the file stays where it was).
+fn model_with_template(dir: &Path, name: &str, template: &str) -> PathBuf {
+    let mut bytes = std::fs::read(model()).unwrap();
+    let g = sift_gguf::Gguf::parse(&bytes).unwrap();
+    let old = g.get("tokenizer.chat_template").unwrap().as_str().unwrap().as_bytes().to_vec();
+    let at = bytes.windows(old.len()).position(|w| w == old.as_slice()).unwrap();
+    let pad = old.len() - template.len() - "{##}".len();
+    let new = format!("{template}{{#{}#}}", " ".repeat(pad));
+    assert_eq!(new.len(), old.len());
+    bytes[at..at + old.len()].copy_from_slice(new.as_bytes());
+    let p = dir.join(name);
+    std::fs::write(&p, &bytes).unwrap();
+    p
+}
+
+/// A chat template is a program in the model file. One that loops runs out of fuel; one that
+/// doubles a string forty times (a terabyte in forty instructions, below any fuel) used to take
+/// the machine's memory: the process now stops at 8 x the messages + 64 MiB with exit 1 and the
+/// reason, in `generate` and when `serve` tries the template at start.
+#[test]
+fn chat_templates_that_loop_or_grow_are_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let grow = model_with_template(
+        dir.path(),
+        "grow.gguf",
+        "{% set ns = namespace(s='x' * 1000000) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+    );
+    let spin = model_with_template(
+        dir.path(),
+        "spin.gguf",
+        "{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+    );
+    let gen = |m: &Path| {
+        run_with_limit(
+            &["generate", "-m", m.to_str().unwrap(), "-p", "Hello", "--chat-template", "-n", "1", "-t", "1"],
+            Duration::from_secs(120),
+        )
+    };
+    let out = gen(&grow);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("chat template took more memory") && err.contains("limit 64 MiB"), "{err}");
+    let out = gen(&spin);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("fuel"), "{err}");
+    // The server tries the template once at start: the growing one ends it there.
+    let out =
+        run_with_limit(&["serve", "-m", grow.to_str().unwrap(), "--port", "0", "-t", "1"], Duration::from_secs(120));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("chat template took more memory"), "{err}");
 }

@@ -40,6 +40,18 @@ pub enum ChatError {
     TooLong { limit: usize, input: usize },
 }
 
+impl ChatError {
+    /// A template that runs out of fuel or writes past its output limit (loops or grows without
+    /// end): unusable, whatever the messages.
+    pub fn is_runaway(&self) -> bool {
+        match self {
+            ChatError::TooLong { .. } => true,
+            ChatError::Render(e) => e.kind() == ErrorKind::OutOfFuel,
+            _ => false,
+        }
+    }
+}
+
 /// Template instructions one rendering may run (minijinja's fuel): real templates use a few
 /// hundred per message; a template that loops without end stops here with an error.
 pub const TEMPLATE_FUEL: u64 = 20_000_000;
@@ -49,6 +61,18 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 fn output_limit(input: usize) -> usize {
     input.saturating_mul(4).saturating_add(1 << 20)
 }
+
+/// The most a rendering may allocate, net, on its thread: 8 × the messages' bytes + 64 MiB
+/// (the messages are copied once into the template's values, the output is bounded by
+/// [`output_limit`], and real templates hold a message's worth of temporaries). Past it the
+/// process ends with [`MEMORY_MESSAGE`] (`sift_alloc`: a failed allocation cannot be recovered).
+pub fn memory_limit(input: usize) -> usize {
+    input.saturating_mul(8).saturating_add(64 << 20)
+}
+
+/// What the user reads when a rendering passes [`memory_limit`].
+pub const MEMORY_MESSAGE: &str = "the chat template took more memory than 8 x its messages + 64 MiB while rendering \
+     (a template that grows a value without end); check the model's tokenizer.chat_template or use another model";
 
 /// A writer that fails past a limit (the template's output is bounded while it is written).
 struct Bounded {
@@ -170,19 +194,21 @@ impl ChatTemplate {
         let tmpl = self.env.get_template("chat").map_err(ChatError::Render)?;
         let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
         let mut out = Bounded { out: Vec::new(), limit: output_limit(input), overflow: false };
-        let r = tmpl.render_captured_to(
-            minijinja::context! {
-                messages => Value::from_serialize(messages),
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-                add_generation_prompt => add_generation_prompt,
-                tools => Value::from(()),
-                functions => Value::from(()),
-                tool_choice => Value::from(()),
-                function_call => Value::from(()),
-            },
-            &mut out,
-        );
+        let r = sift_alloc::limited(memory_limit(input), MEMORY_MESSAGE, || {
+            tmpl.render_captured_to(
+                minijinja::context! {
+                    messages => Value::from_serialize(messages),
+                    bos_token => &self.bos_token,
+                    eos_token => &self.eos_token,
+                    add_generation_prompt => add_generation_prompt,
+                    tools => Value::from(()),
+                    functions => Value::from(()),
+                    tool_choice => Value::from(()),
+                    function_call => Value::from(()),
+                },
+                &mut out,
+            )
+        });
         match r {
             Ok(_) => String::from_utf8(out.out)
                 .map_err(|_| ChatError::Render(Error::new(ErrorKind::InvalidOperation, "the output is not UTF-8"))),

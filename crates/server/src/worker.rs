@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sift_engine::generate::Generator;
 use sift_engine::sparsity::Phase;
 use sift_engine::{GenerateOptions, Logits};
-use sift_model::chat::ChatTemplate;
+use sift_model::chat::{ChatMessage, ChatTemplate};
 use sift_model::tokenizer::Tokenizer;
 use sift_session::report::DecodeProbe;
 use sift_session::{Session, SessionOptions};
@@ -215,9 +215,21 @@ fn open(opts: &SessionOptions, request_reserve: u64) -> anyhow::Result<Loaded> {
     if let Some(line) = &session.planned {
         eprintln!("{line}");
     }
-    // The model's template, else ChatML; a template that does not compile leaves chat off.
+    // The model's template, else ChatML; a template that does not compile leaves chat off. It
+    // is tried once on a one-message conversation: a template that loops or grows without end
+    // (a hostile model file) shows it here, at start, rather than in a client's request.
     let template = match ChatTemplate::from_gguf_or_chatml(&session.engine.model.file.gguf, &session.tok) {
-        Ok(t) => Some(t),
+        Ok(t) => match t.apply(&[ChatMessage::user("Hello")], true) {
+            Err(e) if e.is_runaway() => {
+                eprintln!("sift: chat template unusable ({e}); /v1/chat/completions is off");
+                None
+            }
+            Err(e) => {
+                eprintln!("sift: warning: the chat template fails on a one-message conversation ({e})");
+                Some(t)
+            }
+            Ok(_) => Some(t),
+        },
         Err(e) => {
             eprintln!("sift: chat template unusable ({e}); /v1/chat/completions is off");
             None
