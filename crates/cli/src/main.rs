@@ -10,6 +10,7 @@ mod bench;
 mod calibrate;
 mod chat;
 mod eval;
+mod export_lora;
 mod generate;
 mod inspect;
 mod pack;
@@ -72,8 +73,11 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile
     Probe(probe::ProbeArgs),
-    /// Train sift's learned parts on the CPU (`train prefill`: FastForward's expert predictor)
+    /// Train sift's learned parts on the CPU (`train prefill`: FastForward's expert predictor;
+    /// `train distill`: LoRA adapters that recover what sparsity costs)
     Train(train::TrainArgs),
+    /// Fuse LoRA adapters into the model's weights and write a new GGUF, like llama-export-lora
+    ExportLora(export_lora::ExportLoraArgs),
 }
 
 fn main() {
@@ -94,6 +98,7 @@ fn main() {
         Command::Probe(a) => probe::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Train(a) => train::run(a),
+        Command::ExportLora(a) => export_lora::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

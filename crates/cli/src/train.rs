@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use sift_engine::predictor::{default_path, model_identity, ExpertPredictors};
 use sift_engine::{Engine, EngineOptions};
+use sift_model::layout::OpKind;
 use sift_train::collect::collect_blocks;
 use sift_train::compensate::{collect_errors, down_transposed, train_compensator, CompOptions};
 use sift_train::prefill::{recall, train_predictor, TrainOptions};
@@ -23,6 +24,65 @@ pub enum TrainCommand {
     /// FastForward's expert predictor for sparse prefill (--prefill-sparsity): per layer, which
     /// FFN neurons a 128-token block needs, learned from the model's own activations on TEXT
     Prefill(TrainPrefillArgs),
+    /// Sparsity-aware self-distillation (ActiveFlow §5) into LoRA adapters (DIP §4): the model
+    /// under a selector's masks learns the dense model's next-token distribution on TEXT; the
+    /// adapters load with --lora (sift's and llama.cpp's)
+    Distill(TrainDistillArgs),
+}
+
+#[derive(Args)]
+pub struct TrainDistillArgs {
+    /// Model file (.gguf; a pack's GGUF is used for a .sift)
+    #[arg(short = 'm', long = "model", default_value = crate::args::DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// Training text (plain text; the repository's evaluation sets are not for training)
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// The selector the adapters are trained under (--sparsity, --ratio, --calib, ... as for
+    /// generate); default topk
+    #[command(flatten)]
+    pub sparsity: sift_session::SparsityOptions,
+    /// The adapters' rank
+    #[arg(long = "rank", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub rank: u32,
+    /// LoRA alpha: the adapters are scaled by alpha / rank (default: 2 × rank)
+    #[arg(long = "lora-alpha")]
+    pub lora_alpha: Option<f32>,
+    /// The ops adapted: ffn (gate, up, down: DIP's choice), attn (q, k, v, output), all, or a
+    /// comma-separated list of q,k,v,o,gate,up,down
+    #[arg(long = "lora-ops", default_value = "ffn")]
+    pub lora_ops: String,
+    /// Tokens per training window (each step: one window, the teacher's and the student's
+    /// logits over all of it)
+    #[arg(long = "seq", default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=8192))]
+    pub seq: u32,
+    /// Optimizer steps (AdamW)
+    #[arg(long = "steps", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub steps: u32,
+    /// Learning rate
+    #[arg(long = "lr", default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Random seed (windows drawn, initial weights)
+    #[arg(long = "seed", default_value_t = 42)]
+    pub seed: u64,
+    /// The most tokens of TEXT read (the windows are drawn from them)
+    #[arg(long = "tokens", default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(16..=100_000_000))]
+    pub tokens: u32,
+    /// Output file, a GGUF LoRA (default: MODEL-METHOD-RATIO.lora.gguf beside the model)
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Write the adapters every N steps (a checkpoint `--resume` continues from; 0: at the end)
+    #[arg(long = "checkpoint-every", default_value_t = 50)]
+    pub checkpoint_every: u32,
+    /// Continue from the adapters at the output path (the optimizer's moments start again)
+    #[arg(long = "resume")]
+    pub resume: bool,
+    /// Threads to compute with (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Replace the output file if it exists
+    #[arg(long = "force")]
+    pub force: bool,
 }
 
 #[derive(Args)]
@@ -86,6 +146,7 @@ pub struct TrainPrefillArgs {
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     match a.what {
         TrainCommand::Prefill(a) => prefill(a),
+        TrainCommand::Distill(a) => distill(a),
     }
 }
 
@@ -259,6 +320,183 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         }
+    );
+    Ok(())
+}
+
+/// `--lora-ops` as a list of ops.
+fn parse_ops(s: &str) -> anyhow::Result<Vec<OpKind>> {
+    Ok(match s {
+        "ffn" => vec![OpKind::Gate, OpKind::Up, OpKind::Down],
+        "attn" => vec![OpKind::Q, OpKind::K, OpKind::V, OpKind::O],
+        "all" => OpKind::ALL.to_vec(),
+        list => {
+            let mut ops = Vec::new();
+            for name in list.split(',') {
+                let op = match name.trim() {
+                    "q" => OpKind::Q,
+                    "k" => OpKind::K,
+                    "v" => OpKind::V,
+                    "o" => OpKind::O,
+                    "gate" => OpKind::Gate,
+                    "up" => OpKind::Up,
+                    "down" => OpKind::Down,
+                    other => anyhow::bail!(
+                        "--lora-ops: unknown op '{other}' (ffn, attn, all, or a list of q,k,v,o,gate,up,down)"
+                    ),
+                };
+                if !ops.contains(&op) {
+                    ops.push(op);
+                }
+            }
+            ops
+        }
+    })
+}
+
+/// Where `sift train distill` keeps the optimizer's moments beside the adapters `out`.
+fn adam_path(out: &std::path::Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".adam");
+    PathBuf::from(s)
+}
+
+fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
+    use sift_engine::lora::LoraAdapters;
+    use sift_train::distill::{train, Adam, DistillOptions, LoraVars, Student};
+    anyhow::ensure!(a.lr.is_finite() && a.lr > 0.0 && a.lr < 1.0, "--lr must be in (0, 1), got {}", a.lr);
+    let ops = parse_ops(&a.lora_ops)?;
+    let rank = a.rank as usize;
+    let alpha = a.lora_alpha.unwrap_or(2.0 * rank as f32);
+    anyhow::ensure!(
+        alpha.is_finite() && alpha > 0.0 && alpha <= 1e4,
+        "--lora-alpha must be in (0, 10000], got {alpha}"
+    );
+    let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
+    let seq = a.seq as usize;
+    sift_session::budget::keep_large_blocks();
+    let eo = EngineOptions { n_threads: threads, n_ctx: seq, n_batch: seq, ..EngineOptions::default() };
+    // The GGUF itself (a pack's GGUF for a .sift): the student dequantizes its rows.
+    let (model, tok) = sift_session::load(&a.model, &eo, &sift_session::MemoryOptions::default())?;
+    let plain = sift_store::open_model(model.file.path())
+        .with_context(|| format!("cannot open '{}'", model.file.path().display()))?;
+    let method = a.sparsity.method.unwrap_or(sift_engine::sparsity::Method::TopK);
+    let mut sparsity = a.sparsity.clone();
+    sparsity.method = Some(method);
+    let mut selector = sparsity.selector(&plain)?;
+    let out = a.output.clone().unwrap_or_else(|| {
+        let mut s = plain.file.path().with_extension("").into_os_string();
+        s.push(format!("-{method}-{}.lora.gguf", sparsity.ratio));
+        PathBuf::from(s)
+    });
+    sift_output::check_new(&out, a.force || a.resume)?;
+    let init = if a.resume {
+        let l = LoraAdapters::load(&out, &plain)
+            .with_context(|| format!("--resume: cannot continue from '{}'", out.display()))?;
+        eprintln!("sift: resuming from '{}' after {} steps", out.display(), l.info.steps);
+        Some(l)
+    } else {
+        None
+    };
+    let text =
+        sift_output::read_regular(&a.file, 1 << 30).with_context(|| format!("cannot read '{}'", a.file.display()))?;
+    let text = String::from_utf8_lossy(&text);
+    let tokens = tok.encode_prefix(&text, true, false, a.tokens as usize);
+    anyhow::ensure!(
+        tokens.len() > seq,
+        "'{}' holds {} tokens, fewer than one window (--seq {seq})",
+        a.file.display(),
+        tokens.len()
+    );
+    let t0 = std::time::Instant::now();
+    let student = Student::from_model(&plain)?;
+    let lora = LoraVars::new(&plain, &ops, rank, alpha, a.seed, init.as_ref())?;
+    let vars = lora.all();
+    // The optimizer's moments: from the checkpoint beside the adapters when resuming (exactly
+    // where the last run stopped), else new.
+    let adam = match &init {
+        Some(l) => match sift_output::read_regular(&adam_path(&out), 1 << 34) {
+            Ok(bytes) => Adam::from_gguf(&bytes, &vars, a.lr)
+                .with_context(|| format!("--resume: '{}' does not fit the adapters", adam_path(&out).display()))?,
+            Err(_) => {
+                eprintln!(
+                    "sift: warning: no optimizer state at '{}': the moments start again",
+                    adam_path(&out).display()
+                );
+                let mut adam = Adam::new(&vars, a.lr)?;
+                adam.step = l.info.steps;
+                adam
+            }
+        },
+        None => Adam::new(&vars, a.lr)?,
+    };
+    let mut adam = adam;
+    anyhow::ensure!(
+        init.as_ref().is_none_or(|l| l.info.steps == adam.step),
+        "--resume: the adapters are at step {} and the optimizer state at {}: they are from different runs",
+        init.as_ref().map_or(0, |l| l.info.steps),
+        adam.step
+    );
+    eprintln!(
+        "sift: distilling {} under {} into rank-{rank} adapters on {} ({} trainable values, {:.1} s to load); {} tokens of text, windows of {seq}",
+        plain.file.path().display(),
+        selector.describe(),
+        a.lora_ops,
+        vars.iter().map(|v| v.as_tensor().elem_count()).sum::<usize>(),
+        t0.elapsed().as_secs_f64(),
+        tokens.len()
+    );
+    let mut teacher_engine = Engine::new(model, &eo);
+    let mut teacher = |w: &[u32]| -> anyhow::Result<Vec<f32>> {
+        teacher_engine.truncate(0);
+        Ok(teacher_engine.eval(w, sift_engine::Logits::All)?.to_vec())
+    };
+    let every = if a.checkpoint_every == 0 { a.steps } else { a.checkpoint_every } as usize;
+    let steps = a.steps as usize;
+    let arch = plain.config.arch.name();
+    let inputs = [a.file.as_path(), plain.file.path()];
+    let save = |lora: &LoraVars, adam: &Adam, loss: f32| -> anyhow::Result<()> {
+        let mut l = lora.to_adapters()?;
+        l.info = sift_engine::lora::DistillInfo {
+            method: method.to_string(),
+            ratio: sparsity.ratio as f32,
+            steps: adam.step,
+            tokens: adam.step * seq as u64,
+            seed: a.seed,
+            loss,
+        };
+        sift_output::write(&adam_path(&out), &inputs, &adam.to_gguf()?)?;
+        sift_output::write(&out, &inputs, &l.to_gguf(arch))?;
+        Ok(())
+    };
+    let t1 = std::time::Instant::now();
+    let first = adam.step;
+    let mut finished = 0usize;
+    let mut last = f32::NAN;
+    while finished < steps {
+        let n = every.min(steps - finished);
+        let o = DistillOptions { steps: n, seq, seed: a.seed };
+        last =
+            train(&student, &plain, selector.as_mut(), &lora, &mut adam, &tokens, &o, &mut teacher, &mut |k, loss| {
+                let k = (k - first) as usize;
+                let rate = (k * seq) as f64 / t1.elapsed().as_secs_f64();
+                eprint!(
+                    "\rsift: step {k}/{steps} KL {loss:.4} ({rate:.0} tokens/s, {:.0} s left)   ",
+                    (steps - k) as f64 * seq as f64 / rate
+                );
+                let _ = std::io::stderr().flush();
+                Ok(())
+            })?;
+        finished += n;
+        save(&lora, &adam, last)?;
+    }
+    eprintln!(
+        "\nsift: {} steps ({} tokens) in {:.0} s, final KL {last:.4} (mean of the last tenth); adapters written to '{}' (optimizer state: '{}')",
+        steps,
+        steps * seq,
+        t1.elapsed().as_secs_f64(),
+        out.display(),
+        adam_path(&out).display()
     );
     Ok(())
 }

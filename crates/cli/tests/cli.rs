@@ -924,6 +924,64 @@ fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
     assert!(!o.status.success() && text(&o.stderr).contains("m.gguf.prefill"), "{}", text(&o.stderr));
 }
 
+/// `sift train distill` writes a GGUF LoRA that `--lora` loads on a sparse run, resumes from it,
+/// and a damaged or foreign adapter file is refused naming the problem.
+#[test]
+fn train_distill_writes_adapters_that_lora_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let m = m.to_str().unwrap();
+    let wiki = root().join("tests/fixtures/wiki.test.head16k.raw");
+    let out = dir.path().join("a.lora.gguf");
+    let o_s = out.to_str().unwrap();
+    let train = ["train", "distill", "-m", m, "-f", wiki.to_str().unwrap(), "--seq", "32", "--rank", "4"];
+    let more = ["--tokens", "2000", "-t", "2", "-o", o_s, "--checkpoint-every", "1"];
+    let o = sift(&[&train[..], &more[..], &["--steps", "2", "--ratio", "0.5"]].concat());
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("adapters written"), "{}", text(&o.stderr));
+    let o = sift(&[&train[..], &more[..], &["--steps", "1", "--ratio", "0.5", "--resume"]].concat());
+    assert!(o.status.success() && text(&o.stderr).contains("after 2 steps"), "{}", text(&o.stderr));
+    let gen = |lora: &str| {
+        sift(&[
+            "generate",
+            "-m",
+            m,
+            "--sparsity",
+            "topk",
+            "--ratio",
+            "0.5",
+            "--lora",
+            lora,
+            "-p",
+            "The",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ])
+    };
+    let o = gen(o_s);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).len() > "The".len(), "{}", text(&o.stdout));
+    // For another architecture (the same bytes, 'llama' written 'qwen2'), cut short, absent.
+    let mut bytes = std::fs::read(&out).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"llama").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"qwen2");
+    let foreign = dir.path().join("foreign.gguf");
+    std::fs::write(&foreign, &bytes).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &std::fs::read(&out).unwrap()[..5000]).unwrap();
+    for (f, want) in
+        [(&foreign, "for a 'qwen2' model"), (&cut, "cut.gguf"), (&dir.path().join("none.gguf"), "none.gguf")]
+    {
+        let o = gen(f.to_str().unwrap());
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+        assert!(text(&o.stderr).contains(want) && !text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    }
+}
+
 /// Numeric flags out of range are refused with a message naming the range (issue 22): `-t` and
 /// `-b` at 2^40 used to abort in the allocator.
 #[test]

@@ -86,6 +86,20 @@ pub(crate) struct Scratch {
     head_scratch: Vec<u32>,
 }
 
+impl Scratch {
+    /// A site's input (`n` rows) and its ops' outputs (`n` rows each, in [`site_ops`] order).
+    fn site_io(&mut self, c: &Config, site: Site, n: usize) -> (&[f32], Vec<&mut [f32]>) {
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let Scratch { h, att, g, u, q, k, v, o, .. } = self;
+        match site {
+            Site::AttnIn => (&h[..n * e], vec![&mut q[..n * qd], &mut k[..n * kvd], &mut v[..n * kvd]]),
+            Site::AttnOut => (&att[..n * qd], vec![&mut o[..n * e]]),
+            Site::FfnIn => (&h[..n * e], vec![&mut g[..n * ff], &mut u[..n * ff]]),
+            Site::FfnMid => (&g[..n * ff], vec![&mut o[..n * e]]),
+        }
+    }
+}
+
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
 pub struct Engine {
     pub model: Model,
@@ -131,6 +145,8 @@ pub struct Engine {
     ffn_observer: Option<Box<dyn FfnObserver>>,
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
     pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
+    /// LoRA adapters added as side products on each op's masked input (`--lora`).
+    lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
 }
 
 /// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
@@ -217,6 +233,7 @@ impl Engine {
             hybrid: None,
             prefill_compensate: true,
             prefill_keep: None,
+            lora: None,
         }
     }
 
@@ -232,6 +249,16 @@ impl Engine {
     /// Runs the layers `gpu` holds on the GPU (see [`crate::gpu`]).
     pub fn attach_gpu(&mut self, gpu: GpuLayers) {
         self.gpu = Some(gpu);
+    }
+
+    /// Adds `lora`'s low-rank products to the ops it adapts, on their masked inputs (`--lora`;
+    /// `None`: none). Sparse prompt blocks (FastForward) then run through the ordinary sites.
+    pub fn set_lora(&mut self, lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>) {
+        self.lora = lora;
+    }
+
+    pub fn lora(&self) -> Option<&crate::lora::LoraAdapters> {
+        self.lora.as_deref()
     }
 
     /// Uses `p` to choose the neurons of sparse prompt blocks ([`PrefillMasks::Predicted`]).
@@ -600,7 +627,12 @@ impl Engine {
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
         // Sparse prefill reads GGUF rows and pack columns directly: not under a memory budget
         // (the tiered store's reads) yet.
-        if self.sparse_block && self.store().is_none() && !self.gpu_holds(l) && self.ffn_observer.is_none() {
+        if self.sparse_block
+            && self.store().is_none()
+            && !self.gpu_holds(l)
+            && self.ffn_observer.is_none()
+            && self.lora.is_none()
+        {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;
@@ -617,7 +649,12 @@ impl Engine {
     /// One selection site: choose the active inputs, then run the site's products.
     fn site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let subset = self.select_and_mask(l, site, n);
-        self.project(l, n, site, subset)
+        self.project(l, n, site, subset)?;
+        if let Some(lora) = &self.lora {
+            let (x, mut outs) = self.s.site_io(&self.model.config, site, n);
+            lora.apply(l, site, x, n, &mut outs);
+        }
+        Ok(())
     }
 
     /// A site's products on the dense (unmasked) input, without asking the selector.
@@ -763,15 +800,8 @@ impl Engine {
     /// set needs no row gather here: the selector masks the other neurons at the down projection.
     fn project_gpu(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let Engine { model, s, gpu, .. } = self;
-        let c = &model.config;
-        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
-        let Scratch { h, att, g, u, q, k, v, o, .. } = s;
-        let (x, width, mut outs): (&[f32], usize, Vec<&mut [f32]>) = match site {
-            Site::AttnIn => (&h[..n * e], e, vec![&mut q[..n * qd], &mut k[..n * kvd], &mut v[..n * kvd]]),
-            Site::AttnOut => (&att[..n * qd], qd, vec![&mut o[..n * e]]),
-            Site::FfnIn => (&h[..n * e], e, vec![&mut g[..n * ff], &mut u[..n * ff]]),
-            Site::FfnMid => (&g[..n * ff], ff, vec![&mut o[..n * e]]),
-        };
+        let (x, mut outs) = s.site_io(&model.config, site, n);
+        let width = x.len() / n;
         gpu.as_mut().expect("called for held layers").project(l, site, x, width, n, &mut outs)?;
         Ok(())
     }

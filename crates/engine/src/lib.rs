@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gpu;
 pub mod hybrid;
 pub mod kv;
+pub mod lora;
 pub mod matmul;
 mod options;
 pub mod perplexity;

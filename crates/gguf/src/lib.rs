@@ -20,6 +20,7 @@ mod gguf;
 mod reader;
 mod types;
 mod value;
+pub mod write;
 
 pub use error::GgufError;
 pub use file::{GgufFile, MappedFile};
@@ -27,3 +28,4 @@ pub use ftype::{file_type_name, FILE_TYPE_KEY};
 pub use gguf::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
 pub use value::{MetaArray, MetaValue, StrArray};
+pub use write::{GgufWriter, WriteValue};

@@ -302,8 +302,14 @@ fn build_engine(
     for (flag, t) in [("--cache-type-k", eo.cache_type_k), ("--cache-type-v", eo.cache_type_v)] {
         t.check_head_dim(model.config.head_dim).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     }
+    // Adapters first: under a budget the memory they take is counted with the runtime.
+    let lora = match &sparsity.lora {
+        Some(p) => Some(std::sync::Arc::new(sift_engine::lora::LoraAdapters::load(p, &model)?)),
+        None => None,
+    };
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
+        engine.set_lora(lora);
         sparsity.apply(&mut engine)?;
         attach_prefill_predictor(&mut engine, path, sparsity)?;
         attach_gpu(&mut engine, &memory.gpu)?;
@@ -335,6 +341,7 @@ fn build_engine(
         pin_hot_set(&model, &mut store, sparsity.calib.as_deref())?;
     }
     let mut engine = Engine::new(model, eo);
+    engine.set_lora(lora);
     engine.attach_store(store)?;
     sparsity.apply(&mut engine)?;
     Ok((engine, planned, Some(profile)))

@@ -102,6 +102,10 @@ pub struct SparsityOptions {
     /// the attention mass recorded in the predictor file, when it has one) or uniform
     #[arg(long = "prefill-schedule", default_value = "layerwise", value_parser = ["layerwise", "uniform"])]
     pub prefill_schedule: String,
+    /// LoRA adapters (a GGUF LoRA, as llama.cpp's --lora; `sift train distill` makes them to
+    /// recover what sparsity costs), added on each adapted op's masked input
+    #[arg(long = "lora", value_name = "FILE")]
+    pub lora: Option<PathBuf>,
 }
 
 /// `auto` (`None`), `on` or `off`. (An alias, so that clap takes the value as parsed.)
@@ -192,6 +196,7 @@ impl SparsityOptions {
             prefill_predictor: None,
             prefill_compensator: None,
             prefill_schedule: "layerwise".into(),
+            lora: None,
         }
     }
 

@@ -7,6 +7,8 @@
 //!   layer and block, the FFN's input and each neuron's activation norm (GRIFFIN's labels).
 //! - [`prefill`]: FastForward's expert predictor, trained with the paper's weighted BCE, saved
 //!   as `sift_engine::predictor::ExpertPredictors`.
+//! - [`distill`]: sparsity-aware self-distillation into LoRA adapters (ActiveFlow §5, DIP §4):
+//!   the model in candle under a selector's masks, KL to the dense engine's logits.
 //! - [`compensate`]: FastForward's error compensator, trained by layerwise distillation on the
 //!   model's own errors under the oracle's and the predictor's masks, saved in the same file.
 
@@ -14,5 +16,6 @@
 
 pub mod collect;
 pub mod compensate;
+pub mod distill;
 pub mod prefill;
 pub mod schedule;

@@ -1,0 +1,468 @@
+//! Sparsity-aware self-distillation (ActiveFlow §5) into LoRA adapters (DIP §4).
+//!
+//! The student is the model itself in candle, f32 weights dequantized from the GGUF and frozen,
+//! run with a sift selector's masks at every site it sparsifies (the same `Selector` the engine
+//! runs, so any method trains), plus trainable rank-r adapters `s · B·(A·x)` on the chosen ops,
+//! computed on the op's masked input (where the engine adds them). The teacher is the dense model
+//! as sift runs it (the engine's logits on the same tokens). The loss is the KL divergence from
+//! the teacher's next-token distribution to the student's, averaged over tokens.
+//!
+//! The mask passes gradients straight through ([`ste_mask`]: forward `x ⊙ m`, backward the
+//! identity), as ActiveFlow trains through its Top-K: the adapters of earlier layers learn from
+//! every channel, not only the ones the mask happened to keep.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sift_engine::lora::{LoraAdapters, OpAdapter};
+use sift_engine::sparsity::{Phase, Selection, Selector, Site};
+use sift_model::layout::OpKind;
+use sift_model::{Model, QTensor, RopeStyle};
+
+/// Straight-through masking: `x ⊙ mask` forward, the identity backward.
+pub fn ste_mask(x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let masked = x.mul(mask)?;
+    x.add(&(masked - x)?.detach())
+}
+
+/// A weight matrix dequantized to f32 (`rows × cols`).
+fn dequantize(model: &Model, w: &QTensor) -> anyhow::Result<Tensor> {
+    anyhow::ensure!(!w.packed, "{}: distillation needs the weights in their GGUF layout (not repacked)", w.name);
+    let mut out = vec![0f32; w.rows * w.cols];
+    for (r, row) in out.chunks_exact_mut(w.cols).enumerate() {
+        w.ty.dequantize_row(model.row(w, r), row);
+    }
+    Ok(Tensor::from_vec(out, (w.rows, w.cols), &Device::Cpu)?)
+}
+
+struct StudentLayer {
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    /// In [`OpKind::ALL`] order: rows = outputs, cols = inputs.
+    w: Vec<Tensor>,
+    bias: [Option<Tensor>; 3],
+}
+
+/// The frozen f32 model the adapters train on.
+pub struct Student {
+    layers: Vec<StudentLayer>,
+    output_norm: Tensor,
+    output: Tensor,
+    cfg: sift_model::Config,
+    /// The token embedding rows, dequantized on demand.
+    embd: QTensor,
+}
+
+/// Trainable adapters: per layer, per op in [`OpKind::ALL`] order, `(A: r × n_in, B: n_out × r)`.
+pub struct LoraVars {
+    pub vars: Vec<Vec<Option<(Var, Var)>>>,
+    pub rank: usize,
+    pub alpha: f32,
+}
+
+impl Student {
+    pub fn from_model(model: &Model) -> anyhow::Result<Student> {
+        let c = &model.config;
+        anyhow::ensure!(
+            c.rope_dim == c.head_dim,
+            "distillation needs RoPE over the whole head (rope_dim {} of {})",
+            c.rope_dim,
+            c.head_dim
+        );
+        let dev = Device::Cpu;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for lw in &model.layers {
+            let w = OpKind::ALL.iter().map(|&op| dequantize(model, lw.op(op))).collect::<anyhow::Result<Vec<_>>>()?;
+            let b = |v: &Option<Vec<f32>>| v.as_ref().map(|v| Tensor::from_slice(v, v.len(), &dev)).transpose();
+            layers.push(StudentLayer {
+                attn_norm: Tensor::from_slice(&lw.attn_norm, c.n_embd, &dev)?,
+                ffn_norm: Tensor::from_slice(&lw.ffn_norm, c.n_embd, &dev)?,
+                w,
+                bias: [b(&lw.bq)?, b(&lw.bk)?, b(&lw.bv)?],
+            });
+        }
+        Ok(Student {
+            layers,
+            output_norm: Tensor::from_slice(&model.output_norm, c.n_embd, &dev)?,
+            output: dequantize(model, &model.output)?,
+            cfg: c.clone(),
+            embd: model.tok_embd.clone(),
+        })
+    }
+
+    fn embed(&self, model: &Model, tokens: &[u32]) -> anyhow::Result<Tensor> {
+        let d = self.cfg.n_embd;
+        let mut x = vec![0f32; tokens.len() * d];
+        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+            anyhow::ensure!((t as usize) < self.embd.rows, "token {t} outside the vocabulary");
+            self.embd.ty.dequantize_row(model.row(&self.embd, t as usize), row);
+        }
+        Ok(Tensor::from_vec(x, (tokens.len(), d), &Device::Cpu)?)
+    }
+
+    /// RoPE tables for positions `0..t` (t × head_dim/2).
+    fn rope_tables(&self, t: usize) -> anyhow::Result<(Tensor, Tensor)> {
+        let half = self.cfg.head_dim / 2;
+        // ggml's theta: pos · base^(-2i/dim), iterated in f32 as the engine does.
+        let scale = self.cfg.rope_base.powf(-2.0 / self.cfg.rope_dim as f32);
+        let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
+        for p in 0..t {
+            let mut theta = p as f32;
+            for _ in 0..half {
+                let (s, c) = theta.sin_cos();
+                cos.push(c);
+                sin.push(s);
+                theta *= scale;
+            }
+        }
+        let dev = Device::Cpu;
+        Ok((Tensor::from_vec(cos, (t, half), &dev)?, Tensor::from_vec(sin, (t, half), &dev)?))
+    }
+
+    /// The student's logits (T × vocab) for `tokens` from position 0: `selector` masks every site
+    /// (`None`: dense), `lora` adds its adapters.
+    pub fn forward(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        mut selector: Option<&mut dyn Selector>,
+        lora: Option<&LoraVars>,
+    ) -> anyhow::Result<Tensor> {
+        let c = &self.cfg;
+        let t = tokens.len();
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_head_kv);
+        let mut x = self.embed(model, tokens)?;
+        let (cos, sin) = self.rope_tables(t)?;
+        let causal: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+        let causal = Tensor::from_vec(causal, (t, t), &Device::Cpu)?;
+        if let Some(s) = selector.as_deref_mut() {
+            s.reset();
+            s.begin_batch(Phase::Generate);
+        }
+        let mut active = Vec::new();
+        for (l, lw) in self.layers.iter().enumerate() {
+            let mut site = |x: Tensor, site: Site| -> anyhow::Result<Tensor> {
+                match selector.as_deref_mut() {
+                    Some(s) => mask_site(s, l, site, x, &mut active),
+                    None => Ok(x),
+                }
+            };
+            let lin = |x: &Tensor, op: OpKind| -> anyhow::Result<Tensor> {
+                let i = OpKind::ALL.iter().position(|&o| o == op).expect("in ALL");
+                let mut y = x.matmul(&lw.w[i].t()?)?;
+                if let Some((a, b)) = lora.and_then(|v| v.vars[l][i].as_ref()) {
+                    let s = (lora.expect("checked").alpha / lora.expect("checked").rank as f32) as f64;
+                    y = (y + (x.matmul(&a.as_tensor().t()?)?.matmul(&b.as_tensor().t()?)? * s)?)?;
+                }
+                Ok(y)
+            };
+            // Attention.
+            let h = candle_nn::ops::rms_norm_slow(&x, &lw.attn_norm, c.rms_eps)?;
+            let h = site(h, Site::AttnIn)?;
+            let mut q = lin(&h, OpKind::Q)?;
+            let mut k = lin(&h, OpKind::K)?;
+            let mut v = lin(&h, OpKind::V)?;
+            if let Some(b) = &lw.bias[0] {
+                q = q.broadcast_add(b)?;
+            }
+            if let Some(b) = &lw.bias[1] {
+                k = k.broadcast_add(b)?;
+            }
+            if let Some(b) = &lw.bias[2] {
+                v = v.broadcast_add(b)?;
+            }
+            let heads = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
+                x.reshape((t, n, hd))?.transpose(0, 1)?.contiguous()?.unsqueeze(0)
+            };
+            let (q, k, v) = (heads(q, nh)?, heads(k, nkv)?, heads(v, nkv)?);
+            let (q, k) = match c.rope_style {
+                RopeStyle::Interleaved => (
+                    candle_nn::rotary_emb::rope_i_slow(&q, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope_i_slow(&k, &cos, &sin)?,
+                ),
+                RopeStyle::Neox => (
+                    candle_nn::rotary_emb::rope_slow(&q, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope_slow(&k, &cos, &sin)?,
+                ),
+            };
+            // Grouped-query attention: query head h reads kv head h / (nh / nkv).
+            let g = nh / nkv;
+            let expand = |x: Tensor| -> candle_core::Result<Tensor> {
+                x.squeeze(0)?.unsqueeze(1)?.broadcast_as((nkv, g, t, hd))?.contiguous()?.reshape((nh, t, hd))
+            };
+            let (q, k, v) = (q.squeeze(0)?, expand(k)?, expand(v)?);
+            let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&causal)?;
+            let p = candle_nn::ops::softmax_last_dim(&scores)?;
+            let att = p.matmul(&v)?.transpose(0, 1)?.reshape((t, nh * hd))?;
+            let att = site(att, Site::AttnOut)?;
+            x = (x + lin(&att, OpKind::O)?)?;
+            // Feed-forward.
+            let h = candle_nn::ops::rms_norm_slow(&x, &lw.ffn_norm, c.rms_eps)?;
+            let h = site(h, Site::FfnIn)?;
+            let glu = (candle_nn::ops::silu(&lin(&h, OpKind::Gate)?)? * lin(&h, OpKind::Up)?)?;
+            let glu = site(glu, Site::FfnMid)?;
+            x = (x + lin(&glu, OpKind::Down)?)?;
+        }
+        if let Some(s) = selector {
+            s.end_batch(Phase::Generate);
+        }
+        let x = candle_nn::ops::rms_norm_slow(&x, &self.output_norm, c.rms_eps)?;
+        Ok(x.matmul(&self.output.t()?)?)
+    }
+}
+
+/// Asks `selector` for each row of `x` at `site` and masks the inactive inputs (straight
+/// through).
+fn mask_site(
+    selector: &mut dyn Selector,
+    l: usize,
+    site: Site,
+    x: Tensor,
+    active: &mut Vec<u32>,
+) -> anyhow::Result<Tensor> {
+    let rows = x.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let width = rows.first().map_or(0, Vec::len);
+    let mut mask = vec![1f32; rows.len() * width];
+    let mut any = false;
+    for (row, m) in rows.iter().zip(mask.chunks_exact_mut(width)) {
+        if selector.select(l, site, Phase::Generate, row, active) == Selection::Subset {
+            any = true;
+            m.iter_mut().for_each(|v| *v = 0.0);
+            for &j in active.iter() {
+                if let Some(v) = m.get_mut(j as usize) {
+                    *v = 1.0;
+                }
+            }
+        }
+    }
+    if !any {
+        return Ok(x);
+    }
+    let mask = Tensor::from_vec(mask, (rows.len(), width), &Device::Cpu)?;
+    Ok(ste_mask(&x, &mask)?)
+}
+
+impl LoraVars {
+    /// New adapters on `ops` of every layer: A Gaussian (std 1/√n_in), B zero (the student starts
+    /// as the sparse model itself); or `init`'s values where it has them (a resumed run).
+    pub fn new(
+        model: &Model,
+        ops: &[OpKind],
+        rank: usize,
+        alpha: f32,
+        seed: u64,
+        init: Option<&LoraAdapters>,
+    ) -> anyhow::Result<LoraVars> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let dev = Device::Cpu;
+        let mut vars = Vec::with_capacity(model.layers.len());
+        for (l, lw) in model.layers.iter().enumerate() {
+            let mut row = Vec::with_capacity(7);
+            for op in OpKind::ALL {
+                if !ops.contains(&op) {
+                    row.push(None);
+                    continue;
+                }
+                let w = lw.op(op);
+                let (n_in, n_out) = (w.cols, w.rows);
+                let (a, b) = match init.and_then(|i| i.get(l, op)).filter(|a| a.rank == rank) {
+                    Some(a) => {
+                        let mut am = vec![0f32; rank * n_in];
+                        for j in 0..n_in {
+                            for i in 0..rank {
+                                am[i * n_in + j] = a.a_t[j * rank + i];
+                            }
+                        }
+                        (am, sift_engine::lora::transpose(&a.b_t, rank, a.n_out))
+                    }
+                    None => {
+                        let std = 1.0 / (n_in as f32).sqrt();
+                        let am = (0..rank * n_in)
+                            .map(|_| {
+                                let (u1, u2): (f32, f32) = (rng.random::<f32>().max(1e-7), rng.random::<f32>());
+                                std * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f32::consts::PI * u2).cos()
+                            })
+                            .collect();
+                        (am, vec![0f32; n_out * rank])
+                    }
+                };
+                row.push(Some((Var::from_vec(a, (rank, n_in), &dev)?, Var::from_vec(b, (n_out, rank), &dev)?)));
+            }
+            vars.push(row);
+        }
+        Ok(LoraVars { vars, rank, alpha })
+    }
+
+    pub fn all(&self) -> Vec<Var> {
+        self.vars.iter().flatten().flatten().flat_map(|(a, b)| [a.clone(), b.clone()]).collect()
+    }
+
+    /// The adapters as the engine applies them.
+    pub fn to_adapters(&self) -> anyhow::Result<LoraAdapters> {
+        let mut out = LoraAdapters::empty(self.vars.len(), self.alpha);
+        for (l, row) in self.vars.iter().enumerate() {
+            for (op, v) in OpKind::ALL.iter().zip(row) {
+                let Some((a, b)) = v else { continue };
+                let (r, n_in) = a.as_tensor().dims2()?;
+                let n_out = b.as_tensor().dims2()?.0;
+                let a_t = a.as_tensor().t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                let b_t = b.as_tensor().t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                out.set(l, *op, OpAdapter { n_in, n_out, rank: r, a_t, b_t });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The KL divergence from `teacher` (logits, T × V) to `student` (logits, T × V), mean over rows.
+pub fn kl_loss(teacher: &Tensor, student: &Tensor) -> candle_core::Result<Tensor> {
+    let lp = candle_nn::ops::log_softmax(teacher, D::Minus1)?;
+    let p = lp.exp()?;
+    let lq = candle_nn::ops::log_softmax(student, D::Minus1)?;
+    let t = teacher.dims2()?.0 as f64;
+    (p * (lp - lq)?)?.sum_all()? / t
+}
+
+/// AdamW (decoupled weight decay 0) over the adapters, with its moments kept so that a run
+/// resumed from a checkpoint continues exactly where it stopped.
+pub struct Adam {
+    pub lr: f64,
+    /// Steps taken (over every run that led here).
+    pub step: u64,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+const BETA1: f64 = 0.9;
+const BETA2: f64 = 0.999;
+const EPS: f64 = 1e-8;
+
+impl Adam {
+    /// Zero moments for `vars`.
+    pub fn new(vars: &[Var], lr: f64) -> candle_core::Result<Adam> {
+        let zeros = |v: &Var| v.as_tensor().zeros_like();
+        Ok(Adam {
+            lr,
+            step: 0,
+            m: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
+            v: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
+        })
+    }
+
+    /// One update of `vars` from the gradients of `loss`.
+    pub fn backward_step(&mut self, vars: &[Var], loss: &Tensor) -> candle_core::Result<()> {
+        let grads = loss.backward()?;
+        self.step += 1;
+        let t = self.step as i32;
+        let (c1, c2) = (1.0 - BETA1.powi(t), 1.0 - BETA2.powi(t));
+        for (i, var) in vars.iter().enumerate() {
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            self.m[i] = ((&self.m[i] * BETA1)? + (g * (1.0 - BETA1))?)?;
+            self.v[i] = ((&self.v[i] * BETA2)? + (g.sqr()? * (1.0 - BETA2))?)?;
+            let mhat = (&self.m[i] / c1)?;
+            let vhat = (&self.v[i] / c2)?;
+            let delta = (mhat / (vhat.sqrt()? + EPS)?)?;
+            var.set(&(var.as_tensor() - (delta * self.lr)?)?)?;
+        }
+        Ok(())
+    }
+
+    /// The moments and the step count as a GGUF (`OUT.adam` beside the adapters).
+    pub fn to_gguf(&self) -> anyhow::Result<Vec<u8>> {
+        let mut w = sift_gguf::GgufWriter::new();
+        w.meta("sift.adam.step", sift_gguf::WriteValue::U64(self.step));
+        for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
+            for (name, t) in [("m", m), ("v", v)] {
+                let (r, c) = t.dims2()?;
+                w.tensor_f32(&format!("{i}.{name}"), r, c, t.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
+        Ok(w.to_bytes())
+    }
+
+    /// Moments for `vars` read back from [`Adam::to_gguf`]'s bytes; refused when they do not fit.
+    pub fn from_gguf(bytes: &[u8], vars: &[Var], lr: f64) -> anyhow::Result<Adam> {
+        let g = sift_gguf::Gguf::parse(bytes)?;
+        let step = g.get_u64("sift.adam.step").ok_or_else(|| anyhow::anyhow!("no step count"))?;
+        let mut adam = Adam::new(vars, lr)?;
+        adam.step = step;
+        for (i, var) in vars.iter().enumerate() {
+            let (r, c) = var.as_tensor().dims2()?;
+            for (name, slot) in [("m", &mut adam.m[i]), ("v", &mut adam.v[i])] {
+                let key = format!("{i}.{name}");
+                let t =
+                    g.tensor(&key).ok_or_else(|| anyhow::anyhow!("'{key}' is missing: the adapters changed shape"))?;
+                anyhow::ensure!(
+                    t.dims == [c as u64, r as u64] && t.ty == sift_gguf::GgmlType::F32,
+                    "'{key}' has another shape"
+                );
+                let at = (g.data_offset + t.offset) as usize;
+                let raw = bytes.get(at..at + 4 * r * c).ok_or_else(|| anyhow::anyhow!("'{key}' lies past the end"))?;
+                let vals: Vec<f32> =
+                    raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                anyhow::ensure!(vals.iter().all(|x| x.is_finite()), "'{key}' holds non-finite values");
+                *slot = Tensor::from_vec(vals, (r, c), &Device::Cpu)?;
+            }
+        }
+        Ok(adam)
+    }
+}
+
+/// Training settings.
+#[derive(Clone, Debug)]
+pub struct DistillOptions {
+    /// Steps of this call.
+    pub steps: usize,
+    pub seq: usize,
+    pub seed: u64,
+}
+
+/// Where the window of global step `step` starts: drawn from `seed` and the step alone, so a run
+/// cut into pieces (checkpoints, `--resume`) draws the windows one run would.
+fn window_start(seed: u64, step: u64, n: usize) -> usize {
+    let mut rng = StdRng::seed_from_u64(seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    rng.random_range(0..n)
+}
+
+/// Trains `lora` for `o.steps` steps, continuing `adam` (its step count places the windows), on
+/// windows of `tokens` (each `o.seq` long): `teacher(window)` gives the dense logits (T × V,
+/// row-major). `progress(step, loss)` after each step (the global step). Returns the mean loss
+/// of the last tenth of the steps.
+#[allow(clippy::too_many_arguments)]
+pub fn train(
+    student: &Student,
+    model: &Model,
+    selector: &mut dyn Selector,
+    lora: &LoraVars,
+    adam: &mut Adam,
+    tokens: &[u32],
+    o: &DistillOptions,
+    teacher: &mut dyn FnMut(&[u32]) -> anyhow::Result<Vec<f32>>,
+    progress: &mut dyn FnMut(u64, f32) -> anyhow::Result<()>,
+) -> anyhow::Result<f32> {
+    anyhow::ensure!(
+        tokens.len() > o.seq,
+        "the training text has {} tokens, fewer than one window of {}",
+        tokens.len(),
+        o.seq
+    );
+    let vars = lora.all();
+    let vocab = student.cfg.n_vocab;
+    let tail = (o.steps / 10).max(1);
+    let mut tail_sum = 0.0f64;
+    for i in 0..o.steps {
+        let start = window_start(o.seed, adam.step, tokens.len() - o.seq);
+        let window = &tokens[start..start + o.seq];
+        let t = Tensor::from_vec(teacher(window)?, (o.seq, vocab), &Device::Cpu)?;
+        let s = student.forward(model, window, Some(&mut *selector), Some(lora))?;
+        let loss = kl_loss(&t, &s)?;
+        let v = loss.to_scalar::<f32>()?;
+        anyhow::ensure!(v.is_finite(), "the loss became {v} at step {}: lower --lr", adam.step + 1);
+        adam.backward_step(&vars, &loss)?;
+        if i + tail >= o.steps {
+            tail_sum += v as f64;
+        }
+        progress(adam.step, v)?;
+    }
+    Ok((tail_sum / tail.min(o.steps) as f64) as f32)
+}
