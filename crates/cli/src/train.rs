@@ -83,6 +83,21 @@ pub struct TrainDistillArgs {
     /// Replace the output file if it exists
     #[arg(long = "force")]
     pub force: bool,
+    /// Do not write the fused model (by default the adapters are also fused into the weights
+    /// and written as OUT without `.lora`: a GGUF that decodes as fast as the original, which
+    /// sift and llama.cpp load like any model)
+    #[arg(long = "no-fuse")]
+    pub no_fuse: bool,
+}
+
+/// The fused model's path beside the adapters `out`: `X.lora.gguf` → `X.gguf`, else
+/// `out.fused.gguf`.
+fn fused_path(out: &std::path::Path) -> PathBuf {
+    let s = out.to_string_lossy();
+    match s.strip_suffix(".lora.gguf") {
+        Some(stem) => PathBuf::from(format!("{stem}.gguf")),
+        None => PathBuf::from(format!("{s}.fused.gguf")),
+    }
 }
 
 #[derive(Args)]
@@ -390,6 +405,9 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         PathBuf::from(s)
     });
     sift_output::check_new(&out, a.force || a.resume)?;
+    if !a.no_fuse {
+        sift_output::check_new(&fused_path(&out), a.force || a.resume)?;
+    }
     let init = if a.resume {
         let l = LoraAdapters::load(&out, &plain)
             .with_context(|| format!("--resume: cannot continue from '{}'", out.display()))?;
@@ -431,6 +449,9 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         None => Adam::new(&vars, a.lr)?,
     };
     let mut adam = adam;
+    // The learning-rate schedule spans the first run's --steps; a resumed run keeps it (and
+    // continues exactly), or stretches it when asked for more steps than it planned.
+    adam.horizon = adam.horizon.max(adam.step + a.steps as u64);
     anyhow::ensure!(
         init.as_ref().is_none_or(|l| l.info.steps == adam.step),
         "--resume: the adapters are at step {} and the optimizer state at {}: they are from different runs",
@@ -498,5 +519,17 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         out.display(),
         adam_path(&out).display()
     );
+    if !a.no_fuse {
+        let t2 = std::time::Instant::now();
+        let fused = fused_path(&out);
+        let bytes =
+            sift_engine::lora::fuse(&plain, &lora.to_adapters()?).map_err(|e| anyhow::anyhow!("fusing: {e}"))?;
+        sift_output::write(&fused, &[a.file.as_path(), plain.file.path()], &bytes)?;
+        eprintln!(
+            "sift: fused into the weights and re-quantized in {:.1} s: '{}' (run it as any model; --no-fuse skips this)",
+            t2.elapsed().as_secs_f64(),
+            fused.display()
+        );
+    }
     Ok(())
 }

@@ -924,8 +924,9 @@ fn train_prefill_writes_a_predictor_that_sparse_prefill_finds() {
     assert!(!o.status.success() && text(&o.stderr).contains("m.gguf.prefill"), "{}", text(&o.stderr));
 }
 
-/// `sift train distill` writes a GGUF LoRA that `--lora` loads on a sparse run, resumes from it,
-/// and a damaged or foreign adapter file is refused naming the problem.
+/// `sift train distill` writes a GGUF LoRA that `--lora` loads on a sparse run and the fused
+/// model beside it, resumes from them, and a damaged or foreign adapter file is refused naming
+/// the problem.
 #[test]
 fn train_distill_writes_adapters_that_lora_loads() {
     let dir = tempfile::tempdir().unwrap();
@@ -965,6 +966,11 @@ fn train_distill_writes_adapters_that_lora_loads() {
     let o = gen(o_s);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stdout).len() > "The".len(), "{}", text(&o.stdout));
+    // The fused model beside the adapters runs as any GGUF, the same size as the original.
+    let fused = dir.path().join("a.gguf");
+    assert_eq!(std::fs::metadata(&fused).unwrap().len(), std::fs::metadata(m).unwrap().len());
+    let o = sift(&["generate", "-m", fused.to_str().unwrap(), "-p", "The", "-n", "2", "--temp", "0", "-t", "2"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
     // For another architecture (the same bytes, 'llama' written 'qwen2'), cut short, absent.
     let mut bytes = std::fs::read(&out).unwrap();
     let at = bytes.windows(5).position(|w| w == b"llama").unwrap();

@@ -116,21 +116,9 @@ impl LoraAdapters {
             let s = self.user_scale * self.alpha / a.rank as f32;
             let mut z = vec![0f32; a.rank];
             for t in 0..n {
-                z.iter_mut().for_each(|v| *v = 0.0);
-                for (&xj, col) in x[t * a.n_in..(t + 1) * a.n_in].iter().zip(a.a_t.chunks_exact(a.rank)) {
-                    if xj != 0.0 {
-                        for (zi, &w) in z.iter_mut().zip(col) {
-                            *zi += xj * w;
-                        }
-                    }
-                }
+                let x = &x[t * a.n_in..(t + 1) * a.n_in];
                 let out = &mut out[t * a.n_out..(t + 1) * a.n_out];
-                for (&zi, brow) in z.iter().zip(a.b_t.chunks_exact(a.n_out)) {
-                    let zi = s * zi;
-                    for (o, &b) in out.iter_mut().zip(brow) {
-                        *o += zi * b;
-                    }
-                }
+                crate::vecops::low_rank_add(x, &a.a_t, &a.b_t, s, &mut z, out);
             }
         }
     }

@@ -58,6 +58,29 @@ multiversion! {
 }
 
 multiversion! {
+    /// out += s · B·(A·x) for one token, with Aᵀ (`x.len()` rows of r = `z.len()`) and Bᵀ (r rows
+    /// of `out.len()`): a LoRA adapter's side product. Zero inputs (masked) are skipped; `z` is
+    /// scratch.
+    pub fn low_rank_add(x: &[f32], a_t: &[f32], b_t: &[f32], s: f32, z: &mut [f32], out: &mut [f32]) {
+        let r = z.len();
+        z.fill(0.0);
+        for (&xj, col) in x.iter().zip(a_t.chunks_exact(r)) {
+            if xj != 0.0 {
+                for (zi, &w) in z.iter_mut().zip(col) {
+                    *zi += xj * w;
+                }
+            }
+        }
+        for (&zi, brow) in z.iter().zip(b_t.chunks_exact(out.len())) {
+            let zi = s * zi;
+            for (o, &b) in out.iter_mut().zip(brow) {
+                *o += zi * b;
+            }
+        }
+    }
+}
+
+multiversion! {
     /// y += x.
     pub fn add_assign(y: &mut [f32], x: &[f32]) {
         for (y, x) in y.iter_mut().zip(x) {

@@ -326,9 +326,14 @@ pub fn kl_loss(teacher: &Tensor, student: &Tensor) -> candle_core::Result<Tensor
 /// AdamW (decoupled weight decay 0) over the adapters, with its moments kept so that a run
 /// resumed from a checkpoint continues exactly where it stopped.
 pub struct Adam {
+    /// The peak learning rate.
     pub lr: f64,
     /// Steps taken (over every run that led here).
     pub step: u64,
+    /// The schedule's length: a linear warm-up over its first 5 %, then a cosine from `lr` down
+    /// to `lr / 10` at `horizon`, `lr / 10` after (0: `lr` throughout). One window per step is a
+    /// noisy gradient; the decay makes the adapters the run ends with its settled ones.
+    pub horizon: u64,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
 }
@@ -344,15 +349,30 @@ impl Adam {
         Ok(Adam {
             lr,
             step: 0,
+            horizon: 0,
             m: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
             v: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
         })
+    }
+
+    /// The learning rate of step `step` (1-based).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if self.horizon == 0 {
+            return self.lr;
+        }
+        let warm = (self.horizon / 20).max(1);
+        if step <= warm {
+            return self.lr * step as f64 / warm as f64;
+        }
+        let t = ((step - warm) as f64 / (self.horizon - warm).max(1) as f64).min(1.0);
+        self.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()))
     }
 
     /// One update of `vars` from the gradients of `loss`.
     pub fn backward_step(&mut self, vars: &[Var], loss: &Tensor) -> candle_core::Result<()> {
         let grads = loss.backward()?;
         self.step += 1;
+        let lr = self.lr_at(self.step);
         let t = self.step as i32;
         let (c1, c2) = (1.0 - BETA1.powi(t), 1.0 - BETA2.powi(t));
         for (i, var) in vars.iter().enumerate() {
@@ -362,7 +382,7 @@ impl Adam {
             let mhat = (&self.m[i] / c1)?;
             let vhat = (&self.v[i] / c2)?;
             let delta = (mhat / (vhat.sqrt()? + EPS)?)?;
-            var.set(&(var.as_tensor() - (delta * self.lr)?)?)?;
+            var.set(&(var.as_tensor() - (delta * lr)?)?)?;
         }
         Ok(())
     }
@@ -371,6 +391,7 @@ impl Adam {
     pub fn to_gguf(&self) -> anyhow::Result<Vec<u8>> {
         let mut w = sift_gguf::GgufWriter::new();
         w.meta("sift.adam.step", sift_gguf::WriteValue::U64(self.step));
+        w.meta("sift.adam.horizon", sift_gguf::WriteValue::U64(self.horizon));
         for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
             for (name, t) in [("m", m), ("v", v)] {
                 let (r, c) = t.dims2()?;
@@ -386,6 +407,7 @@ impl Adam {
         let step = g.get_u64("sift.adam.step").ok_or_else(|| anyhow::anyhow!("no step count"))?;
         let mut adam = Adam::new(vars, lr)?;
         adam.step = step;
+        adam.horizon = g.get_u64("sift.adam.horizon").unwrap_or(0);
         for (i, var) in vars.iter().enumerate() {
             let (r, c) = var.as_tensor().dims2()?;
             for (name, slot) in [("m", &mut adam.m[i]), ("v", &mut adam.v[i])] {
