@@ -82,11 +82,11 @@ fn gguf() -> PathBuf {
 }
 
 fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     &PACK
         .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("smol.sift");
+            let dir = test_dir("engine-golden");
+            let out = dir.join("smol.sift");
             pack_model(
                 &gguf(),
                 &out,
@@ -290,4 +290,12 @@ fn every_path_gives_the_golden_logits() {
     }
     assert_eq!(want["paths"].as_object().unwrap().len(), got.len(), "the golden file has other paths");
     assert!(failures.is_empty(), "paths that differ from the golden logits ({isa}, exact: {exact}): {failures:?}");
+}
+
+/// A folder of this test binary's own under cargo's target/tmp, re-used by every run: a pack kept
+/// for the whole binary in a static is never dropped, so a temporary folder would be left behind.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

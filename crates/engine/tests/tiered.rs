@@ -19,13 +19,13 @@ fn root() -> PathBuf {
 
 /// The real model packed once per test binary (groups of 4 layers, like `sift pack`).
 fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     &PACK
         .get_or_init(|| {
             let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("smol.sift");
+            let dir = test_dir("engine-tiered");
+            let out = dir.join("smol.sift");
             pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
                 .unwrap();
             (dir, out)
@@ -134,7 +134,7 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
 
 /// The real model packed with every site's units in a shuffled order of its own (seeded).
 fn shuffled_pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     &PACK
         .get_or_init(|| {
             let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -151,8 +151,8 @@ fn shuffled_pack() -> &'static Path {
             let unit_orders = (0..c.n_layer)
                 .map(|_| [shuffled(c.n_embd), shuffled(c.n_embd_q()), shuffled(c.n_embd), shuffled(c.n_ff)])
                 .collect();
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("shuffled.sift");
+            let dir = test_dir("engine-tiered");
+            let out = dir.join("shuffled.sift");
             let opts = PackOptions { group: 4, unit_orders, ..PackOptions::default() };
             pack_model(&src, &out, &opts, |_| {}).unwrap();
             (dir, out)
@@ -563,4 +563,12 @@ fn a_panic_inside_a_prompt_batch_leaves_the_store_usable() {
     // What the server does after a panic: forget the sequence, run the next request.
     e.truncate(0);
     assert_eq!(decode(&mut e, &prompt, 4), want, "after a panic the store must give the same results");
+}
+
+/// A folder of this test binary's own under cargo's target/tmp, re-used by every run: a pack kept
+/// for the whole binary in a static is never dropped, so a temporary folder would be left behind.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -24,13 +24,13 @@ fn root() -> PathBuf {
 
 /// The real model packed once per test binary (groups of 4 layers, like `sift pack`).
 fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     &PACK
         .get_or_init(|| {
             let src = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("smol.sift");
+            let dir = test_dir("sim-replay");
+            let out = dir.join("smol.sift");
             pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
                 .unwrap();
             (dir, out)
@@ -357,4 +357,12 @@ fn adaptive_tam_follows_the_stall_type_of_each_layer() {
     let lowered = compute_bound.iter().filter(|&&l| l < start).count();
     assert!(lowered * 4 >= n_layer * 3, "λ fell in {lowered} of {n_layer} layers: {compute_bound:?}");
     assert!(compute_bound.iter().all(|&l| l >= 0.5 - 1e-6));
+}
+
+/// A folder of this test binary's own under cargo's target/tmp, re-used by every run: a pack kept
+/// for the whole binary in a static is never dropped, so a temporary folder would be left behind.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The real model packed once per test binary, and the pack's bytes.
-fn pack() -> &'static (tempfile::TempDir, PathBuf, Vec<u8>) {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf, Vec<u8>)> = OnceLock::new();
+fn pack() -> &'static (PathBuf, PathBuf, Vec<u8>) {
+    static PACK: OnceLock<(PathBuf, PathBuf, Vec<u8>)> = OnceLock::new();
     PACK.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
         assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("smol.sift");
+        let dir = test_dir("store-ondemand");
+        let out = dir.join("smol.sift");
         pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
             .unwrap();
         let bytes = std::fs::read(&out).unwrap();
@@ -92,4 +92,12 @@ proptest! {
             }
         }
     }
+}
+
+/// A folder of this test binary's own under cargo's target/tmp, re-used by every run: a pack kept
+/// for the whole binary in a static is never dropped, so a temporary folder would be left behind.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

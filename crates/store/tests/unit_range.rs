@@ -11,13 +11,13 @@ use std::sync::OnceLock;
 
 /// The real model packed once per test binary (groups of 4 layers, like `sift pack`).
 fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static PACK: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     &PACK
         .get_or_init(|| {
             let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
             assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("smol.sift");
+            let dir = test_dir("store-unit-range");
+            let out = dir.join("smol.sift");
             pack_model(&src, &out, &PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() }, |_| {})
                 .unwrap();
             (dir, out)
@@ -85,4 +85,12 @@ fn a_hot_ranking_naming_a_unit_out_of_range_is_an_error() {
         top.sort_unstable();
         assert_eq!(st.cached_units(2, OpKind::Gate), top, "{policy}");
     }
+}
+
+/// A folder of this test binary's own under cargo's target/tmp, re-used by every run: a pack kept
+/// for the whole binary in a static is never dropped, so a temporary folder would be left behind.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
