@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// request may take before it gets 408 (llama-server's -to / --timeout)
     #[arg(long = "timeout", default_value_t = 600, value_parser = sift_session::ranges::count_in::<1, 86400>)]
     pub timeout: usize,
+    /// Requests served at once, each in its own slot with its own KV cache (the context -c is
+    /// split between them, as llama-server splits it), decoded together in one batch (-np)
+    #[arg(long = "parallel", default_value_t = 1, value_parser = sift_session::ranges::count_in::<1, 256>)]
+    pub parallel: usize,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -68,6 +72,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         grace: Duration::from_secs_f64(a.grace),
         timeout: Duration::from_secs(a.timeout as u64),
+        parallel: a.parallel,
         session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
     };
     sift_server::run(cfg)

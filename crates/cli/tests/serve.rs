@@ -748,3 +748,99 @@ fn replicas_behind_nginx_survive_a_failed_replica() {
     let _ = lb.kill();
     let _ = lb.wait();
 }
+
+/// Greedy completions of `prompts`, one client each, all at once.
+fn concurrent(addr: &str, prompts: &[String], n: usize) -> Vec<String> {
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (addr, p) = (addr.to_string(), p.clone());
+            std::thread::spawn(move || completion(&addr, &p, n))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("a client failed")).collect()
+}
+
+fn eight_prompts() -> Vec<String> {
+    (0..8).map(|i| format!("{} (story {i}):", PROMPTS[i % PROMPTS.len()])).collect()
+}
+
+/// `-np 4`: eight concurrent clients (more than the slots: the rest wait in the queue) each get
+/// exactly the text they get alone, dense and with Top-K 0.5; a client that goes away frees its
+/// slot while another request goes on; a prompt that repeats a slot's tokens reuses them;
+/// `/slots` lists the four slots with their share of the context.
+#[test]
+fn parallel_slots_serve_each_client_its_own_text() {
+    let prompts = eight_prompts();
+    for extra in [&[][..], &["--sparsity", "topk", "--ratio", "0.5"][..]] {
+        let mut args = vec!["-np", "4", "-c", "1024"];
+        args.extend_from_slice(extra);
+        let srv = Server::start(&args);
+        let a = srv.addr.as_str();
+        // Dense runs batched; Top-K too on the GGUF's rows, one slot after another where a pack
+        // beside the model gives a lone token its column kernels.
+        let batched = srv.log().contains("4 parallel slots of 256 tokens of context each, batched");
+        assert!(batched || !extra.is_empty() && srv.log().contains("pack computes a lone token"), "{}", srv.log());
+        let alone: Vec<String> = prompts.iter().map(|p| completion(a, p, 16)).collect();
+        assert!(alone.iter().any(|t| t != &alone[0]), "eight prompts, one text: {alone:?}");
+        for round in 0..2 {
+            assert_eq!(concurrent(a, &prompts, 16), alone, "{extra:?} round {round}");
+        }
+        let slots = get(a, "/slots").json();
+        let slots = slots.as_array().unwrap();
+        assert_eq!(slots.len(), 4);
+        assert!(slots.iter().all(|s| s["n_ctx"] == 256 && s["is_processing"] == false), "{slots:?}");
+        assert!(slots.iter().all(|s| s["n_past"].as_u64().unwrap() > 0), "every slot served: {slots:?}");
+    }
+
+    let srv = Server::start(&["-np", "2", "-c", "1024"]);
+    let a = srv.addr.as_str();
+    let expected = completion(a, &prompts[1], 24);
+    // A prompt seen before reuses its slot's cache and gives the same text.
+    let r = post(a, "/v1/completions", &json!({"prompt": prompts[1], "max_tokens": 24, "temperature": 0}));
+    assert_eq!(r.json()["choices"][0]["text"], expected.as_str());
+    assert!(r.json()["timings"]["cache_n"].as_u64().unwrap() > 0, "{}", r.body);
+    // A client that disconnects mid-stream frees its slot; a request running beside it goes on.
+    let cancelled = metric(a, "sift_requests_cancelled_total");
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 200, "stream": true, "ignore_eos": true});
+    let mut s = connect(a, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let (a2, p2) = (a.to_string(), prompts[1].clone());
+    let beside = std::thread::spawn(move || completion(&a2, &p2, 24));
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.windows(6).filter(|w| w == b"data: ").count() < 3 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    assert_eq!(beside.join().unwrap(), expected);
+    let t0 = Instant::now();
+    while metric(a, "sift_requests_cancelled_total") <= cancelled || metric(a, "sift_requests_running") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the worker did not notice the disconnect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Several prompts in one request run one after the other in one slot, in order.
+    let r =
+        post(a, "/v1/completions", &json!({"prompt": [prompts[0], prompts[1]], "max_tokens": 24, "temperature": 0}));
+    let c = r.json()["choices"].clone();
+    assert_eq!(c[1]["text"], expected.as_str(), "{}", r.body);
+    assert_eq!(c[0]["text"], completion(a, &prompts[0], 24).as_str());
+    // A prompt longer than a slot's share of the context is refused, naming it.
+    let long = "word ".repeat(700);
+    let r = post(a, "/v1/completions", &json!({"prompt": long, "max_tokens": 4}));
+    assert_error(&r, 400, "context_length_exceeded");
+    assert!(r.body.contains("per slot"), "{}", r.body);
+}
+
+/// `-np` with a selector that keeps per-sequence state is refused at start, naming the fix.
+#[test]
+fn parallel_slots_refuse_core_neurons() {
+    let o = sift_cmd()
+        .args(["serve", "--port", "0", "-m", model().to_str().unwrap(), "-np", "2", "--sparsity", "core"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("-np 2") && err.contains("per sequence"), "{err}");
+}

@@ -105,7 +105,7 @@ impl Engine {
         let c = &self.model.config;
         let (k_type, v_type) = (self.kv.k_type, self.kv.v_type);
         let bytes = |p: usize| KvCache::bytes(c, p, k_type, v_type);
-        let growth = bytes(target) - bytes(self.kv_first_page());
+        let growth = bytes(target) + self.parked_kv_bytes() - bytes(self.kv_first_page());
         if let Some(store) = self.source.store_mut() {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let refuse =

@@ -54,7 +54,7 @@ pub enum EvalError {
 }
 
 /// Whether every value is finite (NaN and infinities make `v · 0` NaN; one vectorized pass).
-fn all_finite(x: &[f32]) -> bool {
+pub(crate) fn all_finite(x: &[f32]) -> bool {
     x.iter().fold(0f32, |a, &v| a + v * 0.0) == 0.0
 }
 
@@ -147,6 +147,8 @@ pub struct Engine {
     pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
     /// LoRA adapters added as side products on each op's masked input (`--lora`).
     lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
+    /// Parallel sequences (`-np`): the other slots' KV caches and a batch's runs.
+    pub(crate) slots: crate::slots::Slots,
 }
 
 /// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
@@ -234,6 +236,7 @@ impl Engine {
             prefill_compensate: true,
             prefill_keep: None,
             lora: None,
+            slots: crate::slots::Slots::default(),
         }
     }
 
@@ -360,7 +363,7 @@ impl Engine {
     }
 
     /// Applies a budget asked for through a [`BudgetHandle`], if any.
-    fn apply_budget_request(&mut self) {
+    pub(crate) fn apply_budget_request(&mut self) {
         let Some(requested) = self.budget.take_request() else { return };
         let t0 = std::time::Instant::now();
         let result = self.set_memory_budget(requested).map_err(|e| e.to_string());
@@ -440,9 +443,10 @@ impl Engine {
             }
             // Every KV page but the first goes back (under a budget, to the weight cache).
             self.kv.set_capacity(self.kv_first_page());
+            let growth = self.parked_kv_bytes();
             if let Some(store) = self.source.store_mut() {
                 // Growing the cache back never fails: the fixed part only shrinks.
-                let _ = store.set_kv_growth(0);
+                let _ = store.set_kv_growth(growth);
             }
             self.selector.reset();
             if let Some(t) = &mut self.tracer {
@@ -532,6 +536,27 @@ impl Engine {
             self.source.embed(&self.model, id, &mut self.s.x[t * e..(t + 1) * e])?;
         }
         Ok(())
+    }
+
+    /// Whether a tracer or an FFN observer watches each token.
+    pub(crate) fn watched(&self) -> bool {
+        self.tracer.is_some() || self.ffn_observer.is_some()
+    }
+
+    /// Before a batch of several sequences' `n` tokens ([`Engine::eval_slots`]).
+    pub(crate) fn begin_slots_batch(&mut self, phase: Phase, n: usize) {
+        self.pool.set_active(if n == 1 { self.threads.0 } else { self.threads.1 });
+        self.phase = phase;
+        self.selector.begin_batch(phase);
+    }
+
+    pub(crate) fn end_slots_batch(&mut self, phase: Phase) {
+        self.selector.end_batch(phase);
+    }
+
+    /// The logits [`Engine::output_head`] left for `k` tokens.
+    pub(crate) fn head_logits(&self, k: usize) -> &[f32] {
+        &self.s.logits[..k * self.model.config.n_vocab]
     }
 
     /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
@@ -806,18 +831,34 @@ impl Engine {
         Ok(())
     }
 
-    /// Biases, RoPE, the KV cache append and attention over the projected q, k, v into `s.att`.
+    /// Biases, RoPE, the KV cache append and attention over the projected q, k, v into `s.att`:
+    /// the batch as one sequence, or, in a batch of several sequences ([`Engine::eval_slots`]),
+    /// each sequence's rows over its own KV cache.
     fn attention_core(&mut self, l: usize, n: usize) {
+        if self.slots.runs.is_empty() {
+            return self.attention_rows(l, 0, n);
+        }
+        for i in 0..self.slots.runs.len() {
+            let r = self.slots.runs[i];
+            self.use_slot(r.slot);
+            self.attention_rows(l, r.row0, r.len);
+        }
+    }
+
+    /// [`Engine::attention_core`] for the `n` rows from `row0`, the next positions of the KV
+    /// cache in use.
+    fn attention_rows(&mut self, l: usize, row0: usize, n: usize) {
         let Engine { model, pool, kv, s, n_past, theta_scale, ffn_observer, .. } = self;
         let c = &model.config;
         let lw: &LayerWeights = &model.layers[l];
         let (qd, kvd) = (c.n_embd_q(), c.n_embd_kv());
+        let (q_rows, k_rows) = (row0 * qd..(row0 + n) * qd, row0 * kvd..(row0 + n) * kvd);
         let observe = |s: &Scratch, o: &mut Option<Box<dyn FfnObserver>>| {
             if let Some(o) = o {
-                o.attention(l, &s.q[..n * qd], &s.k[..n * kvd], n, *n_past);
+                o.attention(l, &s.q[q_rows.clone()], &s.k[k_rows.clone()], n, *n_past);
             }
         };
-        for t in 0..n {
+        for t in row0..row0 + n {
             let (q, k, v) =
                 (&mut s.q[t * qd..(t + 1) * qd], &mut s.k[t * kvd..(t + 1) * kvd], &mut s.v[t * kvd..(t + 1) * kvd]);
             for (x, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
@@ -825,21 +866,21 @@ impl Engine {
                     vecops::add_assign(x, b);
                 }
             }
-            rope(c, *theta_scale, *n_past + t, q);
-            rope(c, *theta_scale, *n_past + t, k);
+            rope(c, *theta_scale, *n_past + t - row0, q);
+            rope(c, *theta_scale, *n_past + t - row0, k);
         }
         observe(s, ffn_observer);
         // llama.cpp computes K·q in the keys' type: q is rounded to f16 for f16 keys (q8_0 keys
         // quantize it per head inside `attention`). Storing converts k and v to the cache's type.
         if kv.k_type == KvType::F16 {
-            round_to_f16(&mut s.q[..n * qd]);
+            round_to_f16(&mut s.q[q_rows.clone()]);
         }
-        kv.store(l, *n_past, &s.k[..n * kvd], &s.v[..n * kvd]);
-        attention(pool, c, &s.q[..n * qd], kv, l, *n_past, n, &mut s.attn, &mut s.att[..n * qd]);
+        kv.store(l, *n_past, &s.k[k_rows.clone()], &s.v[k_rows]);
+        attention(pool, c, &s.q[q_rows.clone()], kv, l, *n_past, n, &mut s.attn, &mut s.att[q_rows]);
     }
 
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.
-    fn output_head(&mut self, n: usize, n_logits: usize) -> Result<(), EvalError> {
+    pub(crate) fn output_head(&mut self, n: usize, n_logits: usize) -> Result<(), EvalError> {
         let Engine { model, pool, s, sparse_head, stats, gpu, .. } = self;
         let c = &model.config;
         let e = c.n_embd;

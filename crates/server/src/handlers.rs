@@ -287,22 +287,20 @@ pub async fn admin_memory(State(s): S, body: Result<Bytes, BytesRejection>) -> R
 
 /// `GET /slots`: the processing slots as llama-server lists them (`id`, `n_ctx`,
 /// `is_processing`), with sift's `n_past` (tokens in the slot's KV cache, reused by a prompt
-/// that starts with them) and the requests queued for it. sift has one slot (one sequence at
-/// a time).
+/// that starts with them) and the requests queued for a free slot.
 pub async fn slots(State(s): S) -> Response {
     let (tx, rx) = tokio::sync::oneshot::channel();
     if let Err(e) = s.worker.send(Msg::Stats { reply: tx }) {
         return e.into_response();
     }
     match tokio::time::timeout(ADMIN_TIMEOUT, rx).await {
-        Ok(Ok(v)) => Json(json!([{
-            "id": 0,
-            "n_ctx": v["n_ctx"],
-            "is_processing": s.metrics.running.load(Ordering::Relaxed) > 0,
-            "n_past": v["n_past"],
-            "n_queued": v["queued"],
-        }]))
-        .into_response(),
+        Ok(Ok(v)) => {
+            let mut slots = v["slots"].as_array().cloned().unwrap_or_default();
+            for slot in &mut slots {
+                slot["n_queued"] = v["queued"].clone();
+            }
+            Json(slots).into_response()
+        }
         Ok(Err(_)) => ApiError::internal("the worker thread has stopped").into_response(),
         Err(_) => ApiError::internal("the worker did not answer in time").into_response(),
     }

@@ -29,6 +29,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+mod slots;
+
 /// Tokens per prompt chunk: the worker checks for cancellation and admin messages between chunks.
 const PROMPT_CHUNK: usize = 256;
 /// Tokens per chunk when every position's logits are needed (echo): bounds the logits buffer.
@@ -195,8 +197,19 @@ struct Loaded {
 }
 
 /// Opens the session on the worker thread (so the engine never crosses threads).
-fn open(opts: &SessionOptions, request_reserve: u64) -> anyhow::Result<Loaded> {
+fn open(opts: &SessionOptions, request_reserve: u64, parallel: usize) -> anyhow::Result<Loaded> {
     let mut session = Session::open(opts)?;
+    if parallel > 1 {
+        session.engine.set_slots(parallel).map_err(|e| anyhow::anyhow!("-np {parallel}: {e}"))?;
+        eprintln!(
+            "sift: {parallel} parallel slots of {} tokens of context each{}",
+            session.engine.n_ctx(),
+            match session.engine.slots_batch_blocker() {
+                None => ", batched".to_string(),
+                Some(why) => format!(", one after another at each step ({why}: a batch would change their results)"),
+            }
+        );
+    }
     if session.engine.store().is_some() && request_reserve > 0 {
         // Requests' bodies, tokenizing and responses live in the budget too.
         let plan = session.engine.set_budget_reserve(request_reserve).map_err(|e| {
@@ -244,6 +257,7 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     max_queue: usize,
     request_reserve: u64,
+    parallel: usize,
 ) -> anyhow::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Msg>();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
@@ -260,7 +274,7 @@ pub fn spawn(
             Err(_) => None,
         };
     let thread = std::thread::Builder::new().name("sift-worker".into()).spawn(move || {
-        let loaded = match open(&opts, request_reserve) {
+        let loaded = match open(&opts, request_reserve, parallel) {
             Ok(l) => l,
             Err(e) => {
                 let msg = std::iter::once(e.to_string())
@@ -289,6 +303,8 @@ pub fn spawn(
             abort: a2,
             logits: Vec::new(),
             profile,
+            slots: if parallel > 1 { (0..parallel).map(|_| slots::Slot::default()).collect() } else { Vec::new() },
+            next_prompt: 0,
         };
         w.publish();
         let _ = ready_tx.send(Ok(info));
@@ -323,6 +339,10 @@ struct Worker {
     /// The device profile a budgeted decode's bound takes the disk's bandwidth and the compute
     /// model from (`--profile`).
     profile: Option<DeviceProfile>,
+    /// With `-np N > 1`: the slots (see `slots`); empty with one sequence at a time.
+    slots: Vec<slots::Slot>,
+    /// The slot whose prompt chunk goes first at the next step (turns, for fairness).
+    next_prompt: usize,
 }
 
 /// Why a job stopped early.
@@ -334,6 +354,9 @@ enum Stop {
 
 impl Worker {
     fn run(&mut self) {
+        if self.slots.len() > 1 {
+            return self.run_slots();
+        }
         loop {
             let msg = match self.pending.pop_front() {
                 Some(j) => Msg::Generate(j),
@@ -351,11 +374,7 @@ impl Worker {
                     let events = job.events.clone();
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.job(job)));
                     if let Err(p) = ran {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
+                        let what = panic_text(&p);
                         eprintln!("sift: a request failed inside the engine ({what}); the KV cache was reset");
                         self.reset();
                         self.metrics.running.store(0, Ordering::SeqCst);
@@ -431,6 +450,7 @@ impl Worker {
             "n_ctx": self.l.session.engine.n_ctx(),
             "n_past": self.l.session.engine.n_past(),
             "queued": self.queued.load(Ordering::SeqCst),
+            "slots": self.slots_json(),
         })
     }
 
@@ -491,9 +511,12 @@ impl Worker {
         // all its ids.
         let n_ctx = self.l.session.engine.n_ctx();
         let encode = |text: &str, special: bool| match tok.encode_at_most(text, true, special, n_ctx) {
-            Err(sift_model::tokenizer::TokenizerError::TooManyTokens { limit }) => Err(ApiError::context_length(
-                format!("This model's maximum context length is {limit} tokens; the prompt has more"),
-            )),
+            Err(sift_model::tokenizer::TokenizerError::TooManyTokens { limit }) => {
+                let per = if self.slots.len() > 1 { " per slot (-c divided by -np)" } else { "" };
+                Err(ApiError::context_length(format!(
+                    "This model's maximum context length is {limit} tokens{per}; the prompt has more"
+                )))
+            }
             r => r.map_err(|e| bad(e.to_string())),
         };
         let (tokens, text) = match p {
@@ -721,6 +744,14 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// What a caught panic said.
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Splits `n` prompt tokens into batches of at most `size`, none of one token when `n > 1`: a

@@ -135,6 +135,10 @@ impl Selector for CoreNeuronSelector {
         self.cluster = None;
     }
 
+    fn keeps_sequence_state(&self) -> bool {
+        true
+    }
+
     fn fixed_neurons(&self, layer: usize, phase: Phase) -> Option<&[u32]> {
         let set = &self.sets[layer];
         (phase == Phase::Generate && !set.is_empty()).then_some(&set[..])

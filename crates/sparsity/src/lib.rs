@@ -131,6 +131,11 @@ pub trait Selector: Send {
     /// The live cache state of `site` in `layer`: `cached[u]` is true when unit `u`'s weights
     /// are in memory. Valid for the next `select` of that (layer, site).
     fn observe_cache(&mut self, _layer: usize, _site: Site, _cached: &[bool]) {}
+    /// Whether the selection depends on the sequence's own history (core neurons fixed at its
+    /// prompt): such a selector serves one sequence at a time, not parallel ones (`-np`).
+    fn keeps_sequence_state(&self) -> bool {
+        false
+    }
     /// Whether every unit is always active (the dense selector): the engine may then run layers
     /// without asking at each site (whole layers on the GPU).
     fn is_dense(&self) -> bool {

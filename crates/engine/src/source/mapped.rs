@@ -56,6 +56,10 @@ impl WeightSource for MappedColumns {
         "pack columns"
     }
 
+    fn lone_token_differs(&self, sparse: bool) -> bool {
+        sparse || self.all_columns
+    }
+
     fn site<'a>(
         &'a mut self,
         model: &'a Model,

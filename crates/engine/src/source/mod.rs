@@ -101,6 +101,13 @@ pub trait WeightSource: Send {
     /// A new conversation starts (context-level counters restart).
     fn reset_context(&mut self) {}
 
+    /// Whether a lone token (`n == 1`) gets other products here than the same token in a batch
+    /// (column kernels on a sparse selection, the store's reads): then sequences cannot share a
+    /// batch without changing their results ([`crate::Engine::eval_slots`]).
+    fn lone_token_differs(&self, _sparse: bool) -> bool {
+        false
+    }
+
     /// The tiered store behind this source, when there is one.
     fn store(&self) -> Option<&TieredStore> {
         None

@@ -34,6 +34,10 @@ impl WeightSource for TieredSource {
         "tiered store"
     }
 
+    fn lone_token_differs(&self, _sparse: bool) -> bool {
+        true
+    }
+
     fn begin_layer(&mut self, _model: &Model, l: usize, n: usize, x: &[f32]) -> Result<(), TierError> {
         if n == 1 {
             self.store.begin_layer(l, x);
