@@ -74,10 +74,18 @@ def main():
     ap.add_argument("--peer-parallel", type=int, default=1,
                     help="llama-server slots (-np); 1 = one sequence at a time like sift, more = its batching")
     ap.add_argument("--pairs", type=int, default=3, help="sift / peer rounds with --peer-llama-server")
+    ap.add_argument("--np", type=int, default=1,
+                    help="slots for both servers (-np N; -c, if given, is per slot and multiplied by N for both)")
+    ap.add_argument("--stream", action="store_true",
+                    help="streamed requests: also time to first token and between tokens (p50/p99)")
     ap.add_argument("-o", "--out", help="write the results as JSON")
     a = ap.parse_args()
 
     extra = shlex.split(a.server_args)
+    if a.np > 1:
+        a.peer_parallel = a.np
+        if "-c" in extra:
+            extra[extra.index("-c") + 1] = str(int(extra[extra.index("-c") + 1]) * a.np)
     budget = a.budget_mib
     if budget is None and "--memory" in extra:
         budget = parse_mib(extra[extra.index("--memory") + 1])
@@ -96,6 +104,8 @@ def main():
             runs[name].append(r)
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     keys = ["requests_per_s", "tokens_per_s", "latency_p50_s", "latency_p99_s", "rss_peak_mib"]
+    if a.stream:
+        keys += ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"]
     res = {name: {k: med(rs, k) for k in keys} | {"errors": sum(r["errors"] for r in rs)} for name, rs in runs.items()}
     res["ratio_sift_over_peer"] = {k: res["sift"][k] / res["llama-server"][k] for k in keys}
     res.update({"peer_parallel": a.peer_parallel, "pairs": a.pairs, "clients": a.clients, "requests_per_client": a.requests,
@@ -105,7 +115,7 @@ def main():
 
 def start_sift(a, extra):
     cmd = [a.sift, "serve", "--host", "127.0.0.1", "--port", "0", "-m", a.model,
-           "--max-queue", str(max(16, a.clients))] + extra
+           "--max-queue", str(max(16, a.clients))] + (["-np", str(a.np)] if a.np > 1 else []) + extra
     srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     t_start = time.time()
     for line in srv.stderr:
@@ -122,7 +132,7 @@ def start_sift(a, extra):
 def start_llama_server(a, extra):
     """llama.cpp's server on the same GGUF: --peer-parallel slots, the same -t / -c as given to sift
     (with several slots llama-server splits -c between them, so it is multiplied to keep each
-    sequence's context)."""
+    sequence's context; with --np the given -c is already multiplied for both servers)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -130,7 +140,7 @@ def start_llama_server(a, extra):
     for flag in ("-t", "-c"):
         if flag in extra:
             v = extra[extra.index(flag) + 1]
-            same += [flag, str(int(v) * a.peer_parallel) if flag == "-c" else v]
+            same += [flag, str(int(v) * a.peer_parallel) if flag == "-c" and a.np <= 1 else v]
     cmd = [a.peer_llama_server, "-m", a.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(a.peer_parallel),
            "--no-webui"] + same
     srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -160,22 +170,49 @@ def run_load(a, started, budget):
             time.sleep(a.sample_ms / 1000)
 
     threading.Thread(target=sampler, daemon=True).start()
-    lat, errors, tokens = [], [], [0]
+    lat, errors, tokens, ttft, itl = [], [], [0], [], []
     lock = threading.Lock()
+
+    def streamed(r, t0):
+        """Reads an SSE completion: (tokens, time to first text, gaps between texts)."""
+        first, last, gaps, n, usage = None, None, [], 0, None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            v = json.loads(line[6:])
+            usage = (v.get("usage") or {}).get("completion_tokens", usage)
+            if any(c.get("text") for c in v.get("choices") or []):
+                now = time.time()
+                n += 1
+                if first is None:
+                    first = now - t0
+                else:
+                    gaps.append(now - last)
+                last = now
+        return (usage if usage is not None else n), first, gaps
 
     def client(c):
         for j in range(a.requests):
-            body = json.dumps({"prompt": PROMPTS[(c + j) % len(PROMPTS)], "max_tokens": a.max_tokens,
-                               "temperature": 0.7, "seed": c * 1000 + j}).encode()
-            req = urllib.request.Request(f"http://{addr}/v1/completions", data=body,
+            req_body = {"prompt": PROMPTS[(c + j) % len(PROMPTS)], "max_tokens": a.max_tokens,
+                        "temperature": 0.7, "seed": c * 1000 + j}
+            if a.stream:
+                req_body |= {"stream": True, "stream_options": {"include_usage": True}}
+            req = urllib.request.Request(f"http://{addr}/v1/completions", data=json.dumps(req_body).encode(),
                                          headers={"Content-Type": "application/json"})
             t0 = time.time()
             try:
                 with urllib.request.urlopen(req, timeout=a.timeout) as r:
-                    v = json.load(r)
+                    if a.stream:
+                        n, first, gaps = streamed(r, t0)
+                    else:
+                        n, first, gaps = json.load(r)["usage"]["completion_tokens"], None, []
                 with lock:
                     lat.append(time.time() - t0)
-                    tokens[0] += v["usage"]["completion_tokens"]
+                    tokens[0] += n
+                    if first is not None:
+                        ttft.append(first)
+                    itl.extend(gaps)
             except Exception as e:  # noqa: BLE001 - every failure counts as an error
                 with lock:
                     errors.append(f"client {c} request {j}: {e}")
@@ -198,8 +235,9 @@ def run_load(a, started, budget):
     except subprocess.TimeoutExpired:
         srv.kill()
 
-    lat.sort()
-    pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None  # noqa: E731
+    for v in (lat, ttft, itl):
+        v.sort()
+    pct = lambda p, v=lat: v[min(len(v) - 1, int(p * len(v)))] if v else None  # noqa: E731
     peak = max((r for _, r in samples), default=None)
     return {
         "clients": a.clients, "requests_per_client": a.requests, "max_tokens": a.max_tokens,
@@ -207,6 +245,8 @@ def run_load(a, started, budget):
         "wall_s": wall, "requests_per_s": len(lat) / wall if wall else None,
         "tokens_per_s": tokens[0] / wall if wall else None,
         "latency_p50_s": pct(0.50), "latency_p99_s": pct(0.99),
+        "ttft_p50_s": pct(0.50, ttft), "ttft_p99_s": pct(0.99, ttft),
+        "itl_p50_s": pct(0.50, itl), "itl_p99_s": pct(0.99, itl),
         "latency_mean_s": statistics.mean(lat) if lat else None,
         "rss_peak_mib": peak, "rss_samples": len(samples), "budget_mib": budget,
         "rss_within_budget": None if budget is None or peak is None else peak <= budget,

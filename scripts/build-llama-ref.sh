@@ -25,8 +25,8 @@ if grep -qw avx512f /proc/cpuinfo; then avx512="-DGGML_AVX512=ON -DGGML_AVX512_V
 cmake -S "$dir/src/vendor/llama.cpp" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF $avx512 -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-  -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=ON
-cmake --build "$dir/build" -j 2 --target llama-bench llama-perplexity llama-tokenize llama-completion
+  -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=ON
+cmake --build "$dir/build" -j 2 --target llama-bench llama-perplexity llama-tokenize llama-completion llama-server
 CMAKE_ARGS="-DLLAMA_BUILD=OFF" "$dir/venv/bin/pip" install --quiet --no-deps "$dir/dl/llama_cpp_python-$ver.tar.gz" \
   || CMAKE_ARGS="-DLLAMA_BUILD=OFF" "$dir/venv/bin/pip" install --quiet --no-deps "$dir/src"
 "$dir/venv/bin/pip" install --quiet typing-extensions diskcache jinja2

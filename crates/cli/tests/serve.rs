@@ -777,10 +777,11 @@ fn parallel_slots_serve_each_client_its_own_text() {
         args.extend_from_slice(extra);
         let srv = Server::start(&args);
         let a = srv.addr.as_str();
-        // Dense runs batched; Top-K too on the GGUF's rows, one slot after another where a pack
-        // beside the model gives a lone token its column kernels.
+        // Dense runs batched; Top-K too on the GGUF's rows, or where a pack beside the model
+        // gives a lone token its column kernels, decoding tokens together on their own columns.
         let batched = srv.log().contains("4 parallel slots of 256 tokens of context each, batched");
-        assert!(batched || !extra.is_empty() && srv.log().contains("pack computes a lone token"), "{}", srv.log());
+        let columns = srv.log().contains("each token on its own active columns");
+        assert!(batched || !extra.is_empty() && columns, "{}", srv.log());
         let alone: Vec<String> = prompts.iter().map(|p| completion(a, p, 16)).collect();
         assert!(alone.iter().any(|t| t != &alone[0]), "eight prompts, one text: {alone:?}");
         for round in 0..2 {
@@ -791,6 +792,11 @@ fn parallel_slots_serve_each_client_its_own_text() {
         assert_eq!(slots.len(), 4);
         assert!(slots.iter().all(|s| s["n_ctx"] == 256 && s["is_processing"] == false), "{slots:?}");
         assert!(slots.iter().all(|s| s["n_past"].as_u64().unwrap() > 0), "every slot served: {slots:?}");
+        // Per-slot figures in /metrics; the eight clients were batched several at a time.
+        let generated: f64 =
+            (0..4).map(|i| metric(a, &format!("sift_slot_generated_tokens_total{{slot=\"{i}\"}}"))).sum();
+        assert_eq!(generated, metric(a, "sift_generated_tokens_total"));
+        assert_eq!(metric(a, "sift_slot_processing{slot=\"0\"}"), 0.0);
     }
 
     let srv = Server::start(&["-np", "2", "-c", "1024"]);

@@ -98,6 +98,27 @@ impl Scratch {
             Site::FfnMid => (&g[..n * ff], vec![&mut o[..n * e]]),
         }
     }
+
+    /// Swaps token rows `a` and `b` of `site`'s input and outputs (a batch computed a row at a
+    /// time computes each row in row 0, [`Engine::eval_slots`]).
+    pub(crate) fn swap_site_rows(&mut self, c: &Config, site: Site, a: usize, b: usize) {
+        let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
+        let Scratch { h, att, g, u, q, k, v, o, .. } = self;
+        let bufs: Vec<(&mut Vec<f32>, usize)> = match site {
+            Site::AttnIn => vec![(h, e), (q, qd), (k, kvd), (v, kvd)],
+            Site::AttnOut => vec![(att, qd), (o, e)],
+            Site::FfnIn => vec![(h, e), (g, ff), (u, ff)],
+            Site::FfnMid => vec![(g, ff), (o, e)],
+        };
+        let (lo, hi) = (a.min(b), a.max(b));
+        if lo == hi {
+            return;
+        }
+        for (buf, w) in bufs {
+            let (x, y) = buf.split_at_mut(hi * w);
+            x[lo * w..(lo + 1) * w].swap_with_slice(&mut y[..w]);
+        }
+    }
 }
 
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
@@ -672,7 +693,10 @@ impl Engine {
     }
 
     /// One selection site: choose the active inputs, then run the site's products.
-    fn site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+    pub(crate) fn site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+        if n > 1 && self.slots.row_by_row {
+            return self.site_row_by_row(l, n, site);
+        }
         let subset = self.select_and_mask(l, site, n);
         self.project(l, n, site, subset)?;
         if let Some(lora) = &self.lora {

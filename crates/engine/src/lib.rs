@@ -35,6 +35,6 @@ pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason};
 pub use kv::KvType;
 pub use sampling::{Pick, Sampler, SamplerChain, SamplerOptions, SamplerStage};
 pub use sift_sparsity as sparsity;
-pub use slots::SlotRun;
+pub use slots::{SlotRun, SlotsMode};
 pub use source::{SiteWeights, WeightSource};
 pub use trace::{SparsityStats, Tracer};

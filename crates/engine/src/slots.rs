@@ -11,16 +11,19 @@
 //! run computes alone: the dense kernels give every token row the same bits whatever the batch
 //! (see `matmul`), and a run's attention is the one it has alone.
 //!
-//! Where a row's result would depend on the batch (column kernels of a sparse decode, the tiered
-//! store's reads, the GPU), or on its sequence's history (a selector with per-sequence state),
-//! the runs are evaluated one after the other instead, each as it would be alone.
+//! Where a lone token is computed otherwise than a token in a batch (a sparse selection on a pack
+//! runs a lone token on its active columns), the decoding sequences still go through the layers
+//! together, but each token's products run on its own columns in turn ([`SlotsMode::RowByRow`]).
+//! Where a row's result would depend on the batch in other ways (the tiered store's reads, the
+//! GPU), or on its sequence's history (a selector with per-sequence state), the runs are
+//! evaluated one after the other, each as it would be alone.
 //!
 //! Under a memory budget every slot's cache is counted: the pages beyond the first slot's first
 //! page come out of the weight cache (`TieredStore::set_kv_growth`), as one cache's growth does.
 
 use crate::forward::{Engine, EvalError, Logits};
 use crate::kv::KvCache;
-use sift_sparsity::Phase;
+use sift_sparsity::{Phase, Site};
 
 /// The next tokens of one sequence in a batch of several.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +43,14 @@ pub(crate) struct RunRows {
     pub len: usize,
 }
 
+/// How [`Engine::eval_slots`] shares a step's work between sequences ([`Engine::slots_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotsMode {
+    Batch,
+    RowByRow,
+    OneByOne,
+}
+
 /// The slots' parked caches and positions, which one is in use, and a batch's runs.
 #[derive(Default)]
 pub(crate) struct Slots {
@@ -49,6 +60,8 @@ pub(crate) struct Slots {
     pub(crate) runs: Vec<RunRows>,
     /// Logits of the runs that asked for them, in run order.
     logits: Vec<f32>,
+    /// While a [`SlotsMode::RowByRow`] batch runs: sites compute a token at a time.
+    pub(crate) row_by_row: bool,
 }
 
 impl Engine {
@@ -157,11 +170,33 @@ impl Engine {
             - KvCache::bytes(c, self.kv_first_page(), kt, vt)
     }
 
-    /// Whether a batch of several sequences computes what each computes alone here: dense
-    /// kernels on rows (any selector's masked inputs on GGUF rows; a dense selection on a pack),
-    /// nothing that watches or reads
-    /// per token (tracer, observer, tiered store, GPU, sparse prefill), and a selector without
-    /// per-sequence state. Otherwise [`Engine::eval_slots`] runs one sequence at a time.
+    /// How a batch of several sequences runs here, computing what each computes alone:
+    /// - [`SlotsMode::Batch`]: every run in one pass: dense kernels on rows (any selector's masked
+    ///   inputs on GGUF rows; a dense selection on a pack);
+    /// - [`SlotsMode::RowByRow`]: a sparse selection on a pack's columns, where a lone token runs
+    ///   on its active columns: the decoding sequences' tokens go through the layers together
+    ///   (one attention per sequence, one output head for all), each token's products on its own
+    ///   columns in turn, so the union of their columns is read from memory about once per
+    ///   layer; prompt chunks run alone;
+    /// - [`SlotsMode::OneByOne`]: one sequence after another (the tiered store, a GPU tier, a
+    ///   tracer, sparse prefill, a selector with per-sequence state).
+    pub fn slots_mode(&self) -> SlotsMode {
+        if self.slots_batch_blocker().is_none() {
+            SlotsMode::Batch
+        } else if self.store().is_none()
+            && self.gpu().is_none()
+            && self.hybrid.is_none()
+            && !self.watched()
+            && self.prefill.0 == 0.0
+            && !self.selector().keeps_sequence_state()
+        {
+            SlotsMode::RowByRow
+        } else {
+            SlotsMode::OneByOne
+        }
+    }
+
+    /// Whether every run of a batch of sequences shares one pass ([`SlotsMode::Batch`]).
     pub fn batches_slots(&self) -> bool {
         self.slots_batch_blocker().is_none()
     }
@@ -186,13 +221,13 @@ impl Engine {
         })
     }
 
-    /// Evaluates the next tokens of several sequences (at most one run per slot, `n_batch`
-    /// tokens in all) and returns the last token's logits of each run that asked, in run order.
-    /// A run of more than one token counts as prompt, of one as generation. On an error no
-    /// run's tokens stay in its cache.
+    /// Evaluates the next tokens of several sequences (at most one run per slot) and returns the
+    /// last token's logits of each run that asked, in run order. A run of more than one token
+    /// counts as prompt, of one as generation. Each run gets exactly what it gets alone
+    /// ([`Engine::slots_mode`] says how they share the work). On an error the runs not yet
+    /// evaluated keep nothing of theirs in their caches.
     pub fn eval_slots(&mut self, runs: &[SlotRun<'_>]) -> Result<&[f32], EvalError> {
         let n_vocab = self.model.config.n_vocab;
-        let n: usize = runs.iter().map(|r| r.tokens.len()).sum();
         for (i, r) in runs.iter().enumerate() {
             assert!(r.slot < self.n_slots(), "slot {} of {}", r.slot, self.n_slots());
             assert!(runs[..i].iter().all(|o| o.slot != r.slot), "slot {} twice in one batch", r.slot);
@@ -207,37 +242,73 @@ impl Engine {
                 });
             }
         }
-        self.slots.logits.clear();
-        if runs.len() == 1 || !self.batches_slots() || n > self.n_batch() {
-            // One sequence at a time, each exactly as alone.
-            for r in runs {
-                self.use_slot(r.slot);
-                let logits = self.eval(r.tokens, Logits::Last)?;
-                if r.logits {
-                    let row = logits[..n_vocab].to_vec();
-                    self.slots.logits.extend_from_slice(&row);
-                }
-            }
-            return Ok(&self.slots.logits);
-        }
-        self.apply_budget_request();
-        for r in runs {
+        let mode = if runs.len() > 1 { self.slots_mode() } else { SlotsMode::OneByOne };
+        let together: Vec<usize> = match mode {
+            SlotsMode::Batch => (0..runs.len()).collect(),
+            SlotsMode::RowByRow => (0..runs.len()).filter(|&i| runs[i].tokens.len() == 1).collect(),
+            SlotsMode::OneByOne => Vec::new(),
+        };
+        let n_together: usize = together.iter().map(|&i| runs[i].tokens.len()).sum();
+        let together = if together.len() > 1 && n_together <= self.n_batch() { together } else { Vec::new() };
+        let mut rows: Vec<Option<Vec<f32>>> = vec![None; runs.len()];
+        // The runs apart, each exactly as alone.
+        for (i, r) in runs.iter().enumerate().filter(|(i, _)| !together.contains(i)) {
             self.use_slot(r.slot);
-            let end = self.n_past + r.tokens.len();
-            self.reserve_kv(end)?;
+            let logits = self.eval(r.tokens, Logits::Last)?;
+            if r.logits {
+                rows[i] = Some(logits[..n_vocab].to_vec());
+            }
         }
-        let tokens: Vec<u32> = runs.iter().flat_map(|r| r.tokens.iter().copied()).collect();
-        let mut row0 = 0;
-        self.slots.runs.clear();
-        for r in runs {
-            self.slots.runs.push(RunRows { slot: r.slot, row0, len: r.tokens.len() });
-            row0 += r.tokens.len();
+        if !together.is_empty() {
+            let batch: Vec<SlotRun<'_>> = together.iter().map(|&i| runs[i]).collect();
+            self.apply_budget_request();
+            for r in &batch {
+                self.use_slot(r.slot);
+                let end = self.n_past + r.tokens.len();
+                self.reserve_kv(end)?;
+            }
+            let tokens: Vec<u32> = batch.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+            let mut row0 = 0;
+            self.slots.runs.clear();
+            for r in &batch {
+                self.slots.runs.push(RunRows { slot: r.slot, row0, len: r.tokens.len() });
+                row0 += r.tokens.len();
+            }
+            let phase = if batch.iter().all(|r| r.tokens.len() == 1) { Phase::Generate } else { Phase::Prompt };
+            self.slots.row_by_row = mode == SlotsMode::RowByRow;
+            let result = self.forward_runs(&tokens, &batch, phase);
+            self.slots.row_by_row = false;
+            self.slots.runs.clear();
+            result?;
+            let mut got = self.slots.logits.chunks(n_vocab);
+            for &i in together.iter().filter(|&&i| runs[i].logits) {
+                rows[i] = Some(got.next().expect("a row per run that asked").to_vec());
+            }
         }
-        let phase = if runs.iter().all(|r| r.tokens.len() == 1) { Phase::Generate } else { Phase::Prompt };
-        let result = self.forward_runs(&tokens, runs, phase);
-        self.slots.runs.clear();
-        result?;
+        self.slots.logits.clear();
+        for row in rows.into_iter().flatten() {
+            self.slots.logits.extend_from_slice(&row);
+        }
         Ok(&self.slots.logits)
+    }
+
+    /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
+    /// computed as a lone token (its own selection and columns), moved back.
+    pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+        self.slots.row_by_row = false;
+        let mut r = Ok(());
+        for t in 0..n {
+            let Engine { model, s, .. } = self;
+            s.swap_site_rows(&model.config, site, 0, t);
+            r = self.site(l, 1, site);
+            let Engine { model, s, .. } = self;
+            s.swap_site_rows(&model.config, site, 0, t);
+            if r.is_err() {
+                break;
+            }
+        }
+        self.slots.row_by_row = true;
+        r
     }
 
     /// The batch of [`Engine::eval_slots`] through every layer and the output head.

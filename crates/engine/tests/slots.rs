@@ -1,18 +1,37 @@
 //! Parallel sequences (`Engine::set_slots`, `Engine::eval_slots`) on the real SmolLM2-135M: a
 //! batch of several sequences, joining at different steps with prompts in chunks while the others
 //! decode, gives every sequence the logits it gets alone, bit for bit (dense, and Top-K 0.5 on
-//! masked rows); selectors with per-sequence state are refused; slots keep their own caches.
+//! masked rows, and on a pack's columns); selectors with per-sequence state are refused; slots
+//! keep their own caches.
 
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
-use sift_engine::{Engine, EngineOptions, Logits, SlotRun};
+use sift_engine::{Engine, EngineOptions, Logits, SlotRun, SlotsMode};
 use sift_model::tokenizer::Tokenizer;
-use sift_model::Model;
+use sift_store::{pack_model, ColPolicy, PackOptions};
 use std::path::PathBuf;
 
-fn engine() -> (Engine, Tokenizer) {
+fn gguf() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
-    let model = Model::load(&p).expect("load model");
+    p
+}
+
+fn engine() -> (Engine, Tokenizer) {
+    engine_on(&gguf())
+}
+
+/// The model packed (in this test binary's folder under target/tmp, re-used by every run).
+fn pack() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-slots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smol.sift");
+    let opts = PackOptions { cols: ColPolicy::Auto, group: 4, ..PackOptions::default() };
+    pack_model(&gguf(), &out, &opts, |_| {}).unwrap();
+    out
+}
+
+fn engine_on(p: &std::path::Path) -> (Engine, Tokenizer) {
+    let model = sift_store::open_model(p).expect("load model");
     let tok = Tokenizer::from_gguf(&model.file.gguf).expect("tokenizer");
     let opts = EngineOptions { n_threads: 2, n_ctx: 1024, n_batch: 64, ..Default::default() };
     (Engine::new(model, &opts), tok)
@@ -117,8 +136,8 @@ fn together(e: &mut Engine, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
     out
 }
 
-fn check(method: Option<(Method, f64)>) {
-    let (mut e, tok) = engine();
+fn check(method: Option<(Method, f64)>, on: &std::path::Path, mode: SlotsMode) {
+    let (mut e, tok) = engine_on(on);
     if let Some((m, r)) = method {
         selector(&mut e, m, r);
     }
@@ -128,7 +147,7 @@ fn check(method: Option<(Method, f64)>) {
     e.set_slots(3).unwrap();
     assert_eq!(e.n_slots(), 3);
     assert_eq!(e.n_ctx(), 1024 / 3);
-    assert!(e.batches_slots());
+    assert_eq!(e.slots_mode(), mode);
     let both = together(&mut e, &prompts);
     for (i, (a, b)) in solo.iter().zip(&both).enumerate() {
         assert_eq!(a.len(), b.len(), "sequence {i}");
@@ -151,12 +170,22 @@ fn check(method: Option<(Method, f64)>) {
 
 #[test]
 fn parallel_sequences_give_what_each_gives_alone_dense() {
-    check(None);
+    check(None, &gguf(), SlotsMode::Batch);
 }
 
 #[test]
 fn parallel_sequences_give_what_each_gives_alone_topk() {
-    check(Some((Method::TopK, 0.5)));
+    check(Some((Method::TopK, 0.5)), &gguf(), SlotsMode::Batch);
+}
+
+/// On a pack a lone token's Top-K products run on its active columns: the decoding sequences
+/// share the layers' passes, each token on its own columns (and dense, the rows, in one batch).
+#[test]
+fn parallel_sequences_on_a_pack_give_what_each_gives_alone() {
+    let pack = pack();
+    check(Some((Method::TopK, 0.5)), &pack, SlotsMode::RowByRow);
+    check(Some((Method::Dip, 0.5)), &pack, SlotsMode::RowByRow);
+    check(None, &pack, SlotsMode::Batch);
 }
 
 #[test]

@@ -55,6 +55,16 @@ pub struct MemoryGauges {
     pub rss_bytes: u64,
 }
 
+/// One parallel slot's figures (`-np`), as the worker last published them.
+#[derive(Clone, Debug, Default)]
+pub struct SlotGauge {
+    pub processing: bool,
+    /// Tokens in the slot's KV cache.
+    pub n_past: usize,
+    /// Tokens the slot has generated since the start.
+    pub generated: u64,
+}
+
 /// The last budgeted decode against its bound (`sift_sim::bound`), for /metrics.
 #[derive(Clone, Debug, Default)]
 pub struct DecodeGauges {
@@ -79,6 +89,8 @@ pub struct Metrics {
     hist: Mutex<Hists>,
     memory: Mutex<MemoryGauges>,
     decode: Mutex<DecodeGauges>,
+    /// Per slot, and the sequences in the last batch step (`-np`).
+    slots: Mutex<(Vec<SlotGauge>, usize)>,
 }
 
 #[derive(Debug)]
@@ -105,6 +117,7 @@ impl Default for Metrics {
             }),
             memory: Mutex::new(MemoryGauges::default()),
             decode: Mutex::new(DecodeGauges::default()),
+            slots: Mutex::new((Vec::new(), 0)),
         }
     }
 }
@@ -153,6 +166,13 @@ impl Metrics {
                 read_amplification: t.read_amplification,
                 hit_rate_bytes: t.hit_rate_bytes,
             };
+        }
+    }
+
+    /// Publishes the slots' figures and how many sequences the last step batched.
+    pub fn set_slots(&self, slots: Vec<SlotGauge>, last_batch: usize) {
+        if let Ok(mut m) = self.slots.lock() {
+            *m = (slots, last_batch);
         }
     }
 
@@ -213,6 +233,26 @@ impl Metrics {
             d.read_amplification,
         );
         metric("sift_decode_hit_rate_bytes", "gauge", &format!("Cache hit rate by bytes {last}"), d.hit_rate_bytes);
+        if let Ok(slots) = self.slots.lock() {
+            if !slots.0.is_empty() {
+                metric("sift_batch_sequences", "gauge", "Sequences in the last batch step (-np)", slots.1 as f64);
+                let per_slot: [(&str, &str, &str, fn(&SlotGauge) -> f64); 3] = [
+                    ("sift_slot_processing", "gauge", "Whether the slot runs a request", |g| {
+                        f64::from(u8::from(g.processing))
+                    }),
+                    ("sift_slot_n_past", "gauge", "Tokens in the slot's KV cache", |g| g.n_past as f64),
+                    ("sift_slot_generated_tokens_total", "counter", "Tokens the slot generated", |g| {
+                        g.generated as f64
+                    }),
+                ];
+                for (name, kind, help, value) in per_slot {
+                    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                    for (i, g) in slots.0.iter().enumerate() {
+                        let _ = writeln!(out, "{name}{{slot=\"{i}\"}} {}", value(g));
+                    }
+                }
+            }
+        }
         if let Ok(h) = self.hist.lock() {
             h.ttft.write(&mut out, "sift_time_to_first_token_seconds", "Time from request to first generated token");
             h.itl.write(&mut out, "sift_inter_token_latency_seconds", "Time between generated tokens");

@@ -204,9 +204,15 @@ fn open(opts: &SessionOptions, request_reserve: u64, parallel: usize) -> anyhow:
         eprintln!(
             "sift: {parallel} parallel slots of {} tokens of context each{}",
             session.engine.n_ctx(),
-            match session.engine.slots_batch_blocker() {
-                None => ", batched".to_string(),
-                Some(why) => format!(", one after another at each step ({why}: a batch would change their results)"),
+            match (session.engine.slots_mode(), session.engine.slots_batch_blocker()) {
+                (sift_engine::SlotsMode::Batch, _) => ", batched".to_string(),
+                (sift_engine::SlotsMode::RowByRow, _) =>
+                    ", decoding together, each token on its own active columns (prompt chunks one at a time)"
+                        .to_string(),
+                (_, why) => format!(
+                    ", one after another at each step ({}: a batch would change their results)",
+                    why.unwrap_or("this engine")
+                ),
             }
         );
     }

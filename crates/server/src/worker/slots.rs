@@ -16,7 +16,7 @@
 
 use super::{batches, token_logprob, Event, Job, Stop, Timings, Worker, PROMPT_CHUNK};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SlotGauge};
 use crate::openai::TokenLogprob;
 use sift_engine::generate::Generator;
 use sift_engine::{GenerateOptions, SlotRun};
@@ -31,6 +31,8 @@ pub(super) struct Slot {
     /// The tokens in this slot's KV cache.
     pub(super) cached: Vec<u32>,
     task: Option<Task>,
+    /// Tokens generated here since the start (`/metrics`).
+    generated: u64,
 }
 
 /// A request's current choice in a slot.
@@ -242,6 +244,7 @@ impl Worker {
         };
         let n_vocab = self.l.session.engine.config().n_vocab;
         let mut rows = logits.chunks(n_vocab);
+        let n_runs = runs.len();
         for (s, run, toks) in runs {
             self.slots[s].cached.extend_from_slice(&toks);
             let Some(mut task) = self.slots[s].task.take() else { continue };
@@ -261,7 +264,17 @@ impl Worker {
                 }
             }
         }
+        self.publish_slots(n_runs);
         self.poll();
+    }
+
+    /// Each slot's figures and the last step's batch for `/metrics`.
+    fn publish_slots(&self, last_batch: usize) {
+        let e = &self.l.session.engine;
+        let gauges = (self.slots.iter().enumerate())
+            .map(|(i, s)| SlotGauge { processing: s.task.is_some(), n_past: e.slot_n_past(i), generated: s.generated })
+            .collect();
+        self.metrics.set_slots(gauges, last_batch);
     }
 
     /// The prompt was read: tells the client, starts generating from `logits`.
@@ -310,6 +323,7 @@ impl Worker {
             d.pending.push(token_logprob(&self.l.session.tok, logits, next, k));
         }
         Metrics::inc(&self.metrics.generated_tokens, 1);
+        self.slots[s].generated += 1;
         let now = Instant::now();
         if d.g.n_sampled() == 0 {
             self.metrics.observe_ttft((now - task.job.received).as_secs_f64());
