@@ -10,6 +10,9 @@ it samples is the server's. Standard library only.
       --clients 8 --requests 4 --max-tokens 32 [--server-args "--memory 140M --sparsity topk ..."] \
       [--peer-llama-server .ref/build/bin/llama-server --pairs 3] [-o bench/out/serve_load.json]
 
+With SIFT_CGROUP=1 (root, cgroup v1) and --memory, the server runs in a memory cgroup of its budget
++ 128 MiB; its peak usage and limit hits are reported.
+
 With --peer-llama-server, llama.cpp's server runs the same load on the same GGUF (one slot,
 `-np 1`, like sift's one sequence at a time, unless --peer-parallel; the same -t and -c), alternating sift / peer for
 --pairs rounds; the medians and sift/peer ratios are reported.
@@ -113,9 +116,20 @@ def main():
     report(a, res, runs["sift"] + runs["llama-server"])
 
 
+CGROUP = "/sys/fs/cgroup/memory/sift-serve-load"
+
+
 def start_sift(a, extra):
     cmd = [a.sift, "serve", "--host", "127.0.0.1", "--port", "0", "-m", a.model,
            "--max-queue", str(max(16, a.clients))] + (["-np", str(a.np)] if a.np > 1 else []) + extra
+    budget = parse_mib(extra[extra.index("--memory") + 1]) if "--memory" in extra else None
+    if os.environ.get("SIFT_CGROUP") and budget:
+        # Root, cgroup v1: the server in a memory cgroup of its budget + 128 MiB.
+        os.makedirs(CGROUP, exist_ok=True)
+        for k, v in (("limit_in_bytes", int((budget + 128) * 2**20)), ("max_usage_in_bytes", 0), ("failcnt", 0)):
+            with open(f"{CGROUP}/memory.{k}", "w") as f:
+                f.write(str(v))
+        cmd = ["sh", "-c", f"echo $$ > {CGROUP}/cgroup.procs && exec {shlex.join(cmd)}"]
     srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     t_start = time.time()
     for line in srv.stderr:
@@ -250,9 +264,23 @@ def run_load(a, started, budget):
         "latency_mean_s": statistics.mean(lat) if lat else None,
         "rss_peak_mib": peak, "rss_samples": len(samples), "budget_mib": budget,
         "rss_within_budget": None if budget is None or peak is None else peak <= budget,
+        "cgroup_peak_mib": cgroup_peak(), "cgroup_limit_hits": cgroup_hits(),
         "ttft_count": next((float(l.split()[1]) for l in metrics.splitlines()
                             if l.startswith("sift_time_to_first_token_seconds_count")), None),
     }
+
+
+def cgroup_peak():
+    """The cgroup's peak usage (RSS + page cache), MiB, when SIFT_CGROUP put the server in one."""
+    if not os.environ.get("SIFT_CGROUP") or not os.path.exists(f"{CGROUP}/memory.max_usage_in_bytes"):
+        return None
+    return int(open(f"{CGROUP}/memory.max_usage_in_bytes").read()) / 2**20
+
+
+def cgroup_hits():
+    if cgroup_peak() is None:
+        return None
+    return int(open(f"{CGROUP}/memory.failcnt").read())
 
 
 def report(a, res, runs):

@@ -62,6 +62,8 @@ pub(crate) struct Slots {
     logits: Vec<f32>,
     /// While a [`SlotsMode::RowByRow`] batch runs: sites compute a token at a time.
     pub(crate) row_by_row: bool,
+    /// The units a site's tokens used in such a batch (the union of their selections).
+    union: Vec<bool>,
 }
 
 impl Engine {
@@ -295,12 +297,32 @@ impl Engine {
     /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
     /// computed as a lone token (its own selection and columns), moved back.
     pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+        let c = &self.model.config;
+        let width = match site {
+            Site::AttnIn | Site::FfnIn => c.n_embd,
+            Site::AttnOut => c.n_embd_q(),
+            Site::FfnMid => c.n_ff,
+        };
+        let mut union = std::mem::take(&mut self.slots.union);
+        union.clear();
+        union.resize(width, false);
+        let i = site.index();
+        let active0 = self.stats.active[i];
         self.slots.row_by_row = false;
         let mut r = Ok(());
         for t in 0..n {
             let Engine { model, s, .. } = self;
             s.swap_site_rows(&model.config, site, 0, t);
+            let before = self.stats.active[i];
             r = self.site(l, 1, site);
+            // The units this token used: all, or its selection (left in `s.active`).
+            if self.stats.active[i] - before >= width as u64 {
+                union.fill(true);
+            } else {
+                for &j in &self.s.active {
+                    union[j as usize] = true;
+                }
+            }
             let Engine { model, s, .. } = self;
             s.swap_site_rows(&model.config, site, 0, t);
             if r.is_err() {
@@ -308,6 +330,15 @@ impl Engine {
             }
         }
         self.slots.row_by_row = true;
+        // Sites where every token was dense tell nothing about the union.
+        let used = self.stats.active[i] - active0;
+        if used < (n * width) as u64 {
+            let b = &mut self.stats.batch_union[n.clamp(2, 9) - 2];
+            b.site_visits += 1;
+            b.union_units += union.iter().filter(|&&u| u).count() as u64;
+            b.token_units += used;
+        }
+        self.slots.union = union;
         r
     }
 

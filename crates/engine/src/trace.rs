@@ -40,6 +40,29 @@ pub struct SparsityStats {
     /// Sparse prefill blocks: FFN neurons computed and neurons in the block's FFNs (token-layers
     /// times `n_ff`).
     pub prefill_neurons: [u64; 2],
+    /// Sparse decoding of several sequences in one step ([`crate::SlotsMode::RowByRow`]), by
+    /// the number of sequences `k` (index `k - 2`, the last entry for 9 and more): sites visited,
+    /// units active in the union of the sequences' selections, and in each selection (summed).
+    pub batch_union: [BatchUnion; 8],
+}
+
+/// How the union of several sequences' active units grows ([`SparsityStats::batch_union`]).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct BatchUnion {
+    pub site_visits: u64,
+    pub union_units: u64,
+    pub token_units: u64,
+}
+
+impl BatchUnion {
+    /// Units the union needs over the units one token's selection needs (1: the sequences chose
+    /// the same units; k: disjoint choices).
+    pub fn union_over_one(&self, k: usize) -> f64 {
+        if self.token_units == 0 {
+            return 0.0;
+        }
+        self.union_units as f64 / (self.token_units as f64 / k as f64)
+    }
 }
 
 impl SparsityStats {

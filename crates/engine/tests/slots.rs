@@ -157,6 +157,17 @@ fn check(method: Option<(Method, f64)>, on: &std::path::Path, mode: SlotsMode) {
         }
         assert_eq!(e.slot_n_past(i), prompts[i].len() + DECODE, "sequence {i}'s cache");
     }
+    if mode == SlotsMode::RowByRow {
+        // The union of the decoding sequences' active units, as reported: between one token's
+        // units (the same choices) and k times them (disjoint ones).
+        let u = e.sparsity_stats().batch_union;
+        assert!(u[0].site_visits > 0 && u[1].site_visits > 0, "{u:?}");
+        for (k, b) in [(2, u[0]), (3, u[1])] {
+            let r = b.union_over_one(k);
+            assert!(r > 1.0 && r <= k as f64, "{k} sequences: union {r:.2} x one token's");
+        }
+        assert!(u[1].union_over_one(3) > u[0].union_over_one(2), "the union grows with the sequences: {u:?}");
+    }
     // The sequences' texts differ: each run attended over its own cache.
     let texts: Vec<u32> = solo.iter().map(|s| argmax(&s[0])).collect();
     assert!(texts[0] != texts[1] || texts[1] != texts[2], "three prompts, one continuation: {texts:?}");

@@ -457,6 +457,7 @@ impl Worker {
             "n_past": self.l.session.engine.n_past(),
             "queued": self.queued.load(Ordering::SeqCst),
             "slots": self.slots_json(),
+            "batch_union": self.batch_union_json(),
         })
     }
 

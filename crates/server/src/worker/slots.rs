@@ -400,6 +400,24 @@ impl Worker {
         self.slots[s].cached.clear();
     }
 
+    /// How the union of the active units grew with the sequences decoded together (a sparse
+    /// selection on a pack): per number of sequences, the sparse sites seen and the union's units
+    /// over one token's.
+    pub(super) fn batch_union_json(&self) -> Vec<serde_json::Value> {
+        let stats = self.l.session.engine.sparsity_stats();
+        (stats.batch_union.iter().enumerate())
+            .filter(|(_, b)| b.site_visits > 0)
+            .map(|(i, b)| {
+                let k = i + 2;
+                serde_json::json!({
+                    "sequences": if k == 9 { "9+".to_string() } else { k.to_string() },
+                    "site_visits": b.site_visits,
+                    "union_over_one_token": b.union_over_one(k),
+                })
+            })
+            .collect()
+    }
+
     /// `/slots`: each slot's id, context, whether it runs a request, and its cached tokens.
     pub(super) fn slots_json(&self) -> Vec<serde_json::Value> {
         let e = &self.l.session.engine;
