@@ -55,6 +55,9 @@ pub struct MemoryGauges {
     pub rss_bytes: u64,
 }
 
+/// A per-slot metric: name, kind, help, and its value for a slot.
+type SlotMetric = (&'static str, &'static str, &'static str, fn(&SlotGauge) -> f64);
+
 /// One parallel slot's figures (`-np`), as the worker last published them.
 #[derive(Clone, Debug, Default)]
 pub struct SlotGauge {
@@ -236,7 +239,7 @@ impl Metrics {
         if let Ok(slots) = self.slots.lock() {
             if !slots.0.is_empty() {
                 metric("sift_batch_sequences", "gauge", "Sequences in the last batch step (-np)", slots.1 as f64);
-                let per_slot: [(&str, &str, &str, fn(&SlotGauge) -> f64); 3] = [
+                let per_slot: [SlotMetric; 3] = [
                     ("sift_slot_processing", "gauge", "Whether the slot runs a request", |g| {
                         f64::from(u8::from(g.processing))
                     }),
