@@ -243,6 +243,10 @@ def run_load(a, started, budget):
         metrics = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
     except Exception:  # noqa: BLE001 - llama-server has /metrics only with --metrics
         metrics = ""
+    try:
+        batch_union = json.load(urllib.request.urlopen(f"http://{addr}/admin/stats", timeout=10)).get("batch_union")
+    except Exception:  # noqa: BLE001 - sift only
+        batch_union = None
     srv.terminate()
     try:
         srv.wait(20)
@@ -264,6 +268,7 @@ def run_load(a, started, budget):
         "latency_mean_s": statistics.mean(lat) if lat else None,
         "rss_peak_mib": peak, "rss_samples": len(samples), "budget_mib": budget,
         "rss_within_budget": None if budget is None or peak is None else peak <= budget,
+        "batch_union": batch_union,
         "cgroup_peak_mib": cgroup_peak(), "cgroup_limit_hits": cgroup_hits(),
         "ttft_count": next((float(l.split()[1]) for l in metrics.splitlines()
                             if l.startswith("sift_time_to_first_token_seconds_count")), None),

@@ -182,8 +182,12 @@ impl Engine {
     ///   layer; prompt chunks run alone;
     /// - [`SlotsMode::OneByOne`]: one sequence after another (the tiered store, a GPU tier, a
     ///   tracer, sparse prefill, a selector with per-sequence state).
+    ///
+    /// `SIFT_SLOTS_ONE_BY_ONE=1` forces the last (for A/B benchmarks).
     pub fn slots_mode(&self) -> SlotsMode {
-        if self.slots_batch_blocker().is_none() {
+        if std::env::var_os("SIFT_SLOTS_ONE_BY_ONE").is_some_and(|v| v == "1") {
+            SlotsMode::OneByOne
+        } else if self.slots_batch_blocker().is_none() {
             SlotsMode::Batch
         } else if self.store().is_none()
             && self.gpu().is_none()
