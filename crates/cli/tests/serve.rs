@@ -48,7 +48,18 @@ impl Server {
         if !args.contains(&"-m") {
             cmd.args(["-m", m.to_str().unwrap()]);
         }
-        let mut child = cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run sift serve");
+        Server::spawn(cmd.args(args))
+    }
+
+    /// A server started by another command line (`argv[0]` and its arguments).
+    fn start_command(argv: &[&str]) -> Server {
+        let mut cmd = Command::new(argv[0]);
+        cmd.env("SIFT_PROFILE", "sift-dev-2core").args(&argv[1..]);
+        Server::spawn(&mut cmd)
+    }
+
+    fn spawn(cmd: &mut Command) -> Server {
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("run sift serve");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
@@ -806,6 +817,13 @@ fn parallel_slots_serve_each_client_its_own_text() {
     let r = post(a, "/v1/completions", &json!({"prompt": prompts[1], "max_tokens": 24, "temperature": 0}));
     assert_eq!(r.json()["choices"][0]["text"], expected.as_str());
     assert!(r.json()["timings"]["cache_n"].as_u64().unwrap() > 0, "{}", r.body);
+    // ... and the same log-probabilities as the fresh prompt gave (a new server: nothing cached).
+    let lp = json!({"prompt": prompts[2], "max_tokens": 6, "temperature": 0, "logprobs": 3});
+    let fresh = post(a, "/v1/completions", &lp).json();
+    let reused = post(a, "/v1/completions", &lp).json();
+    assert!(reused["timings"]["cache_n"].as_u64().unwrap() > 0, "{reused}");
+    assert_eq!(fresh["timings"]["cache_n"], 0, "{fresh}");
+    assert_eq!(fresh["choices"][0]["logprobs"], reused["choices"][0]["logprobs"]);
     // A client that disconnects mid-stream frees its slot; a request running beside it goes on.
     let cancelled = metric(a, "sift_requests_cancelled_total");
     let body = json!({"prompt": "Once upon a time", "max_tokens": 200, "stream": true, "ignore_eos": true});
@@ -849,4 +867,81 @@ fn parallel_slots_refuse_core_neurons() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("-np 2") && err.contains("per sequence"), "{err}");
+}
+
+/// Under `--memory` with `-np 8`, eight concurrent clients on a pack with Top-K 0.5: every request
+/// answered with its text alone, the server's resident memory (sampled throughout) within the
+/// budget. As root on cgroup v1 the server also runs in a memory cgroup of the budget + 128 MiB.
+#[test]
+fn parallel_slots_hold_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("m.sift");
+    let o = sift_cmd().args(["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let budget = 200u64 << 20;
+    let args = [
+        "-m",
+        pack.to_str().unwrap(),
+        "-np",
+        "8",
+        "-c",
+        "512",
+        "--memory",
+        "200M",
+        "--sparsity",
+        "topk",
+        "--ratio",
+        "0.5",
+    ];
+    let cg = std::path::Path::new("/sys/fs/cgroup/memory/sift-serve-test");
+    let in_cgroup = std::fs::create_dir_all(cg).is_ok()
+        && std::fs::write(cg.join("memory.limit_in_bytes"), (budget + (128 << 20)).to_string()).is_ok();
+    let srv = if in_cgroup {
+        // The test process itself never joins: only the server does, through a shell.
+        let mut cmd = vec!["sh", "-c"];
+        let line = format!(
+            "echo $$ > {}/cgroup.procs && exec {} serve --port 0 -t 2 {}",
+            cg.display(),
+            env!("CARGO_BIN_EXE_sift"),
+            args.join(" ")
+        );
+        cmd.push(&line);
+        Server::start_command(&cmd)
+    } else {
+        eprintln!("no writable cgroup v1 memory controller: checking the sampled RSS only");
+        Server::start(&args)
+    };
+    let a = srv.addr.clone();
+    let prompts = eight_prompts();
+    let alone: Vec<String> = prompts.iter().map(|p| completion(&a, p, 12)).collect();
+    let pid = srv.child.id();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stop2, peak) = (stop.clone(), Arc::new(Mutex::new(0u64)));
+    let peak2 = peak.clone();
+    let sampler = std::thread::spawn(move || {
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                let kb = st
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().split(' ').next()?.parse::<u64>().ok());
+                let mut p = peak2.lock().unwrap();
+                *p = (*p).max(kb.unwrap_or(0) << 10);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    for round in 0..2 {
+        assert_eq!(concurrent(&a, &prompts, 12), alone, "round {round}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    sampler.join().unwrap();
+    let peak = *peak.lock().unwrap();
+    assert!(peak > 0 && peak <= budget, "peak RSS {} MiB over the 200 MiB budget", peak >> 20);
+    if in_cgroup {
+        let hits = std::fs::read_to_string(cg.join("memory.failcnt")).unwrap_or_default();
+        eprintln!("peak RSS {} MiB; cgroup limit hits {}", peak >> 20, hits.trim());
+    }
+    drop(srv);
+    let _ = std::fs::remove_dir(cg);
 }
