@@ -912,6 +912,7 @@ fn parallel_slots_hold_the_memory_budget() {
         Server::start(&args)
     };
     let a = srv.addr.clone();
+    assert!(srv.log().contains("decoding together, each token on its own active columns"), "{}", srv.log());
     let prompts = eight_prompts();
     let alone: Vec<String> = prompts.iter().map(|p| completion(&a, p, 12)).collect();
     let pid = srv.child.id();

@@ -660,7 +660,10 @@ impl Engine {
         if let (Some(t), 1) = (&mut self.tracer, n) {
             t.layer(l, &self.s.x[..e]);
         }
-        self.source.begin_layer(&self.model, l, n, &self.s.x[..e])?;
+        // A batch computed a token at a time reads as lone tokens (the first one's residual
+        // guides the store's preloading).
+        let n_read = if self.slots.row_by_row { 1 } else { n };
+        self.source.begin_layer(&self.model, l, n_read, &self.s.x[..e])?;
         // Attention.
         let Engine { model, pool, s, .. } = self;
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);

@@ -14,9 +14,10 @@
 //! Where a lone token is computed otherwise than a token in a batch (a sparse selection on a pack
 //! runs a lone token on its active columns), the decoding sequences still go through the layers
 //! together, but each token's products run on its own columns in turn ([`SlotsMode::RowByRow`]).
-//! Where a row's result would depend on the batch in other ways (the tiered store's reads, the
-//! GPU), or on its sequence's history (a selector with per-sequence state), the runs are
-//! evaluated one after the other, each as it would be alone.
+//! Under a memory budget (the tiered store) every token takes that way too: the union of the
+//! batch's columns is fetched into the cache once per layer. Where a row's result would depend on
+//! the batch in other ways (the GPU), or on its sequence's history (a selector with per-sequence
+//! state), the runs are evaluated one after the other, each as it would be alone.
 //!
 //! Under a memory budget every slot's cache is counted: the pages beyond the first slot's first
 //! page come out of the weight cache (`TieredStore::set_kv_growth`), as one cache's growth does.
@@ -175,13 +176,14 @@ impl Engine {
     /// How a batch of several sequences runs here, computing what each computes alone:
     /// - [`SlotsMode::Batch`]: every run in one pass: dense kernels on rows (any selector's masked
     ///   inputs on GGUF rows; a dense selection on a pack);
-    /// - [`SlotsMode::RowByRow`]: a sparse selection on a pack's columns, where a lone token runs
-    ///   on its active columns: the decoding sequences' tokens go through the layers together
-    ///   (one attention per sequence, one output head for all), each token's products on its own
-    ///   columns in turn, so the union of their columns is read from memory about once per
-    ///   layer; prompt chunks run alone;
-    /// - [`SlotsMode::OneByOne`]: one sequence after another (the tiered store, a GPU tier, a
-    ///   tracer, sparse prefill, a selector with per-sequence state).
+    /// - [`SlotsMode::RowByRow`]: where a lone token runs on its active columns (a sparse
+    ///   selection on a pack; anything on the tiered store): the decoding sequences' tokens go
+    ///   through the layers together (one attention per sequence, one output head for all), each
+    ///   token's products on its own columns in turn, so the union of their columns is read
+    ///   about once per layer (from memory; under a budget, from the disk into the cache);
+    ///   prompt chunks run alone;
+    /// - [`SlotsMode::OneByOne`]: one sequence after another (a GPU tier, a tracer, sparse
+    ///   prefill, a selector with per-sequence state).
     ///
     /// `SIFT_SLOTS_ONE_BY_ONE=1` forces the last (for A/B benchmarks).
     pub fn slots_mode(&self) -> SlotsMode {
@@ -189,8 +191,7 @@ impl Engine {
             SlotsMode::OneByOne
         } else if self.slots_batch_blocker().is_none() {
             SlotsMode::Batch
-        } else if self.store().is_none()
-            && self.gpu().is_none()
+        } else if self.gpu().is_none()
             && self.hybrid.is_none()
             && !self.watched()
             && self.prefill.0 == 0.0
