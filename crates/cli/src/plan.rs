@@ -45,6 +45,10 @@ pub struct PlanArgs {
     /// Context size the run will use (KV cache)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096, value_parser = sift_session::ranges::ctx_size)]
     pub ctx_size: usize,
+    /// Sequences decoded together (a server's -np): the union of their active columns must fit
+    /// the cache, and the prediction is their tokens per second together
+    #[arg(long = "parallel", default_value_t = 1, value_parser = sift_session::ranges::count_in::<1, 256>)]
+    pub parallel: usize,
     #[command(flatten)]
     pub kv: crate::args::KvCacheArgs,
     /// Output format: md or json
@@ -98,6 +102,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         min_ratio: 0.0,
         fixed_ratio: a.ratio,
         base: TieredOptions { split: CacheSplit::ReadCost, ..TieredOptions::default() },
+        sequences: a.parallel,
     };
     let p = plan(&model, &pack, &profile, &req, trace.as_ref())?;
     if a.output == "json" {
@@ -109,7 +114,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     println!("plan for {} under {:.0} MiB on {} ({})\n", a.model.display(), mib(budget), profile.name, profile.source);
     println!(
         "  --sparsity {} --ratio {:.2} --preload {} --cache-policy {}   predicted {:.2} tok/s ({})\n",
-        p.sparsity, p.ratio, p.preload, p.cache_policy, p.predicted_tok_s, p.predicted_by
+        p.sparsity,
+        p.ratio,
+        p.preload,
+        p.cache_policy,
+        p.predicted_tok_s,
+        if a.parallel > 1 {
+            format!("{}, {} sequences together", p.predicted_by, a.parallel)
+        } else {
+            p.predicted_by.clone()
+        }
     );
     println!("| memory | MiB |\n|---|---:|");
     for (k, v) in [

@@ -198,7 +198,10 @@ struct Loaded {
 
 /// Opens the session on the worker thread (so the engine never crosses threads).
 fn open(opts: &SessionOptions, request_reserve: u64, parallel: usize) -> anyhow::Result<Loaded> {
-    let mut session = Session::open(opts)?;
+    // Under --memory alone the planner plans the cache for the slots' union of active columns.
+    let mut opts = opts.clone();
+    opts.memory.sequences = parallel;
+    let mut session = Session::open(&opts)?;
     if parallel > 1 {
         session.engine.set_slots(parallel).map_err(|e| anyhow::anyhow!("-np {parallel}: {e}"))?;
         eprintln!(

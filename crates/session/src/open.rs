@@ -390,6 +390,7 @@ fn plan(
         min_ratio: 0.0,
         fixed_ratio,
         base: opts.clone(),
+        sequences: memory.sequences,
     };
     // The cost model: a trace to simulate would take its size (~1 MB per token for a 1.5B
     // model) out of the very budget being planned; `sift plan` simulates.

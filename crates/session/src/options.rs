@@ -316,6 +316,10 @@ pub struct MemoryOptions {
     pub follow_pressure: bool,
     #[command(flatten)]
     pub gpu: GpuOptions,
+    /// Sequences decoded together (a server's `-np`), which the planner plans the cache for
+    /// (not a flag here: `sift serve -np N` sets it).
+    #[arg(skip = 1usize)]
+    pub sequences: usize,
 }
 
 /// The CUDA tier's flags, as llama.cpp names them (a build with `--features cuda`).

@@ -267,6 +267,7 @@ fn the_planners_plans_fit_their_budgets() {
             min_ratio: 0.0,
             fixed_ratio: None,
             base: TieredOptions::default(),
+            sequences: 1,
         };
         let p = plan(&model, pack(), &profile(), &req, None).unwrap();
         assert!(p.memory.fixed() + p.memory.cache <= budget, "{pct}%: plan {:?} over {budget}", p.memory);
@@ -275,6 +276,31 @@ fn the_planners_plans_fit_their_budgets() {
         assert!(p.predicted_tok_s > 0.0);
         last_ratio = p.ratio;
     }
+    // Several sequences decoded together: their union must fit the cache, so the same budget
+    // needs at least as much sparsity, and the prediction counts all their tokens.
+    let total = model.columns.as_ref().unwrap().column_bytes();
+    let req = |budget, sequences| PlanRequest {
+        inputs: PlanInputs { budget, runtime: 20 << 20, kv_and_scratch: kv },
+        policy: Policy::Lfu,
+        max_ratio: 0.9,
+        min_ratio: 0.0,
+        fixed_ratio: None,
+        base: TieredOptions::default(),
+        sequences,
+    };
+    // A budget whose cache holds about half the columns.
+    let fixed = plan(&model, pack(), &profile(), &req(size * 3, 1), None).unwrap().memory.fixed();
+    let budget = fixed + total / 2;
+    let one = plan(&model, pack(), &profile(), &req(budget, 1), None).unwrap();
+    let four = plan(&model, pack(), &profile(), &req(budget, 4), None).unwrap();
+    eprintln!(
+        "budget {budget}: ratio {} / {}, {} / {} tok/s",
+        one.ratio, four.ratio, one.predicted_tok_s, four.predicted_tok_s
+    );
+    assert!(four.ratio > one.ratio, "4 sequences {} vs 1 {}", four.ratio, one.ratio);
+    assert!(four.predicted_tok_s > one.predicted_tok_s, "{} vs {}", four.predicted_tok_s, one.predicted_tok_s);
+    assert_eq!(sift_sim::planner::union_fraction(0.5, 1), 0.5);
+    assert_eq!(sift_sim::planner::union_fraction(0.5, 2), 0.75);
     // A budget below the fixed part cannot be planned.
     let req = PlanRequest {
         inputs: PlanInputs { budget: 10 << 20, runtime: 20 << 20, kv_and_scratch: kv },
@@ -283,6 +309,7 @@ fn the_planners_plans_fit_their_budgets() {
         min_ratio: 0.0,
         fixed_ratio: None,
         base: TieredOptions::default(),
+        sequences: 1,
     };
     let err = plan(&model, pack(), &profile(), &req, None).unwrap_err().to_string();
     assert!(err.contains("too small"), "{err}");
