@@ -91,15 +91,17 @@ impl KvCacheArgs {
 
 /// llama.cpp's multi-letter short flags, spelled as sift's long ones: `-ctk X` is
 /// `--cache-type-k X`, `-ctv X` is `--cache-type-v X`, `-tb N` is `--threads-batch N`, `-ngl N` is
-/// `--gpu-layers N`, `-mg I` is `--main-gpu I`, `-np N` is `--parallel N` (also with `=X`).
+/// `--gpu-layers N`, `-mg I` is `--main-gpu I`, `-np N` is `--parallel N`, `-ub N` is
+/// `--ubatch-size N` (also with `=X`).
 pub fn llama_spellings(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const SPELLINGS: [(&str, &str); 6] = [
+    const SPELLINGS: [(&str, &str); 7] = [
         ("-ctk", "--cache-type-k"),
         ("-ctv", "--cache-type-v"),
         ("-tb", "--threads-batch"),
         ("-ngl", "--gpu-layers"),
         ("-mg", "--main-gpu"),
         ("-np", "--parallel"),
+        ("-ub", "--ubatch-size"),
     ];
     args.into_iter()
         .map(|a| {

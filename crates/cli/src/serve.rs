@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// split between them, as llama-server splits it), decoded together in one batch (-np)
     #[arg(long = "parallel", default_value_t = 1, value_parser = sift_session::ranges::count_in::<1, 256>)]
     pub parallel: usize,
+    /// With -np: prompt tokens a slot reads per step, beside the others' decoding (at most -b)
+    #[arg(long = "ubatch-size", default_value_t = 256, value_parser = sift_session::ranges::count_in::<2, 65536>)]
+    pub ubatch: usize,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -73,6 +76,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         grace: Duration::from_secs_f64(a.grace),
         timeout: Duration::from_secs(a.timeout as u64),
         parallel: a.parallel,
+        ubatch: a.ubatch,
         session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
     };
     sift_server::run(cfg)

@@ -55,6 +55,8 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// llama-server's `-np`: sequences served at once (continuous batching; 1: one at a time).
     pub parallel: usize,
+    /// llama-server's `-ub`: prompt tokens a slot reads per step beside the others' decoding.
+    pub ubatch: usize,
     /// The model and how to run it: opened on the worker thread exactly as `sift generate`
     /// opens it (every sparsity, memory and policy flag applies).
     pub session: sift_session::SessionOptions,
@@ -72,7 +74,8 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     // --max-body is kept for it, and requests hold their share of it from before their body is
     // read until they are answered (`router`'s `request_memory`).
     let reserve = (cfg.max_body as u64).saturating_mul(REQUEST_RESERVE_BODIES);
-    let (worker, thread) = worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue, reserve, cfg.parallel)?;
+    let (worker, thread) =
+        worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue, reserve, cfg.parallel, cfg.ubatch)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

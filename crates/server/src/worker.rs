@@ -267,6 +267,7 @@ pub fn spawn(
     max_queue: usize,
     request_reserve: u64,
     parallel: usize,
+    ubatch: usize,
 ) -> anyhow::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Msg>();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo, String>>();
@@ -314,6 +315,7 @@ pub fn spawn(
             profile,
             slots: if parallel > 1 { (0..parallel).map(|_| slots::Slot::default()).collect() } else { Vec::new() },
             next_prompt: 0,
+            ubatch,
         };
         w.publish();
         let _ = ready_tx.send(Ok(info));
@@ -352,6 +354,8 @@ struct Worker {
     slots: Vec<slots::Slot>,
     /// The slot whose prompt chunk goes first at the next step (turns, for fairness).
     next_prompt: usize,
+    /// Prompt tokens a slot reads per step (`-ub`).
+    ubatch: usize,
 }
 
 /// Why a job stopped early.

@@ -5,8 +5,8 @@
 //! llama-server splits it). A request takes a free slot (the one whose cached tokens share the
 //! longest prefix with its prompt, reused as one slot's cache is reused with one slot) and joins
 //! the running batch at the next step. Every step evaluates, in one `Engine::eval_slots` call, the
-//! next token of each generating slot and the next chunk of each prompt being read, as many as
-//! `-b` tokens allow (a long prompt does not stall the others' decoding), then samples each
+//! next token of each generating slot and the next chunk (`-ub` tokens) of each prompt being
+//! read, as many as `-b` tokens allow (a long prompt does not stall the others' decoding), then samples each
 //! finished row. A request that ends, fails or whose client goes away frees its slot at that step.
 //! With temperature 0 a request gets exactly the text it gets alone: the engine computes each
 //! run as it would alone, and prompts are cut into the same chunks whoever else runs.
@@ -14,7 +14,7 @@
 //! Requests asking for their prompt's log-probabilities (`echo` with `logprobs`) need every
 //! position's logits: their prompt is read in one go at admission (the others wait for it).
 
-use super::{batches, token_logprob, Event, Job, Stop, Timings, Worker, PROMPT_CHUNK};
+use super::{batches, token_logprob, Event, Job, Stop, Timings, Worker};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, SlotGauge};
 use crate::openai::TokenLogprob;
@@ -187,7 +187,7 @@ impl Worker {
         self.slots[s].cached.truncate(common);
         let n = task.tokens.len();
         task.cache_n = common;
-        let size = PROMPT_CHUNK.min(self.l.session.engine.n_batch()).max(2);
+        let size = self.ubatch.min(self.l.session.engine.n_batch()).max(2);
         task.chunks = batches(n - common, size).into_iter().map(|r| r.start + common..r.end + common).collect();
         self.slots[s].task = Some(task);
     }
