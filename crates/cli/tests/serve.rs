@@ -857,6 +857,40 @@ fn parallel_slots_serve_each_client_its_own_text() {
     assert!(r.body.contains("per slot"), "{}", r.body);
 }
 
+/// `-np 2 --max-queue 1`: with both slots busy and one request waiting, the next gets 503
+/// `queue_full` with `Retry-After`; the waiting one is served when a slot frees.
+#[test]
+fn parallel_slots_queue_is_bounded() {
+    let srv = Server::start(&["-np", "2", "-c", "1024", "--max-queue", "1"]);
+    let a = srv.addr.as_str();
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "stream": true, "ignore_eos": true});
+    let mut busy: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = connect(a, "POST", "/v1/completions", &[], long.to_string().as_bytes());
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0 && String::from_utf8_lossy(&buf[..n]).contains("200"), "a slot took the stream");
+            s
+        })
+        .collect();
+    let t0 = Instant::now();
+    while metric(a, "sift_requests_running") < 2.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "both slots busy");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (a2, p) = (a.to_string(), eight_prompts()[0].clone());
+    let waiting = std::thread::spawn(move || completion(&a2, &p, 4));
+    while metric(a, "sift_queue_depth") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the third request queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": 1}));
+    assert_error(&r, 503, "queue_full");
+    assert!(r.headers.to_ascii_lowercase().contains("retry-after: 1"), "{}", r.headers);
+    busy.clear();
+    assert!(!waiting.join().unwrap().is_empty());
+}
+
 /// `-np` with a selector that keeps per-sequence state is refused at start, naming the fix.
 #[test]
 fn parallel_slots_refuse_core_neurons() {
