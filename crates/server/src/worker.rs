@@ -221,11 +221,18 @@ fn open(opts: &SessionOptions, request_reserve: u64, parallel: usize) -> anyhow:
     }
     if session.engine.store().is_some() && request_reserve > 0 {
         // Requests' bodies, tokenizing and responses live in the budget too.
+        let slots = if parallel > 1 {
+            format!(", with the KV caches of {parallel} slots (each at least 256 positions)")
+        } else {
+            String::new()
+        };
         let plan = session.engine.set_budget_reserve(request_reserve).map_err(|e| {
             anyhow::anyhow!(
                 "--memory leaves no room for requests: the server keeps {} MiB of it for request bodies, tokenizing and \
-                 responses (12 × --max-body), and the rest cannot hold the model ({e}); raise --memory or lower --max-body",
-                request_reserve >> 20
+                 responses (12 × --max-body), and the rest cannot hold the model{slots} ({e}); raise --memory, lower \
+                 --max-body{}",
+                request_reserve >> 20,
+                if parallel > 1 { " or use fewer slots (-np)" } else { "" }
             )
         })?;
         eprintln!(
@@ -500,6 +507,12 @@ impl Worker {
                 break;
             }
         }
+        self.end_job(job, result);
+        self.poll();
+    }
+
+    /// A job is over: done, cancelled or failed; counted, and the client told why it stopped.
+    fn end_job(&mut self, job: Job, result: Result<(), Stop>) {
         match result {
             Ok(()) => self.metrics.observe_duration(job.received.elapsed().as_secs_f64()),
             Err(Stop::Cancelled) => {
@@ -514,7 +527,6 @@ impl Worker {
             }
         }
         Metrics::dec(&self.metrics.running);
-        self.poll();
         self.publish();
     }
 

@@ -374,25 +374,6 @@ impl Worker {
         self.end_job(task.job, Ok(()));
     }
 
-    /// A job leaves its slot: done, cancelled or failed (counted as the single-slot path counts).
-    fn end_job(&mut self, job: Job, result: Result<(), Stop>) {
-        match result {
-            Ok(()) => self.metrics.observe_duration(job.received.elapsed().as_secs_f64()),
-            Err(Stop::Cancelled) => {
-                Metrics::inc(&self.metrics.cancelled, 1);
-                if self.abort.load(Ordering::SeqCst) {
-                    let _ = job.events.send(Event::Error(ApiError::shutting_down()));
-                }
-            }
-            Err(Stop::Failed(e)) => {
-                Metrics::inc(&self.metrics.errors, 1);
-                let _ = job.events.send(Event::Error(e));
-            }
-        }
-        Metrics::dec(&self.metrics.running);
-        self.publish();
-    }
-
     /// Drops slot `s`'s cache (after an engine error its contents are unknown).
     fn reset_slot(&mut self, s: usize) {
         self.l.session.engine.use_slot(s);
