@@ -244,7 +244,10 @@ def run_load(a, started, budget):
     except Exception:  # noqa: BLE001 - llama-server has /metrics only with --metrics
         metrics = ""
     try:
-        batch_union = json.load(urllib.request.urlopen(f"http://{addr}/admin/stats", timeout=10)).get("batch_union")
+        stats = json.load(urllib.request.urlopen(f"http://{addr}/admin/stats", timeout=10))
+        batch_union = stats.get("batch_union")
+        if budget is None and stats.get("budget_bytes"):
+            budget = stats["budget_bytes"] / 2**20  # a budget given as a share ("60%"), as the server resolved it
     except Exception:  # noqa: BLE001 - sift only
         batch_union = None
     srv.terminate()
