@@ -13,7 +13,7 @@ pub const MAX_THREADS: usize = 1024;
 pub const MAX_BATCH: usize = 1 << 20;
 
 /// `-t`: a thread count in `1..=MAX_THREADS`, with an error naming the range otherwise.
-fn threads_in_range(s: &str) -> Result<usize, String> {
+pub(crate) fn threads_in_range(s: &str) -> Result<usize, String> {
     let n: usize = s.parse().map_err(|e| format!("'{s}' is not a thread count: {e}"))?;
     if (1..=MAX_THREADS).contains(&n) {
         Ok(n)

@@ -2,12 +2,22 @@
 
 use crate::args::PerplexityArgs;
 use anyhow::Context;
-use sift_engine::perplexity::{perplexity, Scored};
+use sift_engine::perplexity::{perplexity_windows, text_windows, windows_to_score, Scored};
 use sift_engine::EngineOptions;
+use std::fs::File;
 use std::io::Write;
 
 pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
+    // The text is read from the file a piece at a time, twice (counted, then scored): a text of
+    // any size holds about one read's text and ids (`Tokenizer::encode_reader`), never all of it.
+    let open = || File::open(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()));
+    // A FIFO or a device cannot be read twice (and opening a FIFO blocks until a writer comes).
+    let meta = std::fs::metadata(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
+    anyhow::ensure!(
+        meta.is_file(),
+        "'{}' is not a regular file: perplexity reads its text twice (counted, then scored); save the text to a file first",
+        a.file.display()
+    );
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
     let eo = a.threading.apply(a.kv.apply(EngineOptions {
         n_threads: threads,
@@ -18,30 +28,30 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
     let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory)?;
     let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();
-    // With --chunks, only the windows scored are tokenized (the same ids as the start of the
-    // whole text's; at least two windows, which llama.cpp's method asks of any text): a long
-    // file's ids are never all held.
+    // With --chunks, the count stops once the windows scored are there (at least two, which
+    // llama.cpp's method asks of any text): the rest of a long file is never tokenized.
     let chunks = usize::try_from(a.chunks).ok();
-    let tokens = match chunks {
-        Some(n) => tok.encode_prefix(&text, true, false, n.max(2).saturating_mul(a.ctx_size)),
-        None => tok.encode(&text, true, false)?,
-    };
-    eprintln!("tokenized {} bytes into {} tokens in {:.2} s", text.len(), tokens.len(), t0.elapsed().as_secs_f64());
-    // The text is not needed again: its memory goes back before the run is planned.
-    let large = text.len() > 1 << 20;
-    drop(text);
-    if large {
-        sift_session::budget::trim_heap();
+    let want = chunks.map_or(usize::MAX, |n| n.max(2).saturating_mul(a.ctx_size));
+    let mut n_tokens = 0usize;
+    for ids in tok.encode_reader(open()?, true, false) {
+        n_tokens += ids.with_context(|| format!("cannot tokenize '{}'", a.file.display()))?.len();
+        if n_tokens >= want {
+            break;
+        }
     }
+    let counted = if n_tokens >= want { "the first " } else { "" };
+    eprintln!("tokenized {counted}{n_tokens} tokens in {:.2} s", t0.elapsed().as_secs_f64());
+    let total = windows_to_score(n_tokens, a.ctx_size, chunks)?;
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let mut session = crate::session::build(model, tok, &opts)?;
+    let tok = session.tok.clone();
     let engine = &mut session.engine;
     eprintln!("sparsity: {}", engine.selector().describe());
-    let total = (tokens.len() / a.ctx_size.max(1)).min(chunks.unwrap_or(usize::MAX));
     eprintln!("calculating perplexity over {total} chunks, n_ctx={}", a.ctx_size);
     let t1 = std::time::Instant::now();
     let scored = a.score_last.map_or(Scored::SecondHalf, Scored::Last);
-    let r = perplexity(engine, &tokens, a.ctx_size, scored, chunks, bos, |i, ppl| {
+    let windows = text_windows(tok.encode_reader(open()?, true, false), a.ctx_size);
+    let r = perplexity_windows(engine, windows, total, a.ctx_size, scored, bos, |i, ppl| {
         print!("[{}]{ppl:.4},", i + 1);
         let _ = std::io::stdout().flush();
     })?;

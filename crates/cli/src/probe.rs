@@ -19,7 +19,7 @@ pub struct ProbeArgs {
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
     /// Threads for memory reads and kernels (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = crate::args::threads_in_range)]
     pub threads: Option<usize>,
     /// A quarter of the time per measurement (about 6 s in all)
     #[arg(long)]

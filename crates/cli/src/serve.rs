@@ -28,16 +28,16 @@ pub struct ServeArgs {
     #[arg(long = "alias")]
     pub alias: Option<String>,
     /// Requests that may wait for the worker; more get 503
-    #[arg(long = "max-queue", default_value_t = 16)]
+    #[arg(long = "max-queue", default_value_t = 16, value_parser = sift_session::ranges::count_in::<1, 65536>)]
     pub max_queue: usize,
     /// Most tokens one request may generate (max_tokens above it is a 400)
-    #[arg(long = "max-tokens-limit", default_value_t = 2048)]
+    #[arg(long = "max-tokens-limit", default_value_t = 2048, value_parser = sift_session::ranges::count_in::<1, { sift_session::ranges::MAX_CTX }>)]
     pub max_tokens_limit: usize,
     /// Largest request body (bytes, K/M/G suffixes); larger gets 413
     #[arg(long = "max-body", default_value = "2M")]
     pub max_body: String,
     /// Seconds in-flight requests may take to finish after SIGINT/SIGTERM before they are cancelled
-    #[arg(long = "shutdown-grace", default_value_t = 5.0)]
+    #[arg(long = "shutdown-grace", default_value_t = 5.0, value_parser = sift_session::ranges::seconds)]
     pub grace: f64,
     /// Seconds a connection may make no progress reading or writing before it is closed, and a
     /// request may take before it gets 408 (llama-server's -to / --timeout)
@@ -52,12 +52,20 @@ pub struct ServeArgs {
     pub ubatch: usize,
 }
 
+/// The largest `--max-body`.
+const MAX_BODY: u64 = 1 << 30;
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     a.sparsity.validate()?;
     let max_body = sift_session::parse_budget(&a.max_body, 0)
         .map_err(|_| anyhow::anyhow!("bad --max-body '{}': use bytes with an optional K/M/G suffix", a.max_body))?;
-    anyhow::ensure!(a.max_queue > 0, "--max-queue must be at least 1");
-    anyhow::ensure!(a.grace.is_finite() && a.grace >= 0.0, "--shutdown-grace must be a number of seconds");
+    // The budget keeps 12 x --max-body for requests (`sift_server` request memory): a body limit
+    // past 1 GiB would reserve more than any machine here has.
+    anyhow::ensure!(
+        (1..=MAX_BODY).contains(&max_body),
+        "--max-body {}: use 1 byte to 1G (the server keeps 12 x --max-body of the memory budget for requests)",
+        a.max_body
+    );
     let path = a.model.model.clone();
     let file_name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let alias = a

@@ -46,7 +46,7 @@ pub struct TrainDistillArgs {
     #[arg(long = "rank", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub rank: u32,
     /// LoRA alpha: the adapters are scaled by alpha / rank (default: 2 × rank)
-    #[arg(long = "lora-alpha")]
+    #[arg(long = "lora-alpha", value_parser = sift_session::ranges::positive_weight_f32)]
     pub lora_alpha: Option<f32>,
     /// The ops adapted: ffn (gate, up, down: DIP's choice), attn (q, k, v, output), all, or a
     /// comma-separated list of q,k,v,o,gate,up,down
@@ -60,7 +60,7 @@ pub struct TrainDistillArgs {
     #[arg(long = "steps", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub steps: u32,
     /// Learning rate
-    #[arg(long = "lr", default_value_t = 1e-3)]
+    #[arg(long = "lr", default_value_t = 1e-3, value_parser = sift_session::ranges::learning_rate)]
     pub lr: f64,
     /// Random seed (windows drawn, initial weights)
     #[arg(long = "seed", default_value_t = 42)]
@@ -72,13 +72,13 @@ pub struct TrainDistillArgs {
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
     /// Write the adapters every N steps (a checkpoint `--resume` continues from; 0: at the end)
-    #[arg(long = "checkpoint-every", default_value_t = 50)]
+    #[arg(long = "checkpoint-every", default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     pub checkpoint_every: u32,
     /// Continue from the adapters at the output path (the optimizer's moments start again)
     #[arg(long = "resume")]
     pub resume: bool,
     /// Threads to compute with (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = crate::args::threads_in_range)]
     pub threads: Option<usize>,
     /// Replace the output file if it exists
     #[arg(long = "force")]
@@ -109,23 +109,23 @@ pub struct TrainPrefillArgs {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
     /// 128-token blocks of text to learn from (each sequence's first block is run, not kept)
-    #[arg(long = "blocks", default_value_t = 96)]
+    #[arg(long = "blocks", default_value_t = 96, value_parser = sift_session::ranges::count_in::<1, 65536>)]
     pub blocks: usize,
     /// Blocks per sequence through the model (the context the activations see)
-    #[arg(long = "seq-blocks", default_value_t = 8)]
+    #[arg(long = "seq-blocks", default_value_t = 8, value_parser = sift_session::ranges::count_in::<1, 1024>)]
     pub seq_blocks: usize,
     /// Optimizer steps (AdamW)
-    #[arg(long = "steps", default_value_t = 300)]
+    #[arg(long = "steps", default_value_t = 300, value_parser = sift_session::ranges::count_in::<1, 10_000_000>)]
     pub steps: usize,
     /// Blocks per step
-    #[arg(long = "batch", default_value_t = 16)]
+    #[arg(long = "batch", default_value_t = 16, value_parser = sift_session::ranges::count_in::<1, 4096>)]
     pub batch: usize,
     /// Learning rate
-    #[arg(long = "lr", default_value_t = 2e-3)]
+    #[arg(long = "lr", default_value_t = 2e-3, value_parser = sift_session::ranges::learning_rate)]
     pub lr: f64,
     /// Sparsity the predictor is trained for: the top (1 − R) neurons of each block are its
     /// positives (use the --prefill-sparsity you will run with)
-    #[arg(long = "ratio", default_value_t = 0.5)]
+    #[arg(long = "ratio", default_value_t = 0.5, value_parser = sift_session::ranges::skip_ratio_f32)]
     pub ratio: f32,
     /// Random seed (blocks drawn, initial weights): the same seed and inputs give the same file
     #[arg(long = "seed", default_value_t = 42)]
@@ -134,24 +134,24 @@ pub struct TrainPrefillArgs {
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
     /// Write the predictor every N steps (a checkpoint `--resume` continues from; 0: at the end only)
-    #[arg(long = "checkpoint-every", default_value_t = 100)]
+    #[arg(long = "checkpoint-every", default_value_t = 100, value_parser = sift_session::ranges::count_in::<0, 10_000_000>)]
     pub checkpoint_every: usize,
     /// Continue from the predictor already at the output path (its weights; the optimizer's
     /// moments start again)
     #[arg(long = "resume")]
     pub resume: bool,
     /// Threads to compute with (default: all cores)
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", value_parser = crate::args::threads_in_range)]
     pub threads: Option<usize>,
     /// Steps of the error compensator's training after the predictor's (0: no compensator);
     /// the first third on the oracle's masks, the rest on the predictor's
-    #[arg(long = "compensator-steps", default_value_t = 300)]
+    #[arg(long = "compensator-steps", default_value_t = 300, value_parser = sift_session::ranges::count_in::<0, 1_048_576>)]
     pub compensator_steps: usize,
     /// Blocks (128 tokens each) per compensator step
-    #[arg(long = "compensator-batch", default_value_t = 4)]
+    #[arg(long = "compensator-batch", default_value_t = 4, value_parser = sift_session::ranges::count_in::<1, 4096>)]
     pub compensator_batch: usize,
     /// The compensator's learning rate
-    #[arg(long = "compensator-lr", default_value_t = 1e-3)]
+    #[arg(long = "compensator-lr", default_value_t = 1e-3, value_parser = sift_session::ranges::learning_rate)]
     pub compensator_lr: f64,
     /// Replace the output file if it exists (without it, an existing file is an error)
     #[arg(long = "force")]
@@ -167,15 +167,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 
 fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
-    anyhow::ensure!(a.blocks >= 1 && a.steps >= 1 && a.batch >= 1, "--blocks, --steps and --batch must be at least 1");
-    anyhow::ensure!(
-        a.compensator_steps <= 1 << 20 && a.compensator_batch <= 4096 && a.compensator_lr.is_finite() && a.compensator_lr > 0.0,
-        "--compensator-steps (at most 2^20), --compensator-batch (at most 4096) or --compensator-lr (positive) out of range"
-    );
-    anyhow::ensure!(
-        a.blocks <= 1 << 16 && a.batch <= 4096,
-        "--blocks (at most 65536) or --batch (at most 4096) too large"
-    );
     let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
     sift_output::check_new(&out, a.force || a.resume)?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);

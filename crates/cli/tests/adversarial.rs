@@ -58,6 +58,9 @@ fn hostile_numbers_are_refused_with_the_range() {
     let calib = ["calibrate", m, "-f", "x.txt", "-o", "c.json"];
     let sweep = ["sweep", "-m", m, "-f", "x.txt"];
     let eval = ["eval", "-m", m, "-f", "x.jsonl"];
+    let serve = ["serve", "-m", m, "--port", "0"];
+    let prefill = ["train", "prefill", "-m", m, "-f", "x.txt"];
+    let distill = ["train", "distill", "-m", m, "-f", "x.txt"];
     let cases: &[(&[&str], &str, &[&str], &str)] = &[
         (&gen, "-c", &HUGE, "use 0 to 16777216"),
         (&gen, "-t", &["0", "1099511627776"], "use 1 to 1024"),
@@ -96,6 +99,22 @@ fn hostile_numbers_are_refused_with_the_range() {
         (&sweep, "--ratios", &["0.5,1e30"], "from 0 to 1"),
         (&sweep, "--chunks", &["0"], "use 1 to 16777216"),
         (&eval, "--shots", &["65", "1099511627776"], "use 0 to 64"),
+        // Found by bench/flag_probe.py on serve and train: --shutdown-grace 1e30 panicked in
+        // Duration, --seq-blocks 2^62 overflowed, a NaN learning rate trained NaN weights.
+        (&serve, "--shutdown-grace", &["1e30", "18446744073709551616", "nan", "inf"], "from 0 to 86400"),
+        (&serve, "--max-queue", &["0", "1099511627776"], "use 1 to 65536"),
+        (&serve, "--max-tokens-limit", &["0", "1099511627776"], "use 1 to 16777216"),
+        (&serve, "--parallel", &["0", "1099511627776"], "use 1 to 256"),
+        (&serve, "--timeout", &["0", "1099511627776"], "use 1 to 86400"),
+        (&prefill, "--seq-blocks", &["0", "4611686018427387904"], "use 1 to 1024"),
+        (&prefill, "--blocks", &["0", "1099511627776"], "use 1 to 65536"),
+        (&prefill, "--lr", &["0", "nan", "inf", "1e30"], "above 0, up to 10"),
+        (&prefill, "--compensator-lr", &["nan", "inf"], "above 0, up to 10"),
+        (&prefill, "--ratio", &["1", "nan"], "from 0 to 1"),
+        (&prefill, "-t", &["0", "1099511627776"], "use 1 to 1024"),
+        (&distill, "--lr", &["nan", "inf", "1e30"], "above 0, up to 10"),
+        (&distill, "--lora-alpha", &["0", "nan", "inf"], "above 0, up to 1000"),
+        (&distill, "--checkpoint-every", &["1099511627776"], "0..=10000000"),
     ];
     let mut n = 0;
     for (base, flag, values, says) in cases {
@@ -111,6 +130,10 @@ fn hostile_numbers_are_refused_with_the_range() {
         }
     }
     eprintln!("{n} hostile flag values refused");
+    // A request body limit past 1 GiB would reserve 12 x that of the budget.
+    let out = run_with_limit(&["serve", "-m", m, "--port", "0", "--max-body", "2000G"], Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("use 1 byte to 1G"), "{}", text(&out.stderr));
     // A budget is at most 1 PiB ("1e30" used to wrap the budget arithmetic).
     for v in ["1e30", "2000000G", "1e300%"] {
         let out = run_with_limit(&["generate", "-m", m, "-p", "hi", "-n", "1", "--memory", v], Duration::from_secs(30));
@@ -151,6 +174,35 @@ fn a_fifo_budget_file_does_not_hang() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("not a regular file"), "{err}");
     assert!(!text(&out.stdout).trim().is_empty());
+}
+
+/// `sift perplexity` reads its text from the file a piece at a time: a FIFO is refused at once
+/// (it cannot be read twice, and used to block), text that is not UTF-8 is an error naming the
+/// byte, a text shorter than two windows says how long it is.
+#[test]
+fn perplexity_texts_that_cannot_be_scored_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let m = m.to_str().unwrap();
+    let fifo = dir.path().join("text");
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+    let bad = dir.path().join("latin1.txt");
+    let mut bytes = b"The tower is 324 metres tall. ".repeat(100);
+    bytes[1234] = 0xe9;
+    std::fs::write(&bad, &bytes).unwrap();
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "A short text.").unwrap();
+    for (file, says) in [
+        (&fifo, "is not a regular file"),
+        (&bad, "not UTF-8 (at byte 1234)"),
+        (&short, "perplexity needs at least 2 * n_ctx = 256"),
+    ] {
+        let args = ["perplexity", "-m", m, "-f", file.to_str().unwrap(), "-c", "128", "-t", "1"];
+        let out = run_with_limit(&args, Duration::from_secs(60));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", file.display());
+        assert!(err.contains(says), "{}: expected '{says}' in: {err}", file.display());
+    }
 }
 
 /// Writes SmolLM2 with every block scale of the first row of layer 3's `ffn_down` set to NaN.

@@ -34,6 +34,10 @@ pub enum PerplexityError {
     CtxTooLarge { n_ctx: usize, engine_ctx: usize },
     #[error("--score-last {scored} must leave at least one prompt token in a window of -c {n_ctx}: use 1 to {}", n_ctx - 1)]
     ScoredTooMany { scored: usize, n_ctx: usize },
+    #[error("the text gave {windows} windows where it had {expected} when counted (was the file changed while it was read?)")]
+    TextEnded { windows: usize, expected: usize },
+    #[error(transparent)]
+    Text(#[from] sift_model::tokenizer::EncodeReaderError),
     #[error(transparent)]
     Eval(#[from] EvalError),
 }
@@ -56,17 +60,60 @@ pub fn perplexity(
     scored: Scored,
     max_chunks: Option<usize>,
     bos: Option<u32>,
+    on_chunk: impl FnMut(usize, f64),
+) -> Result<Perplexity, PerplexityError> {
+    let n_chunks = windows_to_score(tokens.len(), n_ctx, max_chunks)?;
+    let windows = tokens.chunks_exact(n_ctx.max(1)).map(|w| Ok(w.to_vec()));
+    perplexity_windows(engine, windows, n_chunks, n_ctx, scored, bos, on_chunk)
+}
+
+/// How many windows of `n_ctx` a text of `n_tokens` gives (at most `max_chunks`), or why it is
+/// too short: llama-perplexity's method needs two.
+pub fn windows_to_score(n_tokens: usize, n_ctx: usize, max_chunks: Option<usize>) -> Result<usize, PerplexityError> {
+    if n_ctx < 2 || n_tokens < 2 * n_ctx {
+        return Err(PerplexityError::TooShort { n_tokens, need: 2 * n_ctx.max(2) });
+    }
+    let n = n_tokens / n_ctx;
+    Ok(max_chunks.map_or(n, |m| n.min(m.max(1))))
+}
+
+/// Windows of exactly `n_ctx` ids from pieces of ids (an [`sift_model::tokenizer::EncodeReader`]):
+/// only one window and one piece are held at a time.
+pub fn text_windows<E: Into<PerplexityError>>(
+    pieces: impl Iterator<Item = Result<Vec<u32>, E>>,
+    n_ctx: usize,
+) -> impl Iterator<Item = Result<Vec<u32>, PerplexityError>> {
+    let n_ctx = n_ctx.max(1);
+    let mut pieces = pieces.fuse();
+    let mut buf: Vec<u32> = Vec::new();
+    std::iter::from_fn(move || loop {
+        if buf.len() >= n_ctx {
+            let rest = buf.split_off(n_ctx);
+            return Some(Ok(std::mem::replace(&mut buf, rest)));
+        }
+        match pieces.next()? {
+            Ok(ids) => buf.extend_from_slice(&ids),
+            Err(e) => return Some(Err(e.into())),
+        }
+    })
+}
+
+/// Perplexity over the first `n_chunks` windows `windows` gives (each `n_ctx` ids; see
+/// [`windows_to_score`] and [`text_windows`]).
+pub fn perplexity_windows(
+    engine: &mut Engine,
+    windows: impl Iterator<Item = Result<Vec<u32>, PerplexityError>>,
+    n_chunks: usize,
+    n_ctx: usize,
+    scored: Scored,
+    bos: Option<u32>,
     mut on_chunk: impl FnMut(usize, f64),
 ) -> Result<Perplexity, PerplexityError> {
-    if n_ctx < 2 || tokens.len() < 2 * n_ctx {
-        return Err(PerplexityError::TooShort { n_tokens: tokens.len(), need: 2 * n_ctx.max(2) });
+    if n_ctx < 2 {
+        return Err(PerplexityError::TooShort { n_tokens: 0, need: 4 });
     }
     if n_ctx > engine.n_ctx() {
         return Err(PerplexityError::CtxTooLarge { n_ctx, engine_ctx: engine.n_ctx() });
-    }
-    let mut n_chunks = tokens.len() / n_ctx;
-    if let Some(m) = max_chunks {
-        n_chunks = n_chunks.min(m.max(1));
     }
     if let Scored::Last(n) = scored {
         if n == 0 || n >= n_ctx {
@@ -79,9 +126,17 @@ pub fn perplexity(
         Scored::Last(n) => n_ctx - n,
     };
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
-    let mut window = vec![0u32; n_ctx];
+    let mut windows = windows.take(n_chunks);
     for i in 0..n_chunks {
-        window.copy_from_slice(&tokens[i * n_ctx..(i + 1) * n_ctx]);
+        // The targets are the text's own ids: only position 0 becomes BOS, and no target is
+        // read from there.
+        let Some(text) = windows.next().transpose()? else {
+            return Err(PerplexityError::TextEnded { windows: i, expected: n_chunks });
+        };
+        if text.len() != n_ctx {
+            return Err(PerplexityError::TextEnded { windows: i, expected: n_chunks });
+        }
+        let mut window = text.clone();
         if let Some(b) = bos {
             window[0] = b;
         }
@@ -96,7 +151,7 @@ pub fn perplexity(
         let rest = match scored {
             Scored::SecondHalf => &window[first..],
             Scored::Last(_) => {
-                add(last, tokens[i * n_ctx + first]);
+                add(last, text[first]);
                 &window[first..n_ctx - 1]
             }
         };
@@ -108,7 +163,7 @@ pub fn perplexity(
             for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
                 let j = first + b * step + r;
                 if j + 1 < n_ctx {
-                    add(row, tokens[i * n_ctx + j + 1]);
+                    add(row, text[j + 1]);
                 }
             }
         }

@@ -337,3 +337,43 @@ fn encoding_at_most_stops_at_the_limit() {
         );
     }
 }
+
+/// `encode_reader` (a text read from a file a piece at a time, as `sift perplexity` reads it):
+/// the pieces' ids joined are `encode`'s on the whole text, BOS once at the start, for reads of
+/// any size (the cut falls where the pre-tokenizers split), on real text and the hostile one;
+/// text that is not UTF-8 is an error naming its byte, not a panic or a wrong id.
+#[test]
+fn encoding_a_reader_gives_the_whole_texts_ids() {
+    let wiki = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let hostile =
+        "a\nb\n\nC\r\nd \n e\n\n\n  f\n1\n!x\n's\n<|im_start|>user\nHi\nit's  a b\t c.d e1 f\u{301} g\u{e9} h\n"
+            .repeat(50);
+    let mut paths = vec![smollm_path()];
+    paths.extend(qwen_path());
+    for p in paths {
+        let tok = load(&p);
+        for text in [&wiki, &hostile] {
+            let whole = tok.encode(text, true, false).unwrap();
+            for read in [1, 13, 1000, 4096, 1 << 20] {
+                let r = tok.encode_reader_in_pieces(text.as_bytes(), true, false, read);
+                let pieces: Vec<Vec<u32>> = r.collect::<Result<_, _>>().unwrap();
+                if read < text.len() / 2 {
+                    assert!(pieces.len() > 1, "{}: reads of {read} gave one piece", p.display());
+                }
+                assert_eq!(pieces.concat(), whole, "{}: reads of {read}", p.display());
+            }
+        }
+        let mut bad = wiki.as_bytes()[..3000].to_vec();
+        bad[2500] = 0xff;
+        let e = tok.encode_reader_in_pieces(&bad[..], true, false, 1000).find_map(Result::err).expect("an error");
+        assert!(e.to_string().contains("not UTF-8 (at byte 2500)"), "{e}");
+    }
+    // SentencePiece merges may cross a space: its text is read whole and tokenized once.
+    let spm = load(&root().join("tests/fixtures/spm-vocab.gguf"));
+    for text in [&wiki[..4000], &hostile[..2000]] {
+        let pieces: Vec<Vec<u32>> =
+            spm.encode_reader_in_pieces(text.as_bytes(), true, false, 13).collect::<Result<_, _>>().unwrap();
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces.concat(), spm.encode(text, true, false).unwrap());
+    }
+}

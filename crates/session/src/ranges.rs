@@ -56,6 +56,21 @@ pub fn signed_weight_f32(s: &str) -> Result<f32, String> {
     float_in(s, -1000.0, 1000.0, true).map(|v| v as f32)
 }
 
+/// A learning rate `0 < lr ≤ 10` (`train --lr`, `--compensator-lr`): NaN or infinity would
+/// turn every weight into NaN at the first step.
+pub fn learning_rate(s: &str) -> Result<f64, String> {
+    match float_in(s, 0.0, 10.0, true) {
+        Ok(v) if v > 0.0 => Ok(v),
+        _ => Err(format!("{s}: use a learning rate above 0, up to 10")),
+    }
+}
+
+/// Seconds `0 ≤ t ≤ 86400` (`serve --shutdown-grace`): a day at most, never a `Duration` that
+/// overflows.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    float_in(s, 0.0, 86400.0, true)
+}
+
 /// A count in `LO..=HI`.
 pub fn count_in<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
     let n: usize = s.trim().parse().map_err(|_| format!("'{s}' is not a whole number: use {LO} to {HI}"))?;
@@ -92,5 +107,11 @@ mod tests {
         assert!(ctx_size("1099511627776").unwrap_err().contains("use 0 to 16777216"));
         assert_eq!(ctx_size("4096"), Ok(4096));
         assert!(count_in::<1, 4>("18446744073709551616").is_err());
+        for bad in ["0", "nan", "inf", "1e30", "-1e-3"] {
+            assert!(learning_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(learning_rate("2e-3"), Ok(2e-3));
+        assert!(seconds("1e30").is_err() && seconds("-1").is_err() && seconds("nan").is_err());
+        assert_eq!(seconds("5"), Ok(5.0));
     }
 }

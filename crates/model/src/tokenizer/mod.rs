@@ -33,11 +33,13 @@ use std::collections::HashSet;
 use sift_gguf::{Gguf, MetaArray, MetaValue, StrArray};
 
 mod bpe;
+mod encode_reader;
 mod piece;
 mod spm;
 mod stream;
 mod vocab;
 
+pub use encode_reader::{EncodeReader, EncodeReaderError, READ_PIECE};
 pub use stream::StreamDecoder;
 
 use bpe::{byte_tables, pre_spec, BpeEngine};
