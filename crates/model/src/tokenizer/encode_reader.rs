@@ -11,7 +11,12 @@ use super::{Engine, Tokenizer, TokenizerError, ENCODE_PIECE};
 use std::io::Read;
 
 /// Bytes read from the file at a time.
-pub const READ_PIECE: usize = 1 << 20;
+pub const READ_PIECE: usize = 256 << 10;
+
+/// Bytes byte-level BPE pre-tokenizes at a time here (a quarter of [`ENCODE_PIECE`]): the text is
+/// tokenized while the engine runs, after the budget was planned, so the pre-tokenizer's ~100
+/// bytes per input byte are kept to ~1.6 MB.
+const READER_ENCODE_PIECE: usize = ENCODE_PIECE / 4;
 
 /// Why a text could not be read and tokenized.
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +129,7 @@ impl<R: Read> EncodeReader<'_, R> {
             out.extend(tok.bos);
         }
         self.started = true;
-        tok.encode_into(text, false, self.parse_special, ENCODE_PIECE, usize::MAX, &mut out)?;
+        tok.encode_into(text, false, self.parse_special, READER_ENCODE_PIECE, usize::MAX, &mut out)?;
         if self.eof && self.add_special && tok.add_eos {
             out.extend(tok.eos);
         }
