@@ -391,7 +391,10 @@ fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
                 // Coefficients of mixed magnitudes, some exactly zero.
                 let coef: Vec<f32> =
                     units.iter().map(|_| if rng.next().is_multiple_of(9) { 0.0 } else { rng.f() * 4.0 }).collect();
-                for chunks in [0..n_out / 32, (n_out / 32) / 2..n_out / 32] {
+                // Whole columns, halves, and ranges whose four-chunk steps (4-bit formats: 128
+                // rows from one 64-byte line per column) leave 1-3 chunks over or start unaligned.
+                let n = n_out / 32;
+                for chunks in [0..n, n / 2..n, 1..n, (n / 3)..(n / 3 + 7).min(n)] {
                     let y0: Vec<f32> = (0..32 * chunks.len()).map(|_| rng.f()).collect();
                     let (mut a, mut b) = (y0.clone(), y0.clone());
                     axpy_exact_q8_scalar(&m, units, units, &coef, chunks.clone(), &mut a);

@@ -246,6 +246,84 @@ pub(super) unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> __m512i {
     }
 }
 
+/// Sub-scale bytes of 128 rows (four chunks) in the order [`load_quad4`] leaves its sums: slot
+/// `s = 2j + h`, byte `4k + m` = row `32k + 16h + 4j + m` (a `vpermt2b` index into two 64-byte
+/// registers of rows `0..64`, `64..128`; only the low 16 bytes are used).
+const fn idx_rows4(s: usize) -> [u8; 64] {
+    let (j, h) = (s / 2, s % 2);
+    let mut a = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        let (k, m) = (i / 4, i % 4);
+        a[i] = (32 * k + 16 * h + 4 * j + m) as u8;
+        i += 1;
+    }
+    a
+}
+
+const IDX_ROWS4: [[u8; 64]; 8] =
+    [idx_rows4(0), idx_rows4(1), idx_rows4(2), idx_rows4(3), idx_rows4(4), idx_rows4(5), idx_rows4(6), idx_rows4(7)];
+
+/// The integers of one 4-bit quad over four chunks (128 rows), from one 64-byte load per column:
+/// in-lane byte and word unpacks put, in 128-bit lane `k` (chunk `k`), dword `m` of slot `2j`
+/// row `4j + m`'s four integers (low nibbles) and of slot `2j + 1` row `16 + 4j + m`'s (high
+/// nibbles). Against four [`load_quad`]s: 4 loads and 8 unpacks instead of 16 loads, 12 inserts
+/// and 4 `vpermb`, and 8 masks/shifts either way.
+///
+/// # Safety
+/// AVX-512 F/BW present; `p[j] + off .. + 64` readable for every `j`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load_quad4(p: &[*const u8; 4], off: usize) -> [__m512i; 8] {
+    // SAFETY: 64-byte loads within `p[j] + off .. + 64`, readable by the contract.
+    let l = |j: usize| unsafe { _mm512_loadu_si512(p[j].add(off) as *const __m512i) };
+    let (a, b, c, d) = (l(0), l(1), l(2), l(3));
+    let (ab_lo, ab_hi) = (_mm512_unpacklo_epi8(a, b), _mm512_unpackhi_epi8(a, b));
+    let (cd_lo, cd_hi) = (_mm512_unpacklo_epi8(c, d), _mm512_unpackhi_epi8(c, d));
+    let w = [
+        _mm512_unpacklo_epi16(ab_lo, cd_lo),
+        _mm512_unpackhi_epi16(ab_lo, cd_lo),
+        _mm512_unpacklo_epi16(ab_hi, cd_hi),
+        _mm512_unpackhi_epi16(ab_hi, cd_hi),
+    ];
+    let m = _mm512_set1_epi8(15);
+    let lo = |v: __m512i| _mm512_and_si512(v, m);
+    let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+    [lo(w[0]), hi(w[0]), lo(w[1]), hi(w[1]), lo(w[2]), hi(w[2]), lo(w[3]), hi(w[3])]
+}
+
+/// 16 of 128 sub-scale bytes (`s0`: rows `0..64`, `s1`: `64..128`) for slot `s` of
+/// [`load_quad4`]'s order, as 16 `i32`, signed when `SIGNED`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+fn rows4<const SIGNED: bool>(s0: __m512i, s1: __m512i, s: usize) -> __m512i {
+    // SAFETY: a 64-byte unaligned load from a 64-byte array.
+    let idx = unsafe { _mm512_loadu_si512(IDX_ROWS4[s].as_ptr() as *const __m512i) };
+    let b = _mm512_castsi512_si128(_mm512_permutex2var_epi8(s0, idx, s1));
+    if SIGNED {
+        _mm512_cvtepi8_epi32(b)
+    } else {
+        _mm512_cvtepu8_epi32(b)
+    }
+}
+
+/// Sums of [`load_quad4`]'s slots `h, 2 + h, 4 + h, 6 + h` back in row order: chunk `k`'s rows
+/// `16h .. 16h + 16` (a 4 × 4 transpose of 128-bit lanes).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn rows_in_order(a: [__m512i; 4]) -> [__m512i; 4] {
+    let t0 = _mm512_shuffle_i32x4::<0x44>(a[0], a[1]);
+    let t1 = _mm512_shuffle_i32x4::<0xEE>(a[0], a[1]);
+    let t2 = _mm512_shuffle_i32x4::<0x44>(a[2], a[3]);
+    let t3 = _mm512_shuffle_i32x4::<0xEE>(a[2], a[3]);
+    [
+        _mm512_shuffle_i32x4::<0x88>(t0, t2),
+        _mm512_shuffle_i32x4::<0xDD>(t0, t2),
+        _mm512_shuffle_i32x4::<0x88>(t1, t3),
+        _mm512_shuffle_i32x4::<0xDD>(t1, t3),
+    ]
+}
+
 /// A quad: its four column pointers (a padded quad repeats a column), its four coefficients and
 /// its run (an index into [`Plan::runs`]).
 #[derive(Clone, Copy)]
@@ -423,37 +501,51 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
         let g = groups[pass.group];
         let sv = _mm512_set1_ps(g.s);
         let next = passes.get(pi + 1).copied();
-        for (ci, ch) in chunks.clone().enumerate() {
-            if let Some(nx) = next {
-                // The next pass's columns and the scales it will apply, one pass ahead (hints
-                // that never fault: addresses within checked columns and records).
-                if ci % line_step == 0 {
-                    // Into L2 (`T1`): into L1 or not at all measured 10-40 % slower (module docs).
-                    for qd in &quads[nx.q0..nx.q1] {
-                        for p in qd.ptrs {
-                            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ch * kb) as *const i8);
-                        }
-                    }
-                }
-                if SUB != 0 && ci % 2 == 0 {
-                    for r in &runs[quads[nx.q0].run..=quads[nx.q1 - 1].run] {
-                        if r.q1 <= nx.q1 {
-                            _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r.sub_at + 32 * ch) as *const i8);
-                            if OFF {
-                                _mm_prefetch::<_MM_HINT_T0>(
-                                    scales.wrapping_add(r.sub_at + n_out + 32 * ch) as *const i8
-                                );
+        // 4-bit columns go four chunks (128 rows, one 64-byte line per column) at a time where
+        // four are left ([`load_quad4`]), the rest one chunk at a time.
+        let n_chunks = chunks.len();
+        let four_end = if BITS == 4 { n_chunks / 4 * 4 } else { 0 };
+        let steps = (0..four_end).step_by(4).map(|ci| (ci, 4)).chain((four_end..n_chunks).map(|ci| (ci, 1)));
+        for (ci, step) in steps {
+            let ch = chunks.start + ci;
+            for (ci, ch) in (ci..ci + step).zip(ch..) {
+                if let Some(nx) = next {
+                    // The next pass's columns and the scales it will apply, one pass ahead (hints
+                    // that never fault: addresses within checked columns and records).
+                    if ci % line_step == 0 {
+                        // Into L2 (`T1`): into L1 or not at all measured 10-40 % slower (module docs).
+                        for qd in &quads[nx.q0..nx.q1] {
+                            for p in qd.ptrs {
+                                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ch * kb) as *const i8);
                             }
                         }
                     }
-                }
-                if nx.last {
-                    let nb = groups[nx.group].base;
-                    _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 64 * ch) as *const i8);
-                    if OFF {
-                        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 2 * n_out + 64 * ch) as *const i8);
+                    if SUB != 0 && ci % 2 == 0 {
+                        for r in &runs[quads[nx.q0].run..=quads[nx.q1 - 1].run] {
+                            if r.q1 <= nx.q1 {
+                                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r.sub_at + 32 * ch) as *const i8);
+                                if OFF {
+                                    _mm_prefetch::<_MM_HINT_T0>(
+                                        scales.wrapping_add(r.sub_at + n_out + 32 * ch) as *const i8
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    if nx.last {
+                        let nb = groups[nx.group].base;
+                        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 64 * ch) as *const i8);
+                        if OFF {
+                            _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 2 * n_out + 64 * ch) as *const i8);
+                        }
                     }
                 }
+            }
+            if step == 4 {
+                // SAFETY: `ci + 4 ≤ chunks.len()`: the four chunks' 4 · 96 sums lie within `sums`,
+                // and `ch + 4 ≤ n_out / 32`: their rows lie within the columns and records.
+                unsafe { four_chunks::<SUB, OFF>(m, pass, g, runs, quads, sp.add(96 * ci), ci, ch, yp) };
+                continue;
             }
             // SAFETY: `ci < chunks.len()`: the chunk's 96 sums lie within `sums`.
             let (tp, ap, mp) = unsafe { (sp.add(96 * ci), sp.add(96 * ci + 32), sp.add(96 * ci + 64)) };
@@ -546,6 +638,124 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
                     }
                     _mm512_storeu_ps(yk, v);
                 }
+            }
+        }
+    }
+}
+
+/// One pass over four chunks of 4-bit columns (128 rows): [`stream`]'s loop body with
+/// [`load_quad4`]'s sums (slot `s`, kept in that order until the pass that adds them to `y`).
+///
+/// # Safety
+/// As [`stream`]; `ch + 4 ≤ n_out / 32`; `sums` points at the four chunks' `4 · 96` sums
+/// (chunks `ci .. ci + 4` of the call) and `yp` at `y` ([`stream`]'s), where slot `s` of part `r` (0: a run's sums, 1: the
+/// group's `acc`, 2: its `M`) lies at `96 · (s / 2) + 32 · r + 16 · (s % 2)`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+unsafe fn four_chunks<const SUB: u8, const OFF: bool>(
+    m: &ExactMatrix<'_>,
+    pass: &Pass,
+    g: Group,
+    runs: &[Run],
+    quads: &[Quad],
+    sums: *mut i32,
+    ci: usize,
+    ch: usize,
+    yp: *mut f32,
+) {
+    let f = m.fmt;
+    let n_out = m.n_out;
+    let kb = f.chunk_bytes();
+    let scales = m.scales.as_ptr();
+    let zero = f.zero as i32;
+    let at = |r: usize, s: usize| 96 * (s / 2) + 32 * r + 16 * (s % 2);
+    // SAFETY: `at(r, s) + 16 ≤ 4 · 96` for `r < 3`, `s < 8` (the contract's layout).
+    let ld = |r: usize, s: usize| unsafe { _mm512_loadu_si512(sums.add(at(r, s)) as *const __m512i) };
+    // SAFETY: as for `ld`.
+    let st = |r: usize, s: usize, v: __m512i| unsafe { _mm512_storeu_si512(sums.add(at(r, s)) as *mut __m512i, v) };
+    let z = _mm512_setzero_si512();
+    let (mut acc, mut macc) = if pass.first || SUB == 0 {
+        ([z; 8], [z; 8])
+    } else if OFF {
+        (std::array::from_fn(|s| ld(1, s)), std::array::from_fn(|s| ld(2, s)))
+    } else {
+        (std::array::from_fn(|s| ld(1, s)), [z; 8])
+    };
+    let mut q = pass.q0;
+    while q < pass.q1 {
+        let run = runs[quads[q].run];
+        let mut t: [__m512i; 8] =
+            if q == run.q0 { [_mm512_set1_epi32(-zero * run.sum_c); 8] } else { std::array::from_fn(|s| ld(0, s)) };
+        let qe = run.q1.min(pass.q1);
+        for qd in &quads[q..qe] {
+            // SAFETY: `ch + 4 ≤ n_out / 32`: chunks `ch .. ch + 4` (64 bytes) of checked columns.
+            let v = unsafe { load_quad4(&qd.ptrs, ch * kb) };
+            let cv = _mm512_set1_epi32(qd.cq);
+            for s in 0..8 {
+                t[s] = _mm512_dpbusd_epi32(t[s], v[s], cv);
+            }
+        }
+        q = qe;
+        if qe < run.q1 {
+            // The run goes on in the next pass.
+            for (s, &v) in t.iter().enumerate() {
+                st(0, s, v);
+            }
+            break;
+        }
+        if SUB == 0 {
+            acc = t;
+            continue;
+        }
+        // SAFETY: rows `32ch .. 32ch + 128 ≤ n_out`: the run's sub-scale (and sub-offset) bytes
+        // of those rows lie within its super-block's record (module docs).
+        let (s0, s1, m0, m1) = unsafe {
+            let p = scales.add(run.sub_at + 32 * ch);
+            let l = |p: *const u8| _mm512_loadu_si512(p as *const __m512i);
+            let (m0, m1) = if OFF { (l(p.add(n_out)), l(p.add(n_out + 64))) } else { (z, z) };
+            (l(p), l(p.add(64)), m0, m1)
+        };
+        let sum_c = _mm512_set1_epi32(run.sum_c);
+        for s in 0..8 {
+            let sc = if SUB == 2 { rows4::<true>(s0, s1, s) } else { rows4::<false>(s0, s1, s) };
+            acc[s] = _mm512_add_epi32(acc[s], _mm512_mullo_epi32(sc, t[s]));
+            if OFF {
+                macc[s] = _mm512_add_epi32(macc[s], _mm512_mullo_epi32(rows4::<false>(m0, m1, s), sum_c));
+            }
+        }
+    }
+    if !pass.last {
+        if SUB != 0 {
+            for s in 0..8 {
+                st(1, s, acc[s]);
+                if OFF {
+                    st(2, s, macc[s]);
+                }
+            }
+        }
+        return;
+    }
+    let sv = _mm512_set1_ps(g.s);
+    for h in 0..2 {
+        let a = rows_in_order([acc[h], acc[2 + h], acc[4 + h], acc[6 + h]]);
+        let mm = if OFF && SUB != 0 { rows_in_order([macc[h], macc[2 + h], macc[4 + h], macc[6 + h]]) } else { [z; 4] };
+        for k in 0..4 {
+            let r = (ch + k) * 32 + 16 * h;
+            let yi = g.y_off + (ci + k) * 32 + 16 * h;
+            // SAFETY: `r + 16 ≤ n_out`: the f16 `d` (and `b`) of rows `r..r + 16` lie within the
+            // group's super-block record; `y` holds the piece's outputs from `y_off` (checked
+            // length), of which `yi .. yi + 16`.
+            unsafe {
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g.base + 2 * r) as *const __m256i));
+                let yk = yp.add(yi);
+                let mut v = _mm512_fmadd_ps(_mm512_mul_ps(d, sv), _mm512_cvtepi32_ps(a[k]), _mm512_loadu_ps(yk));
+                if OFF {
+                    let b =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g.base + 2 * n_out + 2 * r) as *const __m256i));
+                    let mv = if SUB == 0 { _mm512_set1_ps(g.sum_c as f32) } else { _mm512_cvtepi32_ps(mm[k]) };
+                    v = _mm512_fmadd_ps(_mm512_mul_ps(b, sv), mv, v);
+                }
+                _mm512_storeu_ps(yk, v);
             }
         }
     }
