@@ -106,6 +106,17 @@ impl LoraAdapters {
         self.layers.iter().flatten().flatten().map(|a| 4 * (a.a_t.len() + a.b_t.len())).sum()
     }
 
+    /// The factor of an adapter of rank `rank`: `scale · alpha / rank`, or `scale` alone when the
+    /// file gives no alpha or 0 (llama.cpp's `llama_adapter_lora_weight::get_scale`: such a file
+    /// would otherwise do nothing).
+    pub fn scale(&self, rank: usize) -> f32 {
+        if self.alpha == 0.0 {
+            self.user_scale
+        } else {
+            self.user_scale * self.alpha / rank as f32
+        }
+    }
+
     /// Adds every adapter of `site` in `layer` to its op's output: `x` holds `n` rows of the
     /// site's (masked) input, `outs` one output per op of the site, `n` rows each. Zero inputs
     /// (skipped by the selector) cost nothing.
@@ -113,7 +124,7 @@ impl LoraAdapters {
         let Some(row) = self.layers.get(layer) else { return };
         for (&op, out) in SITE_OPS[site.index()].iter().zip(outs.iter_mut()) {
             let Some(a) = &row[op_index(op)] else { continue };
-            let s = self.user_scale * self.alpha / a.rank as f32;
+            let s = self.scale(a.rank);
             let mut z = vec![0f32; a.rank];
             for t in 0..n {
                 let x = &x[t * a.n_in..(t + 1) * a.n_in];
@@ -245,7 +256,7 @@ pub fn fused_row(model: &Model, adapters: &LoraAdapters, layer: usize, op: OpKin
     let w = model.layers[layer].op(op);
     w.ty.dequantize_row(model.row(w, r), row);
     let Some(a) = adapters.get(layer, op) else { return };
-    let s = adapters.user_scale * adapters.alpha / a.rank as f32;
+    let s = adapters.scale(a.rank);
     for (j, v) in row.iter_mut().enumerate() {
         let acol = &a.a_t[j * a.rank..(j + 1) * a.rank];
         let d: f32 = (0..a.rank).map(|i| a.b_t[i * a.n_out + r] * acol[i]).sum();

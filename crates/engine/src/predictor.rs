@@ -257,6 +257,19 @@ impl ExpertPredictors {
         let header: PredictorHeader =
             serde_json::from_slice(&bytes[16..16 + hlen]).map_err(|e| bad(format!("header: {e}")))?;
         let (d, r, ff, nl, rc) = (header.n_embd, header.rank, header.n_ff, header.n_layer, header.comp_rank);
+        // The header is not under the checksum: its values are checked one by one.
+        if header.version == 0 || header.version > PREDICTOR_VERSION {
+            return Err(bad(format!("header version {}, this sift reads 1 to {PREDICTOR_VERSION}", header.version)));
+        }
+        if !(header.keep > 0.0 && header.keep <= 1.0) {
+            return Err(bad(format!("keep {} is not a share in (0, 1]", header.keep)));
+        }
+        if !header.attn_mass.is_empty() && header.attn_mass.len() != nl {
+            return Err(bad(format!("attn_mass has {} values for {nl} layers", header.attn_mass.len())));
+        }
+        if let Some(v) = header.attn_mass.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+            return Err(bad(format!("attn_mass holds {v}, not an attention share in [0, 1]")));
+        }
         if version == 1 && rc > 0 {
             return Err(bad("a version-1 file with a compensator".into()));
         }
@@ -397,6 +410,23 @@ mod tests {
         ] {
             let e = ExpertPredictors::parse(&path, &bad).unwrap_err().to_string();
             assert!(e.contains(what) && e.contains("sift train prefill"), "{e}");
+        }
+        // Header values outside the checksum (found by bench/file_probe.py: a huge attention
+        // mass gave 29 layers 0 % of their neurons, silently).
+        let n = p.layers.len();
+        let cases: [(fn(&mut PredictorHeader, usize), &str); 5] = [
+            (|h, n| h.attn_mass = vec![1e300; n], "attn_mass holds"),
+            (|h, n| h.attn_mass = vec![-0.5; n], "attn_mass holds"),
+            (|h, n| h.attn_mass = vec![0.5; n + 1], "attn_mass has"),
+            (|h, _| h.keep = 0.0, "keep 0"),
+            (|h, _| h.version = 99, "header version 99"),
+        ];
+        for (mutate, what) in cases {
+            let mut q = tiny();
+            mutate(&mut q.header, n);
+            q.save(&path).unwrap();
+            let e = ExpertPredictors::parse(&path, &std::fs::read(&path).unwrap()).unwrap_err().to_string();
+            assert!(e.contains(what), "{what}: {e}");
         }
     }
 }

@@ -100,7 +100,7 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
     Calibration::load(&path).unwrap().check_dims(dims).unwrap();
 
     let n_layer = dims.n_layer;
-    let cases: [(&str, Method, Cut); 10] = [
+    let cases: [(&str, Method, Cut); 13] = [
         // core-sim indexed `centroids[c][l]` for every layer at the prompt's end: a panic.
         ("clusters.centroids[0]", Method::CoreSim, |c| {
             for cent in &mut c.clusters.as_mut().unwrap().centroids {
@@ -114,6 +114,13 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
         ("histograms", Method::Threshold, |c| {
             c.histograms.pop();
         }),
+        // All-zero tables made every threshold 0: a dense run, silently (bench/file_probe.py).
+        ("histograms[2][0].total", Method::Threshold, |c| {
+            c.histograms[2][0].bins.fill(0);
+            c.histograms[2][0].total = 0;
+        }),
+        ("histograms[0][3].total", Method::Threshold, |c| c.histograms[0][3].total += 1),
+        ("allocations[0].target", Method::Threshold, |c| c.allocations[0].target = 7.0),
         ("allocations[0].ratios", Method::Threshold, |c| {
             c.allocations[0].ratios.pop();
         }),

@@ -111,3 +111,25 @@ fn hostile_adapter_files_are_refused() {
     // Not an adapter at all: the model file itself.
     assert!(err(m.file.bytes()).contains("general.type"));
 }
+
+/// An adapter file whose `adapter.lora.alpha` is 0 (or absent) applies `B·A` at the user's scale,
+/// as llama.cpp does, instead of silently adding nothing (found by bench/file_probe.py).
+#[test]
+fn an_adapter_without_alpha_applies_at_the_users_scale() {
+    let m = model();
+    let w = m.layers[2].op(OpKind::Up);
+    let x: Vec<f32> = (0..w.cols).map(|j| ((j * 31) % 53) as f32 / 53.0 - 0.5).collect();
+    let side = |alpha: f32| {
+        let mut l = LoraAdapters::empty(m.config.n_layer, alpha);
+        l.set(2, OpKind::Up, adapter(&m, 2, OpKind::Up, 4, 0.3));
+        let l = LoraAdapters::from_gguf(&l.to_gguf("llama"), &m).unwrap();
+        let mut out = vec![0f32; w.rows];
+        let mut gate = vec![0f32; w.rows];
+        l.apply(2, Site::FfnIn, &x, 1, &mut [&mut gate[..], &mut out[..]]);
+        out
+    };
+    // alpha = rank gives scale 1, the same as no alpha.
+    let (none, one) = (side(0.0), side(4.0));
+    assert!(none.iter().any(|&v| v != 0.0), "the adapter added nothing");
+    assert_eq!(none, one);
+}

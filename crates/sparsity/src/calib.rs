@@ -36,6 +36,9 @@ pub enum CalibrationError {
     NoWeightedHistograms,
 }
 
+/// What [`Calibration::check_shapes`] asks of a histogram's total.
+const HIST_TOTAL: &str = "values recorded, as many as the bins hold";
+
 /// A histogram of |x| at one site of one layer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SiteHistogram {
@@ -71,6 +74,16 @@ impl SiteHistogram {
             self.bins[bin_of(v.abs())] += 1;
         }
         self.total += x.len() as u64;
+    }
+
+    /// Errors (what was found) unless the histogram recorded values and `total` is the sum of
+    /// its bins: an all-zero table would make every threshold 0 (a dense run, silently).
+    fn check_total(&self) -> Result<(), String> {
+        let sum: u128 = self.bins.iter().map(|&b| b as u128).sum();
+        if self.total == 0 || sum != self.total as u128 {
+            return Err(format!("total {} with bins summing to {sum}", self.total));
+        }
+        Ok(())
     }
 
     /// The magnitude below which a fraction `ratio` of the recorded values lie (geometric
@@ -368,6 +381,8 @@ impl Calibration {
                         format!("{} bins", h.bins.len()),
                     ));
                 }
+                h.check_total()
+                    .map_err(|found| bad(format!("histograms[{l}][{s}].total"), HIST_TOTAL.into(), found))?;
             }
         }
         if let Some(n) = &self.column_norms {
@@ -395,10 +410,20 @@ impl Calibration {
                             format!("{} bins", h.bins.len()),
                         ));
                     }
+                    h.check_total().map_err(|found| {
+                        bad(format!("weighted_histograms[{l}][{s}].total"), HIST_TOTAL.into(), found)
+                    })?;
                 }
             }
         }
         for (i, a) in self.allocations.iter().enumerate() {
+            if !(0.0..1.0).contains(&a.target) {
+                return Err(bad(
+                    format!("allocations[{i}].target"),
+                    "a share in [0, 1)".into(),
+                    format!("{}", a.target),
+                ));
+            }
             if a.ratios.len() != n_layer {
                 return Err(bad(format!("allocations[{i}].ratios"), want_layers(), layers(a.ratios.len())));
             }
