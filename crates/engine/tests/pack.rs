@@ -244,6 +244,16 @@ fn corrupt_truncated_stale_and_foreign_packs_are_refused() {
     s[8] = 0;
     let (m, e) = msg(&write("stale.sift", &s));
     assert!(matches!(e, PackError::Stale { .. }) && m.contains("sift pack"), "{m}");
+    // Bytes appended, a flag set, a byte of the header's padding changed (bench/file_probe.py
+    // found all three accepted).
+    let (m, e) = msg(&write("appended.sift", &[&bytes[..], &[7u8; 4096][..]].concat()));
+    assert!(matches!(e, PackError::Header { .. }) && m.contains("data appended"), "{m}");
+    for at in [13, 48, 2569] {
+        let mut h = bytes.clone();
+        h[at] ^= 0x10;
+        let (m, e) = msg(&write("header.sift", &h));
+        assert!(matches!(e, PackError::Header { .. }) && m.contains(&format!("byte {at} is not zero")), "{m}");
+    }
     // Not a pack at all.
     let (m, e) = msg(&write("foreign.sift", b"PK\x03\x04 this is a zip file, not a model"));
     assert!(matches!(e, PackError::Foreign { .. }) && m.contains("not a sift pack"), "{m}");

@@ -68,6 +68,8 @@ pub enum PackError {
     Truncated { path: PathBuf, expected: u64, found: u64 },
     #[error("{path} is corrupt: {what} fails its checksum; run `sift pack` again")]
     Corrupt { path: PathBuf, what: String },
+    #[error("{path}: bad header: {msg}; run `sift pack` again")]
+    Header { path: PathBuf, msg: String },
     #[error("{path}: bad table of contents: {msg}")]
     Toc { path: PathBuf, msg: String },
     #[error(transparent)]
@@ -237,6 +239,17 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     if file_len < total {
         return Err(PackError::Truncated { path: path.into(), expected: total, found: file_len });
     }
+    let header_err = |msg: String| PackError::Header { path: path.into(), msg };
+    if file_len > total {
+        return Err(header_err(format!("it says {total} bytes, the file has {file_len} (data appended)")));
+    }
+    // The flags and the rest of the first 4 KiB are zero (module docs): a byte there was changed.
+    let mut rest = vec![0u8; 4096 - HEADER_LEN];
+    f.read_exact(&mut rest).map_err(|_| PackError::Truncated { path: path.into(), expected: 4096, found: file_len })?;
+    if let Some(i) = head[12..16].iter().chain(&head[44..]).chain(&rest).position(|&b| b != 0) {
+        let at = if i < 4 { 12 + i } else { 40 + i };
+        return Err(header_err(format!("byte {at} is not zero (flags and padding are)")));
+    }
     if toc_off.checked_add(toc_len).is_none_or(|e| e > total) || toc_len > (64 << 20) {
         return Err(PackError::Toc { path: path.into(), msg: format!("toc {toc_off}+{toc_len} is outside the file") });
     }
@@ -248,6 +261,9 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     }
     let toc: Toc =
         serde_json::from_slice(&toc_bytes).map_err(|e| PackError::Toc { path: path.into(), msg: e.to_string() })?;
+    if toc.version != version {
+        return Err(PackError::Toc { path: path.into(), msg: format!("version {}, the header's {version}", toc.version) });
+    }
     for t in &toc.columns {
         section_end(path, &format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, total)?;
         section_end(path, &format!("layer {} {:?} scales", t.layer, t.op), t.scales_offset, t.scales_len, total)?;
@@ -380,6 +396,12 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
     let toc = pack_toc.toc;
     let c = &model.config;
     let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
+    if toc.gguf_header_len != model.file.gguf.data_offset {
+        return Err(toc_err(format!(
+            "a GGUF header of {} bytes, the model's has {} (made from another file)",
+            toc.gguf_header_len, model.file.gguf.data_offset
+        )));
+    }
     let mut layers: Vec<LayerColumns> =
         (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), positions: Default::default() }).collect();
     for t in &toc.columns {
