@@ -153,22 +153,38 @@ fn positive(x: f64) -> bool {
     x.is_finite() && x > 0.0
 }
 
+/// Bandwidths and kernel throughputs a machine can have, bytes/s: 1 MB/s to 100 TB/s (the
+/// builtins span 50 MB/s disks to 1 TB/s GPUs). A profile outside them is damaged or hostile:
+/// 5e-324 B/s made the planner predict 0 tok/s and an infinite compute time.
+const BW_RANGE: (f64, f64) = (1e6, 1e14);
+
+fn plausible_bw(x: f64) -> bool {
+    x.is_finite() && (BW_RANGE.0..=BW_RANGE.1).contains(&x)
+}
+
+/// The bounds of the other fields: threads, queue depth, read size, latency, dispatch.
+const MAX_THREADS: usize = 1024;
+const MAX_QD: usize = 65536;
+const MAX_READ: u64 = 1 << 30;
+const MAX_LAT_NS: f64 = 1e11;
+const MAX_DISPATCH_NS: f64 = 1e9;
+
 impl DiskTable {
     /// Checks and indexes a table: `max_qd ≥ 1`; every point's size ≥ 1 and qd in `1..=max_qd`,
     /// `bw` and `lat_ns` positive and finite; no duplicates; every size measured at every queue
     /// depth. On error,
     /// returns the offending field (`disk.points[3].bw`) and the problem.
     pub fn new(max_qd: usize, mut points: Vec<DiskPoint>) -> Result<DiskTable, (String, String)> {
-        if max_qd == 0 {
-            return Err(("disk.max_qd".into(), "must be at least 1".into()));
+        if max_qd == 0 || max_qd > MAX_QD {
+            return Err(("disk.max_qd".into(), format!("must be 1 to {MAX_QD}, got {max_qd}")));
         }
         if points.is_empty() {
             return Err(("disk.points".into(), "the table has no points".into()));
         }
         for (i, p) in points.iter().enumerate() {
             let f = |name: &str| format!("disk.points[{i}].{name}");
-            if p.size == 0 {
-                return Err((f("size"), "must be at least 1 byte".into()));
+            if p.size == 0 || p.size > MAX_READ {
+                return Err((f("size"), format!("must be 1 byte to 1 GiB, got {}", p.size)));
             }
             if p.qd == 0 {
                 return Err((f("qd"), "must be at least 1".into()));
@@ -177,14 +193,11 @@ impl DiskTable {
                 let why = "a batch deeper than max_qd runs at max_qd, so the point would never be used";
                 return Err((f("qd"), format!("{} is above disk.max_qd = {max_qd} ({why})", p.qd)));
             }
-            if !positive(p.bw) {
-                return Err((f("bw"), format!("bandwidth must be a positive, finite number of bytes/s, got {}", p.bw)));
+            if !plausible_bw(p.bw) {
+                return Err((f("bw"), format!("bandwidth must be 1e6 to 1e14 bytes/s, got {}", p.bw)));
             }
-            if !positive(p.lat_ns) {
-                return Err((
-                    f("lat_ns"),
-                    format!("latency must be a positive, finite number of ns, got {}", p.lat_ns),
-                ));
+            if !(positive(p.lat_ns) && p.lat_ns <= MAX_LAT_NS) {
+                return Err((f("lat_ns"), format!("latency must be above 0, up to {MAX_LAT_NS} ns, got {}", p.lat_ns)));
             }
         }
         points.sort_by_key(|p| (p.size, p.qd));
@@ -426,12 +439,12 @@ impl DeviceProfile {
         if self.name.trim().is_empty() {
             return bad("name", "must not be empty".into());
         }
-        if self.threads == 0 {
-            return bad("threads", "must be at least 1".into());
+        if self.threads == 0 || self.threads > MAX_THREADS {
+            return bad("threads", format!("must be 1 to {MAX_THREADS}, got {}", self.threads));
         }
         for (f, v) in [("mem_read_bw", self.mem_read_bw), ("mem_copy_bw", self.mem_copy_bw)] {
-            if !positive(v) {
-                return bad(f, format!("bandwidth must be a positive, finite number of bytes/s, got {v}"));
+            if !plausible_bw(v) {
+                return bad(f, format!("bandwidth must be 1e6 to 1e14 bytes/s, got {v}"));
             }
         }
         if let Some(a) = self.read_align {
@@ -452,8 +465,8 @@ impl DeviceProfile {
             }
         }
         let c = &self.compute;
-        if !(c.dispatch_ns.is_finite() && c.dispatch_ns >= 0.0) {
-            return bad("compute.dispatch_ns", format!("must be a finite number of ns ≥ 0, got {}", c.dispatch_ns));
+        if !(c.dispatch_ns.is_finite() && (0.0..=MAX_DISPATCH_NS).contains(&c.dispatch_ns)) {
+            return bad("compute.dispatch_ns", format!("must be 0 to {MAX_DISPATCH_NS} ns, got {}", c.dispatch_ns));
         }
         if !(positive(c.kernel_efficiency) && c.kernel_efficiency <= 1.0) {
             return bad("compute.kernel_efficiency", format!("must be in (0, 1], got {}", c.kernel_efficiency));
@@ -462,10 +475,10 @@ impl DeviceProfile {
             if !ColType::ALL.iter().any(|t| t.name() == k) {
                 return bad(&format!("compute.columns.{k}"), "unknown column type (Q4_1, Q5_0, Q8_0)".into());
             }
-            if !positive(v) {
+            if !plausible_bw(v) {
                 return bad(
                     &format!("compute.columns.{k}"),
-                    format!("throughput must be positive and finite, got {v}"),
+                    format!("throughput must be 1e6 to 1e14 bytes/s, got {v}"),
                 );
             }
         }
@@ -474,8 +487,8 @@ impl DeviceProfile {
                 let names: Vec<&str> = WEIGHT_TYPES.iter().map(|t| t.name()).collect();
                 return bad(&format!("compute.dense.{k}"), format!("unknown weight type ({})", names.join(", ")));
             }
-            if !positive(v) {
-                return bad(&format!("compute.dense.{k}"), format!("throughput must be positive and finite, got {v}"));
+            if !plausible_bw(v) {
+                return bad(&format!("compute.dense.{k}"), format!("throughput must be 1e6 to 1e14 bytes/s, got {v}"));
             }
         }
         Ok(())

@@ -191,6 +191,12 @@ impl Trace {
                 t => return Err(bad(format!("unknown event {t}"))),
             }
         }
+        // Nothing follows the end marker: bytes there were appended or the file was altered.
+        match read_exact(&mut r, &mut [0u8; 1]) {
+            Err(None) => {}
+            Err(Some(e)) => return Err(io(e)),
+            Ok(()) => return Err(bad("bytes after the end of the recording (appended or altered)".into())),
+        }
         Ok(Trace { header, events })
     }
 }

@@ -222,13 +222,25 @@ fn bad_profiles_are_rejected_with_the_problem_named() {
     assert!(s.contains("mem_copy_bandwidth"), "{s}");
     // Negative and non-finite bandwidths.
     let s = err_of(&good.replace("mem_read_bw = 1.0e10", "mem_read_bw = -1.0e10"));
-    assert!(s.contains("mem_read_bw") && s.contains("positive"), "{s}");
+    assert!(s.contains("mem_read_bw") && s.contains("1e6 to 1e14"), "{s}");
     let s = err_of(&good.replace("mem_read_bw = 1.0e10", "mem_read_bw = nan"));
     assert!(s.contains("mem_read_bw"), "{s}");
     let first_bw = good.find("points").unwrap() + good[good.find("points").unwrap()..].find(" bw = ").unwrap() + 1;
     let bad_disk = format!("{}bw = -{}", &good[..first_bw], &good[first_bw + 5..]);
     let s = err_of(&bad_disk);
-    assert!(s.contains("disk.points[0].bw") && s.contains("positive"), "{s}");
+    assert!(s.contains("disk.points[0].bw") && s.contains("1e6 to 1e14"), "{s}");
+    // Positive but absurd (bench/file_probe.py: 5e-324 B/s predicted 0 tok/s, a dispatch of
+    // 1e300 ns printed a 300-digit stall, 2^40 threads passed).
+    for (from, to, field) in [
+        ("mem_read_bw = 1.0e10", "mem_read_bw = 5e-324", "mem_read_bw"),
+        ("mem_read_bw = 1.0e10", "mem_read_bw = 1e300", "mem_read_bw"),
+        ("threads = 2", "threads = 1099511627776", "threads"),
+        ("Q4_1 = 8.0e9", "Q4_1 = 1e-300", "compute.columns.Q4_1"),
+        ("dispatch_ns = 900.0", "dispatch_ns = 1e300", "compute.dispatch_ns"),
+    ] {
+        let s = err_of(&good.replace(from, to));
+        assert!(s.contains(field), "{to}: {s}");
+    }
     // Kernel table entries.
     let s = err_of(&good.replace("Q4_K = 9.0e9", "Q9_Z = 9.0e9"));
     assert!(s.contains("compute.dense.Q9_Z"), "{s}");

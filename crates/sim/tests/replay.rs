@@ -330,6 +330,11 @@ fn damaged_or_foreign_traces_are_refused() {
     let junk = dir.path().join("junk.trace");
     std::fs::write(&junk, b"GGUF\x03\0\0\0 not a trace").unwrap();
     assert!(Trace::read(&junk).unwrap_err().to_string().contains("not a sift trace"));
+    // Bytes after the end marker (bench/file_probe.py found them ignored).
+    let appended = dir.path().join("appended.trace");
+    std::fs::write(&appended, [&bytes[..], b"more"].concat()).unwrap();
+    let e = Trace::read(&appended).unwrap_err();
+    assert!(e.to_string().contains("after the end of the recording"), "{e}");
     // A trace claims a shape no model has.
     let mut h = header(&engine);
     h.n_layer = 7;

@@ -262,7 +262,10 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     let toc: Toc =
         serde_json::from_slice(&toc_bytes).map_err(|e| PackError::Toc { path: path.into(), msg: e.to_string() })?;
     if toc.version != version {
-        return Err(PackError::Toc { path: path.into(), msg: format!("version {}, the header's {version}", toc.version) });
+        return Err(PackError::Toc {
+            path: path.into(),
+            msg: format!("version {}, the header's {version}", toc.version),
+        });
     }
     for t in &toc.columns {
         section_end(path, &format!("layer {} {:?} columns", t.layer, t.op), t.offset, t.len, total)?;
