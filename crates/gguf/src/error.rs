@@ -95,6 +95,10 @@ pub enum GgufError {
     #[error("tensor '{}' data offset {offset} is not a multiple of the alignment {alignment}; the file is corrupt", show(.tensor))]
     UnalignedOffset { tensor: String, offset: u64, alignment: u64 },
 
+    /// Two tensors whose data overlap (ggml lays them out one after the other).
+    #[error("tensors '{}' and '{}' overlap (data at {first_end} and {second_start}); the file is corrupt", show(.first), show(.second))]
+    OverlappingTensors { first: String, second: String, first_end: u64, second_start: u64 },
+
     /// A tensor whose data extends past the end of the file.
     #[error("tensor '{}' data [{start}, {end}) lies past the end of the file (size {file_size}); the file is truncated or corrupt, the download may be incomplete", show(.tensor))]
     TensorOutOfBounds { tensor: String, start: u128, end: u128, file_size: u64 },

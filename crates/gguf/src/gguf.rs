@@ -446,6 +446,21 @@ impl Parser<'_> {
             index.insert(name.clone(), tensors.len());
             tensors.push(TensorInfo { name, dims, ty, offset, n_bytes });
         }
+        // Each tensor's data ends before the next begins: an offset moved by a multiple of the
+        // alignment stays aligned and within the file, but would read another tensor's bytes.
+        let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+        order.sort_by_key(|t| t.offset);
+        for w in order.windows(2) {
+            let first_end = w[0].offset.saturating_add(w[0].n_bytes);
+            if first_end > w[1].offset {
+                return Err(GgufError::OverlappingTensors {
+                    first: w[0].name.clone(),
+                    second: w[1].name.clone(),
+                    first_end,
+                    second_start: w[1].offset,
+                });
+            }
+        }
         Ok((tensors, index))
     }
 }

@@ -226,6 +226,18 @@ fn unaligned_offsets() {
     assert_msg(Gguf::parse(&bytes), &["'blk.0.attn_q.weight' data offset 32020993 is not a multiple"]);
 }
 
+/// An offset moved by the alignment stays aligned and inside the file but reads the next
+/// tensor's bytes (bench/file_probe.py found it accepted).
+#[test]
+fn overlapping_tensors() {
+    let f = sift_gguf::GgufFile::open(support::smollm_path()).unwrap();
+    let mut bytes = f.bytes().to_vec();
+    let at = after_string(&bytes[..f.gguf.data_offset as usize], "blk.0.attn_q.weight") + 4 + 16 + 4;
+    let old = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    put_u64(&mut bytes, at, old + 32);
+    assert_msg(Gguf::parse(&bytes), &["overlap", "blk.0.attn_q.weight", "the file is corrupt"]);
+}
+
 #[test]
 fn unknown_value_types() {
     let bytes = one_kv(|w| {
