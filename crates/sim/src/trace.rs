@@ -37,6 +37,10 @@ const EV_END: u8 = 0xff;
 /// Largest dimension a trace may declare (guards allocation from a hostile header).
 const MAX_DIM: usize = 1 << 20;
 const MAX_LAYERS: usize = 1024;
+/// The largest context and batch a trace may record (`-c` is at most 2^24).
+const MAX_CTX: usize = 1 << 24;
+/// The largest runtime a trace may record (budgets are at most 1 PiB).
+const MAX_RUNTIME: u64 = 1 << 50;
 
 /// Problems reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +151,17 @@ impl Trace {
             || header.dims.iter().any(|&d| d == 0 || d > MAX_DIM)
         {
             return Err(bad(format!("implausible shape: {} layers, dims {:?}", header.n_layer, header.dims)));
+        }
+        // The run's settings, replayed by `simulate` and `plan`: within what a run can have.
+        if !(1..=MAX_CTX).contains(&header.n_ctx)
+            || !(1..=MAX_CTX).contains(&header.n_batch)
+            || header.runtime_bytes > MAX_RUNTIME
+            || !(header.measured_tok_s.is_finite() && header.measured_tok_s >= 0.0)
+        {
+            return Err(bad(format!(
+                "implausible run: n_ctx {}, n_batch {}, runtime {} bytes, {} tok/s",
+                header.n_ctx, header.n_batch, header.runtime_bytes, header.measured_tok_s
+            )));
         }
         let mut events = Vec::new();
         let trunc = || bad("truncated (the recording may have been interrupted)".into());
