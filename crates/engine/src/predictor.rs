@@ -414,7 +414,8 @@ mod tests {
         // Header values outside the checksum (found by bench/file_probe.py: a huge attention
         // mass gave 29 layers 0 % of their neurons, silently).
         let n = p.layers.len();
-        let cases: [(fn(&mut PredictorHeader, usize), &str); 5] = [
+        type Mutate = fn(&mut PredictorHeader, usize);
+        let cases: [(Mutate, &str); 5] = [
             (|h, n| h.attn_mass = vec![1e300; n], "attn_mass holds"),
             (|h, n| h.attn_mass = vec![-0.5; n], "attn_mass holds"),
             (|h, n| h.attn_mass = vec![0.5; n + 1], "attn_mass has"),

@@ -153,11 +153,12 @@ impl Trace {
             return Err(bad(format!("implausible shape: {} layers, dims {:?}", header.n_layer, header.dims)));
         }
         // The run's settings, replayed by `simulate` and `plan`: within what a run can have.
-        if !(1..=MAX_CTX).contains(&header.n_ctx)
-            || !(1..=MAX_CTX).contains(&header.n_batch)
-            || header.runtime_bytes > MAX_RUNTIME
-            || !(header.measured_tok_s.is_finite() && header.measured_tok_s >= 0.0)
-        {
+        let plausible = (1..=MAX_CTX).contains(&header.n_ctx)
+            && (1..=MAX_CTX).contains(&header.n_batch)
+            && header.runtime_bytes <= MAX_RUNTIME
+            && header.measured_tok_s.is_finite()
+            && header.measured_tok_s >= 0.0;
+        if !plausible {
             return Err(bad(format!(
                 "implausible run: n_ctx {}, n_batch {}, runtime {} bytes, {} tok/s",
                 header.n_ctx, header.n_batch, header.runtime_bytes, header.measured_tok_s
