@@ -299,19 +299,20 @@ fn bad_inputs_fail_with_clear_errors() {
     let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
     let err = text(&out.stderr);
     assert!(!out.status.success() && err.contains("unsupported architecture 'mamba'"), "{err}");
-    // A quant type sift has no kernels for: blk.0.attn_q.weight (Q4_1, id 3) relabelled Q5_1 (id 7),
-    // which still fits inside the file.
+    // A quant type sift has no kernels for: blk.0.attn_q.weight (Q4_1, id 3, 20 bytes per 32
+    // values) relabelled IQ4_NL (id 20, 18 bytes per 32), which still fits inside its own data
+    // (a larger type would overlap the next tensor: refused as a corrupt file).
     let mut relabelled = bytes.clone();
     let name = b"blk.0.attn_q.weight";
     let at = relabelled.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let ty = at + 4 + 2 * 8; // u32 n_dims, two u64 dims, then the u32 type id
     assert_eq!(u32::from_le_bytes(relabelled[ty..ty + 4].try_into().unwrap()), 3);
-    relabelled[ty..ty + 4].copy_from_slice(&7u32.to_le_bytes());
-    let p = dir.join("q5_1.gguf");
+    relabelled[ty..ty + 4].copy_from_slice(&20u32.to_le_bytes());
+    let p = dir.join("iq4_nl.gguf");
     std::fs::write(&p, &relabelled).unwrap();
     let out = sift(&["generate", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "1"]);
     let err = text(&out.stderr);
-    assert!(!out.status.success() && err.contains("Q5_1") && err.contains("blk.0.attn_q.weight"), "{err}");
+    assert!(!out.status.success() && err.contains("IQ4_NL") && err.contains("blk.0.attn_q.weight"), "{err}");
     let out = sift(&["generate", "-m", "/nonexistent/model.gguf", "-p", "hi"]);
     assert!(text(&out.stderr).contains("fetch-model.sh"));
     // A prompt longer than the context.
