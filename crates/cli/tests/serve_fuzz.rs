@@ -154,6 +154,9 @@ fn hostile_requests_get_answers_and_leave_the_server_well() {
         for _ in 0..40 {
             let mut b = valid.clone();
             for _ in 0..1 + rng.below(4) {
+                if b.is_empty() {
+                    break;
+                }
                 let i = rng.below(b.len());
                 match rng.below(4) {
                     0 => b[i] ^= 1 << rng.below(8),
