@@ -8,6 +8,13 @@
 //! loop). The SIMD versions fuse multiply and add and split sums into more accumulators than the
 //! reference, so they agree with it within rounding (tests: against the reference and against an
 //! f64 sum, stated tolerances), and each is deterministic: the same inputs give the same bits.
+//!
+//! [`tile_scores_rows`] and [`tile_values_rows`] run up to [`ROWS`] rows (query rows that see the
+//! same keys) through one pass over the tile: on AVX-512 each key or value vector loaded serves
+//! four rows instead of one, which matters because a tile of 64 keys × 128 dimensions (32 KiB,
+//! and as much of values) does not stay in L1 between one row and the next. They give every row
+//! the same bits as the one-row kernels (the same two FMA chains per lane, even and odd terms,
+//! summed at the end), so a token's result does not depend on how rows were grouped.
 
 use sift_quant::Isa;
 
@@ -70,10 +77,192 @@ pub fn tile_values_scalar(p: &[f32], vt: &[f32], o: &mut [f32]) {
     }
 }
 
+/// Rows per pass of [`tile_scores_rows`] and [`tile_values_rows`].
+pub const ROWS: usize = 4;
+
+/// [`tile_scores`] for `rows` query rows at once: `s[r · TILE_K + j]` = row `r` of `q` (rows of
+/// `hd` values) against key `j`. Each row gets the bits [`tile_scores`] gives it alone.
+pub fn tile_scores_rows(q: &[f32], hd: usize, kt: &[f32], s: &mut [f32]) {
+    let rows = q.len() / hd.max(1);
+    assert!(hd > 0 && q.len() == rows * hd && rows <= ROWS, "1 to {ROWS} query rows of {hd} values");
+    assert!(kt.len() >= hd * TILE_K && s.len() >= rows * TILE_K, "key tile or score rows too short");
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() == Isa::Avx512Vnni {
+        // SAFETY: AVX-512F is part of `Isa::Avx512Vnni` (detected); `q` holds `rows` rows of `hd`,
+        // `kt` `hd` rows of TILE_K and `s` `rows` rows of TILE_K (asserted above).
+        unsafe {
+            match rows {
+                1 => x86::scores_rows_avx512::<1>(q, hd, kt, s),
+                2 => x86::scores_rows_avx512::<2>(q, hd, kt, s),
+                3 => x86::scores_rows_avx512::<3>(q, hd, kt, s),
+                _ => x86::scores_rows_avx512::<4>(q, hd, kt, s),
+            }
+        }
+        return;
+    }
+    for (qr, sr) in q.chunks_exact(hd).zip(s.chunks_exact_mut(TILE_K)) {
+        tile_scores(qr, kt, sr.try_into().expect("a row of TILE_K scores"));
+    }
+}
+
+/// [`tile_values`] for `rows` rows at once, each weighting the tile's first `seen` value rows:
+/// row `r` of `o` (rows of `hd` values) `+= Σ_j p[r · TILE_K + j] · vt[j · hd + ·]`, `j < seen`.
+/// Each row gets the bits [`tile_values`] gives it alone.
+pub fn tile_values_rows(p: &[f32], seen: usize, vt: &[f32], hd: usize, o: &mut [f32]) {
+    let rows = o.len() / hd.max(1);
+    assert!(hd > 0 && o.len() == rows * hd && rows <= ROWS, "1 to {ROWS} output rows of {hd} values");
+    assert!(seen <= TILE_K && p.len() >= rows * TILE_K && vt.len() >= seen * hd, "value tile too short");
+    #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(64) && Isa::detect() == Isa::Avx512Vnni {
+        // SAFETY: AVX-512F is part of `Isa::Avx512Vnni` (detected); `p` holds `rows` rows of
+        // TILE_K, `vt` `seen` rows of `hd` (a multiple of 64) and `o` `rows` rows of `hd`
+        // (asserted above).
+        unsafe {
+            match rows {
+                1 => x86::values_rows_avx512::<1>(p, seen, vt, hd, o),
+                2 => x86::values_rows_avx512::<2>(p, seen, vt, hd, o),
+                3 => x86::values_rows_avx512::<3>(p, seen, vt, hd, o),
+                _ => x86::values_rows_avx512::<4>(p, seen, vt, hd, o),
+            }
+        }
+        return;
+    }
+    for (pr, or) in p.chunks_exact(TILE_K).zip(o.chunks_exact_mut(hd)) {
+        tile_values(&pr[..seen], vt, or);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::TILE_K;
     use std::arch::x86_64::*;
+
+    /// [`super::tile_scores_rows`] for `R` rows: per half tile (32 keys) the rows' even and odd
+    /// `d` in separate 2 × 16-lane accumulators (4·R registers), each key vector loaded once for
+    /// the `R` rows. Lane for lane the chains of [`tile_scores_avx512`].
+    ///
+    /// # Safety
+    /// AVX-512F present; `q` holds `R` rows of `hd`, `kt` `hd` rows of TILE_K, `s` `R` rows of
+    /// TILE_K.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores_rows_avx512<const R: usize>(q: &[f32], hd: usize, kt: &[f32], s: &mut [f32]) {
+        let (qp, kp) = (q.as_ptr(), kt.as_ptr());
+        for half in 0..2 {
+            let at = 32 * half;
+            let (mut even, mut odd) = ([[_mm512_setzero_ps(); 2]; R], [[_mm512_setzero_ps(); 2]; R]);
+            for d2 in 0..hd / 2 {
+                // SAFETY: rows 2·d2 and 2·d2 + 1 of kt, values at..at + 32 of each, lie in kt.
+                let (k0, k1) = unsafe {
+                    let (r0, r1) = (kp.add(2 * d2 * TILE_K + at), kp.add((2 * d2 + 1) * TILE_K + at));
+                    (
+                        [_mm512_loadu_ps(r0), _mm512_loadu_ps(r0.add(16))],
+                        [_mm512_loadu_ps(r1), _mm512_loadu_ps(r1.add(16))],
+                    )
+                };
+                for r in 0..R {
+                    // SAFETY: row r's values 2·d2 and 2·d2 + 1 lie in q (R rows of hd).
+                    let (b0, b1) = unsafe {
+                        (_mm512_set1_ps(*qp.add(r * hd + 2 * d2)), _mm512_set1_ps(*qp.add(r * hd + 2 * d2 + 1)))
+                    };
+                    for i in 0..2 {
+                        even[r][i] = _mm512_fmadd_ps(b0, k0[i], even[r][i]);
+                        odd[r][i] = _mm512_fmadd_ps(b1, k1[i], odd[r][i]);
+                    }
+                }
+            }
+            if hd % 2 == 1 {
+                let d = hd - 1;
+                // SAFETY: row d of kt, values at..at + 32, lies in kt.
+                let k = unsafe {
+                    [_mm512_loadu_ps(kp.add(d * TILE_K + at)), _mm512_loadu_ps(kp.add(d * TILE_K + at + 16))]
+                };
+                for r in 0..R {
+                    // SAFETY: row r's value d lies in q.
+                    let b = _mm512_set1_ps(unsafe { *qp.add(r * hd + d) });
+                    for i in 0..2 {
+                        even[r][i] = _mm512_fmadd_ps(b, k[i], even[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for i in 0..2 {
+                    // SAFETY: s holds R rows of TILE_K: this writes row r's keys at + 16i.. + 16.
+                    unsafe {
+                        _mm512_storeu_ps(
+                            s.as_mut_ptr().add(r * TILE_K + at + 16 * i),
+                            _mm512_add_ps(even[r][i], odd[r][i]),
+                        )
+                    };
+                }
+            }
+        }
+    }
+
+    /// [`super::tile_values_rows`] for `R` rows: per 32 dimensions the rows' even and odd `j` in
+    /// separate 2 × 16-lane accumulators (the even ones start from `o`), each value vector loaded
+    /// once for the `R` rows. Lane for lane the chains of [`tile_values_avx512`].
+    ///
+    /// # Safety
+    /// AVX-512F present; `hd % 64 == 0`; `p` holds `R` rows of TILE_K, `vt` `seen` rows of `hd`,
+    /// `o` `R` rows of `hd`; `seen <= TILE_K`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn values_rows_avx512<const R: usize>(
+        p: &[f32],
+        seen: usize,
+        vt: &[f32],
+        hd: usize,
+        o: &mut [f32],
+    ) {
+        let (pp, vp, op) = (p.as_ptr(), vt.as_ptr(), o.as_mut_ptr());
+        for c in (0..hd).step_by(32) {
+            let mut even = [[_mm512_setzero_ps(); 2]; R];
+            let mut odd = [[_mm512_setzero_ps(); 2]; R];
+            for r in 0..R {
+                for i in 0..2 {
+                    // SAFETY: row r of o holds hd values: this reads c + 16i.. + 16 (c + 32 <= hd).
+                    even[r][i] = unsafe { _mm512_loadu_ps(op.add(r * hd + c + 16 * i)) };
+                }
+            }
+            for j2 in 0..seen / 2 {
+                // SAFETY: value rows 2·j2 and 2·j2 + 1 (< seen), values c..c + 32, lie in vt.
+                let (v0, v1) = unsafe {
+                    let (r0, r1) = (vp.add(2 * j2 * hd + c), vp.add((2 * j2 + 1) * hd + c));
+                    (
+                        [_mm512_loadu_ps(r0), _mm512_loadu_ps(r0.add(16))],
+                        [_mm512_loadu_ps(r1), _mm512_loadu_ps(r1.add(16))],
+                    )
+                };
+                for r in 0..R {
+                    // SAFETY: row r's weights 2·j2 and 2·j2 + 1 (< seen <= TILE_K) lie in p.
+                    let (b0, b1) = unsafe {
+                        (_mm512_set1_ps(*pp.add(r * TILE_K + 2 * j2)), _mm512_set1_ps(*pp.add(r * TILE_K + 2 * j2 + 1)))
+                    };
+                    for i in 0..2 {
+                        even[r][i] = _mm512_fmadd_ps(b0, v0[i], even[r][i]);
+                        odd[r][i] = _mm512_fmadd_ps(b1, v1[i], odd[r][i]);
+                    }
+                }
+            }
+            if seen % 2 == 1 {
+                let j = seen - 1;
+                // SAFETY: value row j (< seen), values c..c + 32, lies in vt.
+                let v = unsafe { [_mm512_loadu_ps(vp.add(j * hd + c)), _mm512_loadu_ps(vp.add(j * hd + c + 16))] };
+                for r in 0..R {
+                    // SAFETY: row r's weight j lies in p.
+                    let b = _mm512_set1_ps(unsafe { *pp.add(r * TILE_K + j) });
+                    for i in 0..2 {
+                        even[r][i] = _mm512_fmadd_ps(b, v[i], even[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for i in 0..2 {
+                    // SAFETY: as the loads above.
+                    unsafe { _mm512_storeu_ps(op.add(r * hd + c + 16 * i), _mm512_add_ps(even[r][i], odd[r][i])) };
+                }
+            }
+        }
+    }
 
     /// [`super::tile_scores_scalar`] with 8 × 8 lanes. Needs `kt.len() >= q.len() * TILE_K`.
     #[target_feature(enable = "avx2,fma")]
@@ -260,6 +449,63 @@ mod tests {
                     let tol = 1e-5 * (1.0 + mag);
                     assert!((fast[d] as f64 - exact).abs() <= tol, "hd {hd} rows {rows} d {d}");
                     assert!((slow[d] as f64 - exact).abs() <= tol, "hd {hd} rows {rows} d {d}: scalar");
+                }
+            }
+        }
+    }
+
+    /// The multi-row kernels give each row the bits of the one-row kernels (so a token's result
+    /// does not depend on which rows share a pass), for 1 to 4 rows, head sizes on and off the
+    /// SIMD paths, full and causally cut tiles; and they agree with an f64 sum.
+    #[test]
+    fn row_kernels_give_each_row_the_one_row_bits() {
+        for hd in [17usize, 64, 80, 128, 256] {
+            for rows in 1..=ROWS {
+                let q = data(rows * hd, (hd + rows) as u32);
+                let kt = data(hd * TILE_K, 5 + hd as u32);
+                let mut s = vec![0f32; rows * TILE_K];
+                tile_scores_rows(&q, hd, &kt, &mut s);
+                for r in 0..rows {
+                    let mut one = [0f32; TILE_K];
+                    tile_scores(&q[r * hd..(r + 1) * hd], &kt, &mut one);
+                    assert_eq!(
+                        s[r * TILE_K..(r + 1) * TILE_K].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        one.map(f32::to_bits),
+                        "scores: hd {hd}, {rows} rows, row {r}"
+                    );
+                    for j in 0..TILE_K {
+                        let exact: f64 = (0..hd).map(|d| q[r * hd + d] as f64 * kt[d * TILE_K + j] as f64).sum();
+                        let mag: f64 = (0..hd).map(|d| (q[r * hd + d] as f64 * kt[d * TILE_K + j] as f64).abs()).sum();
+                        assert!(
+                            (s[r * TILE_K + j] as f64 - exact).abs() <= 1e-5 * (1.0 + mag),
+                            "hd {hd} row {r} key {j}"
+                        );
+                    }
+                }
+                for seen in [1usize, 2, 31, 63, 64] {
+                    let p: Vec<f32> = data(rows * TILE_K, (seen + rows) as u32).iter().map(|v| v.abs() / 2.0).collect();
+                    let vt = data(seen * hd, 9 + hd as u32);
+                    let o0 = data(rows * hd, 13);
+                    let mut o = o0.clone();
+                    tile_values_rows(&p, seen, &vt, hd, &mut o);
+                    for r in 0..rows {
+                        let mut one = o0[r * hd..(r + 1) * hd].to_vec();
+                        tile_values(&p[r * TILE_K..r * TILE_K + seen], &vt, &mut one);
+                        let got = &o[r * hd..(r + 1) * hd];
+                        assert!(
+                            got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "values: hd {hd}, {rows} rows, seen {seen}, row {r}"
+                        );
+                        for d in 0..hd {
+                            let terms = (0..seen).map(|j| p[r * TILE_K + j] as f64 * vt[j * hd + d] as f64);
+                            let exact = o0[r * hd + d] as f64 + terms.clone().sum::<f64>();
+                            let mag = o0[r * hd + d].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                            assert!(
+                                (got[d] as f64 - exact).abs() <= 1e-5 * (1.0 + mag),
+                                "hd {hd} seen {seen} row {r} d {d}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -28,7 +28,7 @@ pub(crate) use kernels::TILE_K;
 use crate::kv::{load_tile, KvCache, KV_PAGE};
 use crate::pool::{SharedMut, ThreadPool};
 use crate::vecops::exp_shifted_sum;
-use kernels::{tile_scores, tile_values};
+use kernels::{tile_scores_rows, tile_values_rows, ROWS};
 use sift_model::{Config, RopeStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -135,7 +135,7 @@ impl AttnScratch {
     pub fn bytes(c: &Config, n_threads: usize, n_ctx: usize) -> u64 {
         let hd = c.head_dim;
         let rows = TILE_Q * (c.n_head / c.n_head_kv.max(1));
-        let lane = 5 * rows * hd + 2 * hd * TILE_K + TILE_K + hd + 4 * rows;
+        let lane = 5 * rows * hd + 2 * hd * TILE_K + ROWS * TILE_K + hd + 4 * rows;
         let parts = c.n_head * n_ctx.div_ceil(CHUNK_K) * (hd + 2);
         4 * (n_threads.max(1) * lane + parts) as u64
     }
@@ -290,26 +290,33 @@ impl Item<'_> {
         lane.chunk.reset(rows, hd);
         lane.kt.resize(hd * TILE_K, 0.0);
         lane.vt.resize(TILE_K * hd, 0.0);
-        lane.s.resize(TILE_K, 0.0);
+        lane.s.resize(ROWS * TILE_K, 0.0);
         let (ks, vs) = (&self.kv.k[self.l], &self.kv.v[self.l]);
         let round_weights = self.kv.v_type == crate::kv::KvType::F16;
         let Lane { q, kt, vt, s, tmp, chunk, .. } = lane;
-        let s: &mut [f32; TILE_K] = s.as_mut_slice().try_into().expect("a tile of scores");
         let mut p0 = keys.start;
         while p0 < keys.end {
             let kn = TILE_K.min(keys.end - p0);
             load_tile(ks, kvd, head.clone(), p0, kn, true, kt, tmp);
             load_tile(vs, kvd, head.clone(), p0, kn, false, vt, tmp);
-            for ti in 0..self.tokens {
-                // Keys this token sees in the tile (causal mask).
-                let seen = (self.n_past + self.t0 + ti + 1).saturating_sub(p0).min(kn);
+            // Keys token `ti` sees in the tile (causal mask).
+            let seen_by = |ti: usize| (self.n_past + self.t0 + ti + 1).saturating_sub(p0).min(kn);
+            let mut r0 = 0;
+            while r0 < rows {
+                let seen = seen_by(r0 / group);
                 if seen == 0 {
+                    r0 = (r0 / group + 1) * group;
                     continue;
                 }
-                for gh in 0..group {
-                    let r = ti * group + gh;
-                    tile_scores(&q[r * hd..(r + 1) * hd], kt, s);
-                    let s = &mut s[..seen];
+                // Up to ROWS rows that see the same keys go through the kernels together.
+                let mut r1 = r0 + 1;
+                while r1 < rows && r1 - r0 < ROWS && seen_by(r1 / group) == seen {
+                    r1 += 1;
+                }
+                let sr = &mut s[..(r1 - r0) * TILE_K];
+                tile_scores_rows(&q[r0 * hd..r1 * hd], hd, kt, sr);
+                for (k, r) in (r0..r1).enumerate() {
+                    let s = &mut sr[k * TILE_K..k * TILE_K + seen];
                     let mt = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let o = &mut chunk.o[r * hd..(r + 1) * hd];
                     if mt > chunk.m[r] {
@@ -324,8 +331,9 @@ impl Item<'_> {
                     if round_weights {
                         round_to_f16(s);
                     }
-                    tile_values(s, vt, o);
                 }
+                tile_values_rows(sr, seen, vt, hd, &mut chunk.o[r0 * hd..r1 * hd]);
+                r0 = r1;
             }
             p0 += TILE_K;
         }
