@@ -125,3 +125,62 @@ pub(crate) fn prefetch_weights(p: *const u8, len: usize) {
         off += 64;
     }
 }
+
+/// Four tokens' sums of 16 rows (`acc[t]` lane `r` = row `r`, token `t`) into `out[r][t]`: a
+/// 4 × 16 transpose in registers (in-lane unpacks, then a 4 × 4 transpose of 128-bit lanes) and
+/// four stores, for the group kernels whose output is row-major over four tokens.
+///
+/// # Panics
+/// If `out` does not hold 16 rows.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn store_rows_x4(acc: [__m512; 4], out: &mut [[f32; 4]]) {
+    assert_eq!(out.len(), 16, "16 rows of four tokens");
+    let (l01, h01) = (_mm512_unpacklo_ps(acc[0], acc[1]), _mm512_unpackhi_ps(acc[0], acc[1]));
+    let (l23, h23) = (_mm512_unpacklo_ps(acc[2], acc[3]), _mm512_unpackhi_ps(acc[2], acc[3]));
+    let pd = _mm512_castps_pd;
+    // Lane k of r[i] holds row 4k + i of the four tokens.
+    let r = [
+        _mm512_castpd_ps(_mm512_unpacklo_pd(pd(l01), pd(l23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(pd(l01), pd(l23))),
+        _mm512_castpd_ps(_mm512_unpacklo_pd(pd(h01), pd(h23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(pd(h01), pd(h23))),
+    ];
+    let t0 = _mm512_shuffle_f32x4::<0x44>(r[0], r[1]);
+    let t1 = _mm512_shuffle_f32x4::<0xEE>(r[0], r[1]);
+    let t2 = _mm512_shuffle_f32x4::<0x44>(r[2], r[3]);
+    let t3 = _mm512_shuffle_f32x4::<0xEE>(r[2], r[3]);
+    let rows = [
+        _mm512_shuffle_f32x4::<0x88>(t0, t2),
+        _mm512_shuffle_f32x4::<0xDD>(t0, t2),
+        _mm512_shuffle_f32x4::<0x88>(t1, t3),
+        _mm512_shuffle_f32x4::<0xDD>(t1, t3),
+    ];
+    let p = out.as_mut_ptr() as *mut f32;
+    for (k, v) in rows.into_iter().enumerate() {
+        // SAFETY: `out` holds 16 rows of 4 f32 (asserted), 64 contiguous values: store k writes
+        // values 16k..16k + 16.
+        unsafe { _mm512_storeu_ps(p.add(16 * k), v) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_rows_x4_transposes_four_tokens_of_sixteen_rows() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let v: Vec<f32> = (0..64).map(|i| i as f32).collect();
+        let mut out = [[0f32; 4]; 16];
+        // SAFETY: AVX-512F present (checked); the loads read 16 of `v`'s 64 values each.
+        unsafe {
+            let acc = [0, 1, 2, 3].map(|t| _mm512_loadu_ps(v.as_ptr().add(16 * t)));
+            store_rows_x4(acc, &mut out);
+        }
+        for (r, row) in out.iter().enumerate() {
+            assert_eq!(*row, [0, 1, 2, 3].map(|t| (16 * t + r) as f32), "row {r}");
+        }
+    }
+}

@@ -187,18 +187,11 @@ pub fn gemm(isa: Isa, n: usize, w: &[u8], a: [&[u8]; 4], out: &mut [[f32; 4]]) -
     assert_eq!(out.len(), groups * PACK_ROWS_X16, "16 outputs per group");
     let ap = a.map(<[u8]>::as_ptr);
     for (k, o) in out.chunks_exact_mut(PACK_ROWS_X16).enumerate() {
-        let mut y = [[0f32; PACK_ROWS_X16]; 4];
         // SAFETY: `isa ≥ Avx512Vnni` is supported (checked above); `check` verified `groups`
-        // whole groups of `nb` super-blocks in `w` (`k < groups`) and `nb` blocks in every
-        // `a[t]`; each `y[t]` is 16 f32, exactly one unaligned 512-bit store.
+        // whole groups of `nb` super-blocks in `w` (`k < groups`) and `nb` blocks in every `a[t]`.
         unsafe {
             let acc = group::<4>(nb, w.as_ptr().add(k * nb * WB), ap);
-            for (y, acc) in y.iter_mut().zip(acc) {
-                _mm512_storeu_ps(y.as_mut_ptr(), acc);
-            }
-        }
-        for (r, o) in o.iter_mut().enumerate() {
-            *o = [y[0][r], y[1][r], y[2][r], y[3][r]];
+            super::helpers::store_rows_x4(acc, o);
         }
     }
     true

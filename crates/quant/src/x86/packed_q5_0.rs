@@ -174,13 +174,7 @@ pub fn gemm(isa: Isa, n: usize, w: &[u8], a: [&[u8]; 4], out: &mut [[f32; 4]]) -
             prepare::<4>(nb, ap, corr, da);
             for (k, o) in out.chunks_exact_mut(PACK_ROWS_Q5_0).enumerate() {
                 let acc = group::<4>(nb, w.as_ptr().add(k * nb * WB), ap, corr, da);
-                let mut y = [[0f32; PACK_ROWS_Q5_0]; 4];
-                for (y, acc) in y.iter_mut().zip(acc) {
-                    _mm512_storeu_ps(y.as_mut_ptr(), acc);
-                }
-                for (r, o) in o.iter_mut().enumerate() {
-                    *o = [y[0][r], y[1][r], y[2][r], y[3][r]];
-                }
+                super::helpers::store_rows_x4(acc, o);
             }
         }
     });
