@@ -36,19 +36,46 @@ use crate::Isa;
 use std::ops::Range;
 
 /// Quantizes a group's coefficients to `out` (the same length) and returns their scale `s`
-/// (`coef_i ≈ s · out_i`): `s = max |coef| / 127`, NaN or infinite when a coefficient is.
+/// (`coef_i ≈ s · out_i`, rounded half away from zero as `f32::round`): `s = max |coef| / 127`,
+/// NaN or infinite when a coefficient is. Written so that it compiles to vector code (no libm
+/// `roundf` per value: the prompt blocks quantize `tokens × active columns` of them per op).
 pub fn quantize_group(coef: &[f32], out: &mut [i8]) -> f32 {
     assert_eq!(coef.len(), out.len(), "quantize_group: lengths differ");
-    let amax = coef.iter().fold(0f32, |m, &c| if c.abs() > m || c.is_nan() { c.abs() } else { m });
-    if amax == 0.0 || !amax.is_finite() {
+    // Sixteen lanes of maxima (vector code: each lane's max is its own chain).
+    let (mut m, mut bad) = ([0f32; 16], [false; 16]);
+    let blocks = coef.chunks_exact(16);
+    let tail = blocks.remainder();
+    for b in blocks {
+        for i in 0..16 {
+            let a = b[i].abs();
+            bad[i] |= a.is_nan();
+            m[i] = m[i].max(a);
+        }
+    }
+    for (i, &c) in tail.iter().enumerate() {
+        bad[i] |= c.is_nan();
+        m[i] = m[i].max(c.abs());
+    }
+    let amax = m.iter().fold(0f32, |a, &b| a.max(b));
+    let nan = bad.iter().any(|&b| b);
+    if nan || amax == 0.0 || !amax.is_finite() {
         out.fill(0);
-        return if amax == 0.0 { 0.0 } else { f32::NAN };
+        return if amax == 0.0 && !nan { 0.0 } else { f32::NAN };
     }
     let inv = 127.0 / amax;
     for (o, &c) in out.iter_mut().zip(coef) {
-        *o = (c * inv).round() as i8;
+        *o = round_away(c * inv) as i8;
     }
     amax / 127.0
+}
+
+/// `x.round() as i32` for `|x| < 2^31`: truncation, then one step away from zero where the
+/// dropped fraction is a half or more (exact: `x − trunc(x)` is representable).
+#[inline]
+fn round_away(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 /// The groups of an active list (`(start, end)` into it, see the module docs): runs of one
@@ -247,4 +274,34 @@ pub fn axpy_exact_tokens_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyTokensFn {
     }
     let _ = (fmt, isa);
     axpy_exact_tokens_by_token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the plain `round()` on every half-way value and a sweep of others, NaN and
+    /// infinite groups, and an all-zero one.
+    #[test]
+    fn quantize_group_rounds_as_f32_round() {
+        let mut vals: Vec<f32> = (-260..=260).map(|i| i as f32 / 2.0).collect();
+        vals.extend((0..4000).map(|i| ((i as f32) * 0.7731).sin() * 127.0));
+        vals.extend([126.5, -126.5, 0.49999997, -0.49999997, 1e-30, -1e-30]);
+        for g in vals.chunks(128) {
+            let mut out = vec![0i8; g.len()];
+            let s = quantize_group(g, &mut out);
+            let amax = g.iter().fold(0f32, |m, c| m.max(c.abs()));
+            assert_eq!(s, amax / 127.0);
+            for (&c, &o) in g.iter().zip(&out) {
+                assert_eq!(o, (c * (127.0 / amax)).round() as i8, "{c}");
+            }
+        }
+        for v in [-127.5f32, -64.5, -0.5, 0.5, 2.5, 63.5, 126.5, -0.49999997, 0.49999997] {
+            assert_eq!(round_away(v), v.round() as i32, "{v}");
+        }
+        let mut out = [1i8; 3];
+        assert!(quantize_group(&[1.0, f32::NAN, 2.0], &mut out).is_nan() && out == [0; 3]);
+        assert!(quantize_group(&[f32::INFINITY, 2.0, 0.0], &mut out).is_nan());
+        assert_eq!(quantize_group(&[0.0, -0.0, 0.0], &mut out), 0.0);
+    }
 }

@@ -115,6 +115,7 @@ impl TokenPlan {
             sum_c: Vec::new(),
         };
         let mut c8 = vec![[0i8; RUN_BREAK]; n_tok];
+        let mut sums = vec![0i32; n_tok];
         for (g0, g1) in groups(units, &f) {
             for (t, c) in c8.iter_mut().enumerate() {
                 p.s.push(quantize_group(&coef[t * n + g0..t * n + g1], &mut c[..g1 - g0]));
@@ -123,7 +124,7 @@ impl TokenPlan {
             let r0 = p.runs.len();
             for (a, b) in runs(&units[g0..g1], f.sub_block) {
                 let q0 = p.ptrs.len();
-                let mut sums = vec![0i32; n_tok];
+                sums.fill(0);
                 for i in (a..b).step_by(4) {
                     let mut ptrs = [cols; 4];
                     for (j, ptr) in ptrs.iter_mut().enumerate() {
