@@ -685,7 +685,7 @@ impl Engine {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;
-            vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+            vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
             if let Some(o) = &mut self.ffn_observer {
                 o.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
             }

@@ -111,7 +111,7 @@ impl Engine {
             PrefillMasks::Oracle => {
                 // The dense gate and up, the GLU, and its norm per neuron over the block.
                 self.project_site(l, n, Site::FfnIn)?;
-                vecops::silu_mul(&mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+                vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
                 let p = &mut self.prefill_scratch;
                 p.score.clear();
                 p.score.resize(n_units, 0.0);
@@ -171,19 +171,27 @@ impl Engine {
         let Engine { model, pool, s, prefill_scratch: p, .. } = self;
         let lw = &model.layers[l];
         let (gate, up) = (&lw.w_gate, &lw.w_up);
+        // The chosen groups of `unit` consecutive rows (a repacked matrix's group: its interleaved
+        // rows are `unit·row_bytes` contiguous bytes) of gate, then of up, copied side by side
+        // into `rows`, the groups spread over the threads.
+        let (gb, ub) = (k * gate.row_bytes, k * up.row_bytes);
         p.rows.clear();
-        let compact = |w: &QTensor, rows: &mut Vec<u8>| -> QTensor {
-            let start = rows.len();
-            let data = model.data(w);
-            // Groups of `unit` consecutive rows (a repacked matrix's group: its interleaved rows
-            // are `unit·row_bytes` contiguous bytes).
-            for g in p.units.chunks(unit) {
-                let r = g[0] as usize;
-                rows.extend_from_slice(&data[r * w.row_bytes..(r + unit) * w.row_bytes]);
+        p.rows.resize(gb + ub, 0);
+        let (gd, ud) = (model.data(gate), model.data(up));
+        let n_groups = p.units.len() / unit;
+        let units = &p.units;
+        let dst = SharedMut::new(&mut p.rows);
+        pool.for_each(2 * n_groups, 64, &|range, _| {
+            for i in range {
+                let (w, data, at, gi) = if i < n_groups { (gate, gd, 0, i) } else { (up, ud, gb, i - n_groups) };
+                let (r, len) = (units[gi * unit] as usize, unit * w.row_bytes);
+                // SAFETY: group `gi` of this matrix owns bytes `at + gi·len ..` of `rows`.
+                let out = unsafe { dst.slice(at + gi * len..at + (gi + 1) * len) };
+                out.copy_from_slice(&data[r * w.row_bytes..r * w.row_bytes + len]);
             }
-            QTensor { rows: k, range: start..rows.len(), ..w.clone() }
-        };
-        let (cg, cu) = (compact(gate, &mut p.rows), compact(up, &mut p.rows));
+        });
+        let cg = QTensor { rows: k, range: 0..gb, ..gate.clone() };
+        let cu = QTensor { rows: k, range: gb..gb + ub, ..up.clone() };
         let ws: Vec<&QTensor> = site_ops(Site::FfnIn).iter().map(|&op| lw.op(op)).collect();
         s.acts.quantize_for(pool, &ws, &s.h[..n * e], e, n);
         p.gs.clear();
@@ -192,7 +200,7 @@ impl Engine {
         p.us.resize(n * k, 0.0);
         let mut jobs = [MatJob { w: &cg, stride: k, out: &mut p.gs }, MatJob { w: &cu, stride: k, out: &mut p.us }];
         matmul_many(pool, &p.rows, &s.acts, n, &mut jobs);
-        vecops::silu_mul(&mut p.gs, &p.us);
+        vecops::silu_mul_rows(pool, &mut p.gs, &p.us);
         Ok(())
     }
 
@@ -217,9 +225,7 @@ impl Engine {
                 p.idx.clear();
                 p.idx.extend(p.units.iter().map(|&u| positions.as_ref().map_or(u, |pos| pos[u as usize])));
                 let kernel = axpy_exact_tokens_fn(fmt, Isa::detect());
-                let out = &mut s.o[..n * e];
-                out.fill(0.0);
-                let out = SharedMut::new(out);
+                let out = SharedMut::new(&mut s.o[..n * e]);
                 let (units, idx, gs) = (&p.units, &p.idx, &p.gs);
                 // Tokens in fours per work item: each thread reads the block's columns for its
                 // tokens (after the first, from the shared cache).
@@ -229,6 +235,7 @@ impl Engine {
                         let (t0, t1) = (it * per_item, ((it + 1) * per_item).min(n));
                         // SAFETY: tokens `t0..t1`'s outputs belong to this item only.
                         let y = unsafe { out.slice(t0 * e..t1 * e) };
+                        y.fill(0.0);
                         kernel(&m, idx, units, &gs[t0 * k..t1 * k], t1 - t0, 0..e / 32, y, e);
                     }
                 });

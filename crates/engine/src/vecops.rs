@@ -196,6 +196,26 @@ pub fn rms_norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mu
     });
 }
 
+/// [`silu_mul`] over a batch, split over the pool's threads (elementwise: the same bits as one
+/// call). One token's worth (or less) runs on the calling thread.
+pub fn silu_mul_rows(pool: &ThreadPool, g: &mut [f32], u: &[f32]) {
+    const PIECE: usize = 8192;
+    assert_eq!(g.len(), u.len(), "silu_mul_rows: lengths differ");
+    if g.len() <= PIECE || pool.n_threads() == 1 {
+        silu_mul(g, u);
+        return;
+    }
+    let len = g.len();
+    let sm = SharedMut::new(g);
+    pool.for_each(len.div_ceil(PIECE), 1, &|range, _| {
+        for p in range {
+            let r = p * PIECE..((p + 1) * PIECE).min(len);
+            // SAFETY: each piece is written by one item.
+            silu_mul(unsafe { sm.slice(r.clone()) }, &u[r]);
+        }
+    });
+}
+
 /// Σ a[i]·b[i] with `b` in f16 (lengths must match): bit for bit [`dot`] of `a` and `b`
 /// converted to f32 (the same 16 partial sums, each a product then an add, summed in order).
 #[inline]
