@@ -165,6 +165,23 @@ multiversion! {
     }
 }
 
+/// The largest value of `x` ignoring NaN (−∞ for none), as `fold(−∞, f32::max)` gives it, in
+/// sixteen independent lanes (vector code instead of one chain of dependent maxima).
+pub fn max_value(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let blocks = x.chunks_exact(16);
+    let tail = blocks.remainder();
+    for b in blocks {
+        for i in 0..16 {
+            m[i] = m[i].max(b[i]);
+        }
+    }
+    for (i, &v) in tail.iter().enumerate() {
+        m[i] = m[i].max(v);
+    }
+    m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
 /// In-place softmax; returns nothing, `x` sums to 1 afterwards.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -399,6 +416,16 @@ mod tests {
         let mut z = vec![3.0f32, 1.0, 3.0];
         exp_shifted_sum(&mut z, 3.0);
         assert_eq!(z[0], 1.0);
+    }
+
+    #[test]
+    fn max_value_is_the_folds_maximum() {
+        for n in [0usize, 1, 15, 16, 17, 64, 100] {
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 101) as f32 - 50.0).collect();
+            assert_eq!(max_value(&x), x.iter().copied().fold(f32::NEG_INFINITY, f32::max), "{n} values");
+        }
+        assert_eq!(max_value(&[f32::NAN, -3.0, f32::NAN]), -3.0);
+        assert_eq!(max_value(&[f32::NAN; 20]), f32::NEG_INFINITY);
     }
 
     #[test]

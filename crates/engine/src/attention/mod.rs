@@ -27,7 +27,7 @@ pub(crate) use kernels::TILE_K;
 
 use crate::kv::{load_tile, KvCache, KV_PAGE};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::vecops::exp_shifted_sum;
+use crate::vecops::{exp_shifted_sum, max_value};
 use kernels::{tile_scores_rows, tile_values_rows, ROWS};
 use sift_model::{Config, RopeStyle};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -317,7 +317,7 @@ impl Item<'_> {
                 tile_scores_rows(&q[r0 * hd..r1 * hd], hd, kt, sr);
                 for (k, r) in (r0..r1).enumerate() {
                     let s = &mut sr[k * TILE_K..k * TILE_K + seen];
-                    let mt = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mt = max_value(s);
                     let o = &mut chunk.o[r * hd..(r + 1) * hd];
                     if mt > chunk.m[r] {
                         let corr = (chunk.m[r] - mt).exp();
