@@ -144,6 +144,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F present; `q` holds `R` rows of `hd`, `kt` `hd` rows of TILE_K, `s` `R` rows of
     /// TILE_K.
+    #[allow(clippy::needless_range_loop)] // rows × lanes of registers, indexed as the docs say
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn scores_rows_avx512<const R: usize>(q: &[f32], hd: usize, kt: &[f32], s: &mut [f32]) {
         let (qp, kp) = (q.as_ptr(), kt.as_ptr());
@@ -205,6 +206,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F present; `hd % 64 == 0`; `p` holds `R` rows of TILE_K, `vt` `seen` rows of `hd`,
     /// `o` `R` rows of `hd`; `seen <= TILE_K`.
+    #[allow(clippy::needless_range_loop)] // rows × lanes of registers, indexed as the docs say
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn values_rows_avx512<const R: usize>(
         p: &[f32],
