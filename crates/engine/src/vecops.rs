@@ -1,6 +1,8 @@
 //! Small f32 vector kernels used between the matrix products: dot, axpy, RMS norm, SiLU·mul,
-//! softmax. Each is a plain loop that LLVM vectorizes; an AVX2+FMA build of the same loop is
-//! chosen at run time (the default x86-64 target only has SSE2).
+//! softmax. Each is a plain loop that LLVM vectorizes; an AVX-512 or AVX2+FMA build of the same
+//! loop is chosen at run time (the default x86-64 target only has SSE2). The builds give the same
+//! bits: LLVM neither fuses nor reorders float operations it was not told to, and the sums keep
+//! their own fixed lanes.
 
 use crate::pool::{split, SharedMut, ThreadPool};
 use half::f16;
@@ -15,8 +17,15 @@ macro_rules! multiversion {
             fn generic($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? { generic($($arg),*) }
+                if Isa::detect() == Isa::Avx512Vnni {
+                    // SAFETY: `avx512` needs AVX-512 F/BW/VL, AVX2 and FMA, part of
+                    // `Isa::Avx512Vnni`, which `Isa::detect` reports only where the CPU has them.
+                    return unsafe { avx512($($arg),*) };
+                }
                 if Isa::detect() >= Isa::Avx2 {
                     // SAFETY: `avx2` needs AVX2 and FMA, part of `Isa::Avx2`, which `Isa::detect`
                     // reports only where the CPU has them.
@@ -165,21 +174,31 @@ multiversion! {
     }
 }
 
-/// The largest value of `x` ignoring NaN (−∞ for none), as `fold(−∞, f32::max)` gives it, in
-/// sixteen independent lanes (vector code instead of one chain of dependent maxima).
-pub fn max_value(x: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; 16];
-    let blocks = x.chunks_exact(16);
-    let tail = blocks.remainder();
-    for b in blocks {
-        for i in 0..16 {
-            m[i] = m[i].max(b[i]);
+multiversion! {
+    /// The largest value of `x` ignoring NaN (−∞ for none), as `fold(−∞, f32::max)` gives it, in
+    /// sixteen independent lanes (vector code instead of one chain of dependent maxima).
+    pub fn max_value(x: &[f32]) -> f32 {
+        let mut m = [f32::NEG_INFINITY; 16];
+        let blocks = x.chunks_exact(16);
+        let tail = blocks.remainder();
+        for b in blocks {
+            for i in 0..16 {
+                m[i] = m[i].max(b[i]);
+            }
         }
+        for (i, &v) in tail.iter().enumerate() {
+            m[i] = m[i].max(v);
+        }
+        // The lanes halved in place (a maximum is the same in any order; no lane is NaN).
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for i in 0..w {
+                m[i] = m[i].max(m[i + w]);
+            }
+        }
+        m[0]
     }
-    for (i, &v) in tail.iter().enumerate() {
-        m[i] = m[i].max(v);
-    }
-    m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
 /// In-place softmax; returns nothing, `x` sums to 1 afterwards.
