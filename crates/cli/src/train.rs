@@ -88,6 +88,10 @@ pub struct TrainDistillArgs {
     /// sift and llama.cpp load like any model)
     #[arg(long = "no-fuse")]
     pub no_fuse: bool,
+    /// How the fused model's rows are quantized again (see `sift export-lora`); the GPTQ kinds
+    /// calibrate on 16 windows of the training text, under the selector, adapters on
+    #[arg(long = "rounding", value_enum, default_value = "gptq-grid")]
+    pub rounding: crate::export_lora::FuseRounding,
 }
 
 /// The fused model's path beside the adapters `out`: `X.lora.gguf` → `X.gguf`, else
@@ -513,8 +517,14 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     if !a.no_fuse {
         let t2 = std::time::Instant::now();
         let fused = fused_path(&out);
-        let bytes =
-            sift_engine::lora::fuse(&plain, &lora.to_adapters()?).map_err(|e| anyhow::anyhow!("fusing: {e}"))?;
+        use crate::export_lora::{calibration_moments, fuse_model, FuseRounding};
+        let moments = match a.rounding {
+            FuseRounding::Gptq | FuseRounding::GptqGrid => {
+                Some(calibration_moments(&plain, &student, selector.as_mut(), Some(&lora), &tokens, seq, 16)?)
+            }
+            _ => None,
+        };
+        let bytes = fuse_model(&plain, &lora.to_adapters()?, a.rounding, moments.as_ref(), threads)?;
         sift_output::write(&fused, &[a.file.as_path(), plain.file.path()], &bytes)?;
         eprintln!(
             "sift: fused into the weights and re-quantized in {:.1} s: '{}' (run it as any model; --no-fuse skips this)",

@@ -941,7 +941,8 @@ fn train_distill_writes_adapters_that_lora_loads() {
     let o = sift(&[&train[..], &more[..], &["--steps", "2", "--ratio", "0.5"]].concat());
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("adapters written"), "{}", text(&o.stderr));
-    let o = sift(&[&train[..], &more[..], &["--steps", "1", "--ratio", "0.5", "--resume"]].concat());
+    let o =
+        sift(&[&train[..], &more[..], &["--steps", "1", "--ratio", "0.5", "--resume", "--rounding", "fresh"]].concat());
     assert!(o.status.success() && text(&o.stderr).contains("after 2 steps"), "{}", text(&o.stderr));
     let gen = |lora: &str| {
         sift(&[
@@ -972,6 +973,15 @@ fn train_distill_writes_adapters_that_lora_loads() {
     assert_eq!(std::fs::metadata(&fused).unwrap().len(), std::fs::metadata(m).unwrap().len());
     let o = sift(&["generate", "-m", fused.to_str().unwrap(), "-p", "The", "-n", "2", "--temp", "0", "-t", "2"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
+    // export-lora with calibration text fuses with GPTQ's feedback on the tensors' own grids;
+    // text with a rounding that does not read it is refused.
+    let fused2 = dir.path().join("b.gguf");
+    let export = ["export-lora", "-m", m, "--lora", o_s, "-f", wiki.to_str().unwrap(), "--calib-tokens", "1024"];
+    let o = sift(&[&export[..], &["--sparsity", "topk", "-t", "2", "-o", fused2.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::metadata(&fused2).unwrap().len(), std::fs::metadata(m).unwrap().len());
+    let o = sift(&[&export[..], &["--rounding", "fresh", "-o", fused2.to_str().unwrap(), "--force"]].concat());
+    assert!(!o.status.success() && text(&o.stderr).contains("gptq"), "{}", text(&o.stderr));
     // For another architecture (the same bytes, 'llama' written 'qwen2'), cut short, absent.
     let mut bytes = std::fs::read(&out).unwrap();
     let at = bytes.windows(5).position(|w| w == b"llama").unwrap();

@@ -264,12 +264,37 @@ pub fn fused_row(model: &Model, adapters: &LoraAdapters, layer: usize, op: OpKin
     }
 }
 
+/// How [`fuse`] writes a fused row back into its quantized type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Rounding {
+    /// Quantized afresh, new block scales chosen for the fused values (llama.cpp's
+    /// `llama-export-lora`): every weight of an adapted block is rounded again, which dithers
+    /// the correction into the weights.
+    #[default]
+    Fresh,
+    /// Onto the row's own grid (`sift_quant::grid`): the block scales kept, each fused value
+    /// rounded to the nearest level they express, so weights the correction moves by less than
+    /// half a level keep their integers — and lose the correction there. Float types are
+    /// written as they are either way.
+    Grid,
+}
+
+impl std::str::FromStr for Rounding {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Rounding, String> {
+        match s {
+            "fresh" => Ok(Rounding::Fresh),
+            "grid" => Ok(Rounding::Grid),
+            _ => Err(format!("unknown rounding '{s}' (fresh or grid)")),
+        }
+    }
+}
+
 /// The model's GGUF with the adapters fused into the weights they adapt: each adapted row
-/// dequantized, `s · B·A` added, quantized again to its own type (llama.cpp's
-/// `llama-export-lora`). The file keeps its layout byte for byte (same types, same sizes): only
-/// the adapted tensors' data changes, so llama.cpp runs it and `sift pack` packs it. The
-/// re-quantization rounds the correction: see docs/sparsity.md for what survives at 4 bits.
-pub fn fuse(model: &Model, adapters: &LoraAdapters) -> Result<Vec<u8>, String> {
+/// dequantized, `s · B·A` added, quantized again to its own type by `rounding`. The file keeps
+/// its layout byte for byte (same types, same sizes): only the adapted tensors' data changes, so
+/// llama.cpp runs it and `sift pack` packs it. See docs/sparsity.md for what survives at 4 bits.
+pub fn fuse(model: &Model, adapters: &LoraAdapters, rounding: Rounding) -> Result<Vec<u8>, String> {
     if model.columns.is_some() {
         return Err("fusing needs the GGUF model, not its pack".into());
     }
@@ -286,8 +311,13 @@ pub fn fuse(model: &Model, adapters: &LoraAdapters) -> Result<Vec<u8>, String> {
             let mut row = vec![0f32; w.cols];
             for r in 0..w.rows {
                 fused_row(model, adapters, l, op, r, &mut row);
-                let q = sift_quant::scalar::quantize_row(w.ty, &row);
                 let at = w.range.start + r * w.row_bytes;
+                let src = &bytes[at..at + w.row_bytes];
+                let q = match rounding {
+                    Rounding::Grid => sift_quant::grid::round_onto_grid(w.ty, src, &row),
+                    Rounding::Fresh => None,
+                }
+                .unwrap_or_else(|| sift_quant::scalar::quantize_row(w.ty, &row));
                 bytes[at..at + w.row_bytes].copy_from_slice(&q);
             }
         }

@@ -2,10 +2,11 @@
 //! quantization; the fused GGUF changes only the adapted tensors, within a quantization step;
 //! hostile adapter files are refused naming the problem.
 
-use sift_engine::lora::{fuse, fused_row, LoraAdapters, OpAdapter};
+use sift_engine::lora::{fuse, fused_row, LoraAdapters, OpAdapter, Rounding};
 use sift_engine::sparsity::Site;
 use sift_model::layout::OpKind;
 use sift_model::Model;
+use sift_quant::grid::RowGrid;
 use std::path::PathBuf;
 
 fn model() -> Model {
@@ -64,7 +65,7 @@ fn the_fused_gguf_changes_only_the_adapted_tensors() {
     let m = model();
     let mut l = LoraAdapters::empty(m.config.n_layer, 8.0);
     l.set(2, OpKind::Gate, adapter(&m, 2, OpKind::Gate, 4, 0.5));
-    let bytes = fuse(&m, &l).unwrap();
+    let bytes = fuse(&m, &l, Rounding::Fresh).unwrap();
     let orig = m.file.bytes();
     assert_eq!(bytes.len(), orig.len());
     let w = &m.layers[2].w_gate;
@@ -85,6 +86,36 @@ fn the_fused_gguf_changes_only_the_adapted_tensors() {
             }
         }
     }
+}
+
+/// On the grid: the scales stay (every level the same), each fused value lands on the level of
+/// the original grid nearest the exact fused value, and the correction moves some integers.
+#[test]
+fn fusing_onto_the_grid_keeps_the_scales_and_takes_the_nearest_level() {
+    let m = model();
+    let mut l = LoraAdapters::empty(m.config.n_layer, 8.0);
+    l.set(2, OpKind::Gate, adapter(&m, 2, OpKind::Gate, 4, 0.5));
+    let bytes = fuse(&m, &l, Rounding::Grid).unwrap();
+    let orig = m.file.bytes();
+    let w = &m.layers[2].w_gate;
+    assert_eq!(bytes[..w.range.start], orig[..w.range.start]);
+    assert_eq!(bytes[w.range.end..], orig[w.range.end..]);
+    let mut want = vec![0f32; w.cols];
+    let mut moved = 0;
+    for r in (0..w.rows).step_by(41) {
+        fused_row(&m, &l, 2, OpKind::Gate, r, &mut want);
+        let at = w.range.start + r * w.row_bytes;
+        let g0 = RowGrid::of(w.ty, &orig[at..at + w.row_bytes], w.cols).unwrap();
+        let g1 = RowGrid::of(w.ty, &bytes[at..at + w.row_bytes], w.cols).unwrap();
+        for (k, &e) in want.iter().enumerate() {
+            assert_eq!(g0.level(k, 0), g1.level(k, 0), "row {r} value {k}: the scales stay");
+            assert_eq!(g0.level(k, g0.max_code()), g1.level(k, g1.max_code()));
+            let best = (0..=g0.max_code()).map(|q| (g0.level(k, q) - e).abs()).fold(f32::INFINITY, f32::min);
+            assert!((g1.value(k) - e).abs() <= best + 1e-6, "row {r} value {k}: {} for {e}", g1.value(k));
+            moved += usize::from(g0.code(k) != g1.code(k));
+        }
+    }
+    assert!(moved > 0, "the correction moved no integer");
 }
 
 #[test]

@@ -269,16 +269,16 @@ impl ExactFormat {
 
 /// One source row decoded: integers, per super-block `d` (and `b` = the offset's f16, sign
 /// included) as f16 bits, per sub-block integer scales.
-struct DecodedRow {
-    q: Vec<u8>,
-    d: Vec<u16>,
-    b: Vec<u16>,
-    sc: Vec<u8>,
-    m: Vec<u8>,
+pub(crate) struct DecodedRow {
+    pub(crate) q: Vec<u8>,
+    pub(crate) d: Vec<u16>,
+    pub(crate) b: Vec<u16>,
+    pub(crate) sc: Vec<u8>,
+    pub(crate) m: Vec<u8>,
 }
 
 impl DecodedRow {
-    fn new(n_in: usize, f: &ExactFormat) -> DecodedRow {
+    pub(crate) fn new(n_in: usize, f: &ExactFormat) -> DecodedRow {
         let nsb = n_in / f.super_block;
         DecodedRow {
             q: vec![0; n_in],
@@ -289,7 +289,7 @@ impl DecodedRow {
         }
     }
 
-    fn decode(&mut self, f: &ExactFormat, row: &[u8]) {
+    pub(crate) fn decode(&mut self, f: &ExactFormat, row: &[u8]) {
         let h = |b: [u8; 2]| u16::from_le_bytes(b);
         let neg = |b: [u8; 2]| u16::from_le_bytes(b) ^ 0x8000;
         match f.src {

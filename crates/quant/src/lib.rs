@@ -61,6 +61,7 @@ pub mod blocks;
 pub mod columns;
 pub mod exact;
 pub mod exact_q8;
+pub mod grid;
 pub mod packed;
 pub mod packed_q4k_x16;
 pub mod packed_q5_0;

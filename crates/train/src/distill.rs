@@ -125,8 +125,21 @@ impl Student {
         &self,
         model: &Model,
         tokens: &[u32],
+        selector: Option<&mut dyn Selector>,
+        lora: Option<&LoraVars>,
+    ) -> anyhow::Result<Tensor> {
+        self.forward_tapped(model, tokens, selector, lora, &mut |_, _, _| Ok(()))
+    }
+
+    /// [`Student::forward`], handing `tap` each site's input as its ops see it (masked: T × width)
+    /// with the layer and site.
+    pub fn forward_tapped(
+        &self,
+        model: &Model,
+        tokens: &[u32],
         mut selector: Option<&mut dyn Selector>,
         lora: Option<&LoraVars>,
+        tap: &mut dyn FnMut(usize, Site, &Tensor) -> anyhow::Result<()>,
     ) -> anyhow::Result<Tensor> {
         let c = &self.cfg;
         let t = tokens.len();
@@ -142,10 +155,12 @@ impl Student {
         let mut active = Vec::new();
         for (l, lw) in self.layers.iter().enumerate() {
             let mut site = |x: Tensor, site: Site| -> anyhow::Result<Tensor> {
-                match selector.as_deref_mut() {
-                    Some(s) => mask_site(s, l, site, x, &mut active),
-                    None => Ok(x),
-                }
+                let x = match selector.as_deref_mut() {
+                    Some(s) => mask_site(s, l, site, x, &mut active)?,
+                    None => x,
+                };
+                tap(l, site, &x)?;
+                Ok(x)
             };
             let lin = |x: &Tensor, op: OpKind| -> anyhow::Result<Tensor> {
                 let i = OpKind::ALL.iter().position(|&o| o == op).expect("in ALL");

@@ -17,5 +17,6 @@
 pub mod collect;
 pub mod compensate;
 pub mod distill;
+pub mod fuse;
 pub mod prefill;
 pub mod schedule;
