@@ -8,7 +8,7 @@ use sift_engine::lora::{fuse, LoraAdapters, Rounding};
 use sift_engine::sparsity::Selector;
 use sift_model::Model;
 use sift_train::distill::{LoraVars, Student};
-use sift_train::fuse::{fuse_with_feedback, InputMoments};
+use sift_train::fuse::{fuse_with_feedback, InputMoments, Levels};
 use std::path::PathBuf;
 
 /// How a fused model's rows are quantized again (`sift export-lora`, `sift train distill`).
@@ -20,11 +20,18 @@ pub enum FuseRounding {
     /// Each tensor's own block scales kept, each weight to its nearest level (weights the
     /// adapters barely move keep their integers, and lose the correction)
     Grid,
-    /// GPTQ's error feedback on fresh scales: each weight's rounding error passed on to the row's
-    /// next weights as the inputs' second moments on calibration text say (needs text)
+    /// GPTQ's error feedback on fresh block scales: each weight's rounding error passed on to
+    /// the row's next weights as the inputs' second moments on calibration text say (needs text)
     Gptq,
     /// GPTQ's error feedback on each tensor's own block scales (needs text)
     GptqGrid,
+}
+
+impl FuseRounding {
+    /// Whether this rounding calibrates on text.
+    pub fn needs_text(self) -> bool {
+        matches!(self, FuseRounding::Gptq | FuseRounding::GptqGrid)
+    }
 }
 
 /// The model's GGUF with `lora` fused in, rounded as `rounding` says; the feedback kinds need
@@ -40,8 +47,8 @@ pub(crate) fn fuse_model(
     match (rounding, moments) {
         (FuseRounding::Fresh, _) => plain(Rounding::Fresh),
         (FuseRounding::Grid, _) => plain(Rounding::Grid),
-        (FuseRounding::Gptq, Some(m)) => fuse_with_feedback(model, lora, Rounding::Fresh, m, threads),
-        (FuseRounding::GptqGrid, Some(m)) => fuse_with_feedback(model, lora, Rounding::Grid, m, threads),
+        (FuseRounding::Gptq, Some(m)) => fuse_with_feedback(model, lora, Levels::Fresh, m, threads),
+        (FuseRounding::GptqGrid, Some(m)) => fuse_with_feedback(model, lora, Levels::Own, m, threads),
         (_, None) => anyhow::bail!("--rounding gptq and gptq-grid need calibration text (-f FILE)"),
     }
 }
@@ -74,7 +81,7 @@ pub struct ExportLoraArgs {
     /// Scale of the adapters (llama.cpp's --lora-scaled)
     #[arg(long = "scale", default_value_t = 1.0, value_parser = sift_session::ranges::weight_f32)]
     pub scale: f32,
-    /// How fused rows are quantized again (default: gptq-grid with -f, else fresh)
+    /// How fused rows are quantized again (default: gptq with -f, else fresh)
     #[arg(long = "rounding", value_enum)]
     pub rounding: Option<FuseRounding>,
     /// Calibration text for --rounding gptq / gptq-grid: the inputs whose products the rounding
@@ -111,13 +118,13 @@ pub fn run(a: ExportLoraArgs) -> anyhow::Result<()> {
     lora.user_scale = a.scale;
     let t0 = std::time::Instant::now();
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
-    let rounding = a.rounding.unwrap_or(if a.file.is_some() { FuseRounding::GptqGrid } else { FuseRounding::Fresh });
+    let rounding = a.rounding.unwrap_or(if a.file.is_some() { FuseRounding::Gptq } else { FuseRounding::Fresh });
     anyhow::ensure!(
-        a.file.is_none() || matches!(rounding, FuseRounding::Gptq | FuseRounding::GptqGrid),
+        a.file.is_none() || rounding.needs_text(),
         "-f (calibration text) is read only by --rounding gptq and gptq-grid"
     );
     let moments = match (&a.file, rounding) {
-        (Some(f), FuseRounding::Gptq | FuseRounding::GptqGrid) => {
+        (Some(f), r) if r.needs_text() => {
             let eo = sift_engine::EngineOptions { n_threads: threads, ..Default::default() };
             let (_, tok) = sift_session::load(&a.model, &eo, &sift_session::MemoryOptions::default())?;
             let text =

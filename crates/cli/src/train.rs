@@ -90,7 +90,7 @@ pub struct TrainDistillArgs {
     pub no_fuse: bool,
     /// How the fused model's rows are quantized again (see `sift export-lora`); the GPTQ kinds
     /// calibrate on 16 windows of the training text, under the selector, adapters on
-    #[arg(long = "rounding", value_enum, default_value = "gptq-grid")]
+    #[arg(long = "rounding", value_enum, default_value = "gptq")]
     pub rounding: crate::export_lora::FuseRounding,
 }
 
@@ -517,12 +517,11 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     if !a.no_fuse {
         let t2 = std::time::Instant::now();
         let fused = fused_path(&out);
-        use crate::export_lora::{calibration_moments, fuse_model, FuseRounding};
-        let moments = match a.rounding {
-            FuseRounding::Gptq | FuseRounding::GptqGrid => {
-                Some(calibration_moments(&plain, &student, selector.as_mut(), Some(&lora), &tokens, seq, 16)?)
-            }
-            _ => None,
+        use crate::export_lora::{calibration_moments, fuse_model};
+        let moments = if a.rounding.needs_text() {
+            Some(calibration_moments(&plain, &student, selector.as_mut(), Some(&lora), &tokens, seq, 16)?)
+        } else {
+            None
         };
         let bytes = fuse_model(&plain, &lora.to_adapters()?, a.rounding, moments.as_ref(), threads)?;
         sift_output::write(&fused, &[a.file.as_path(), plain.file.path()], &bytes)?;

@@ -20,12 +20,14 @@ use crate::exact::{DecodedRow, ExactFormat, SubScales};
 use crate::WeightType;
 use half::f16;
 
-/// One quantized row's grid: per value its scale `a`, offset `b` and current integer.
+/// One quantized row's grid: per value its scale `a`, offset `b` and current integer, and the
+/// row's bytes (its scales).
 pub struct RowGrid {
     fmt: ExactFormat,
     a: Vec<f32>,
     b: Vec<f32>,
     codes: Vec<u8>,
+    row: Vec<u8>,
 }
 
 impl RowGrid {
@@ -57,7 +59,7 @@ impl RowGrid {
                 (true, _) => h(dec.b[s]) * m,
             });
         }
-        Some(RowGrid { fmt, a, b, codes: dec.q })
+        Some(RowGrid { fmt, a, b, codes: dec.q, row: row.to_vec() })
     }
 
     /// Values in the row.
@@ -107,12 +109,14 @@ impl RowGrid {
         self.value(k)
     }
 
-    /// Writes the integers into `row` (the row this grid was taken from: its scales are kept).
+    /// Writes the row into `row`: the scales of the row this grid was taken from, with the
+    /// integers as they are now.
     ///
     /// # Panics
     /// If `row` is not the size of the row the grid came from.
     pub fn write(&self, row: &mut [u8]) {
-        assert_eq!(Some(row.len()), self.fmt.src.row_bytes(self.len()), "RowGrid::write: another row's size");
+        assert_eq!(row.len(), self.row.len(), "RowGrid::write: another row's size");
+        row.copy_from_slice(&self.row);
         let q = &self.codes;
         let nibbles = |qs: &mut [u8; 16], q: &[u8]| {
             for j in 0..16 {
@@ -196,7 +200,7 @@ pub fn round_onto_grid(src: WeightType, row: &[u8], target: &[f32]) -> Option<Ve
     for (k, &v) in target.iter().enumerate() {
         g.round(k, v);
     }
-    let mut out = row.to_vec();
+    let mut out = vec![0u8; row.len()];
     g.write(&mut out);
     Some(out)
 }
@@ -245,7 +249,7 @@ mod tests {
                 for (k, &v) in deq.iter().enumerate() {
                     assert_eq!(g.value(k).to_bits(), v.to_bits(), "{ty:?} value {k}");
                 }
-                let mut back = row.clone();
+                let mut back = vec![0u8; row.len()];
                 g.write(&mut back);
                 assert_eq!(back, row, "{ty:?}: write-back");
                 assert_eq!(round_onto_grid(ty, &row, &deq).unwrap(), row, "{ty:?}: own values");
@@ -277,7 +281,7 @@ mod tests {
                     assert_eq!(g.code(k), g0.code(k), "{ty:?} value {k}: a small move kept its level");
                 }
             }
-            let mut out = row.clone();
+            let mut out = vec![0xA5u8; row.len()];
             g.write(&mut out);
             let mut deq = vec![0f32; x.len()];
             dequantize_row(ty, &out, &mut deq);

@@ -12,12 +12,12 @@
 //! Here `H` is measured on the student under the selector's masks, adapters on (the inputs the
 //! fused model will multiply), in windows of [`WINDOW`] inputs: the feedback runs within a
 //! window (a block-diagonal `H`), which keeps the factorizations small on wide ops (Qwen's down
-//! projection reads 4,864 inputs). The levels are a tensor's own grid or fresh block scales
-//! ([`Rounding`]), written by `sift_quant::grid`.
+//! projection reads 4,864 inputs). The levels are a tensor's own grid or block scales chosen
+//! afresh for the fused values ([`Levels`]), written by `sift_quant::grid`.
 
 use crate::distill::{LoraVars, Student};
 use candle_core::Tensor;
-use sift_engine::lora::{fused_row, LoraAdapters, Rounding};
+use sift_engine::lora::{fused_row, LoraAdapters};
 use sift_engine::sparsity::Selector;
 use sift_model::layout::OpKind;
 use sift_model::Model;
@@ -212,14 +212,23 @@ fn round_with_feedback(target: &mut [f32], grids: &mut [RowGrid], n: usize, fact
     }
 }
 
+/// Which levels [`fuse_with_feedback`] rounds onto.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Levels {
+    /// Each row's own block scales (the file's grid).
+    Own,
+    /// Block scales chosen afresh for the fused values.
+    Fresh,
+}
+
 /// The model's GGUF with `adapters` fused into the weights they adapt, each adapted tensor
-/// rounded onto `grid`'s levels with GPTQ's error feedback from `moments` (see the module docs);
+/// rounded onto `levels` with GPTQ's error feedback from `moments` (see the module docs);
 /// the file's layout unchanged, as [`sift_engine::lora::fuse`]. Float tensors are written as
 /// they are; `threads` split the rows.
 pub fn fuse_with_feedback(
     model: &Model,
     adapters: &LoraAdapters,
-    grid: Rounding,
+    levels: Levels,
     moments: &InputMoments,
     threads: usize,
 ) -> anyhow::Result<Vec<u8>> {
@@ -243,32 +252,39 @@ pub fn fuse_with_feedback(
                 fused_row(model, adapters, l, op, r, row);
             }
             let file = &bytes[w.range.clone()];
-            let grids: Option<Vec<RowGrid>> = (0..w.rows)
-                .map(|r| {
-                    let src = &file[r * w.row_bytes..(r + 1) * w.row_bytes];
-                    match grid {
-                        Rounding::Grid => RowGrid::of(w.ty, src, n),
-                        Rounding::Fresh => {
-                            RowGrid::of(w.ty, &sift_quant::scalar::quantize_row(w.ty, &target[r * n..(r + 1) * n]), n)
-                        }
-                    }
-                })
-                .collect();
-            let Some(mut grids) = grids else {
+            let src = |r: usize| &file[r * w.row_bytes..(r + 1) * w.row_bytes];
+            if RowGrid::of(w.ty, src(0), n).is_none() {
                 // A float tensor: the fused values as they are.
                 for (r, row) in target.chunks_exact(n).enumerate() {
                     let at = w.range.start + r * w.row_bytes;
                     bytes[at..at + w.row_bytes].copy_from_slice(&sift_quant::scalar::quantize_row(w.ty, row));
                 }
                 continue;
+            }
+            let round_row = |r: usize, t: &[f32]| -> RowGrid {
+                let mut g = match levels {
+                    Levels::Own => RowGrid::of(w.ty, src(r), n),
+                    Levels::Fresh => RowGrid::of(w.ty, &sift_quant::scalar::quantize_row(w.ty, t), n),
+                }
+                .expect("a quantized row has a grid");
+                round_with_feedback(&mut t.to_vec(), std::slice::from_mut(&mut g), n, f);
+                g
             };
             let per = w.rows.div_ceil(threads.max(1));
-            std::thread::scope(|s| {
-                for (t, g) in target.chunks_mut(per * n).zip(grids.chunks_mut(per)) {
-                    s.spawn(move || round_with_feedback(t, g, n, f));
-                }
+            let rows: Vec<RowGrid> = std::thread::scope(|s| {
+                let handles: Vec<_> = target
+                    .chunks(per * n)
+                    .enumerate()
+                    .map(|(c, t)| {
+                        let round_row = &round_row;
+                        s.spawn(move || {
+                            t.chunks_exact(n).enumerate().map(|(i, t)| round_row(c * per + i, t)).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().flat_map(|h| h.join().expect("a fusing thread panicked")).collect()
             });
-            for (r, g) in grids.iter().enumerate() {
+            for (r, g) in rows.iter().enumerate() {
                 let at = w.range.start + r * w.row_bytes;
                 g.write(&mut bytes[at..at + w.row_bytes]);
             }
