@@ -91,10 +91,16 @@ pub struct ExportLoraArgs {
     /// Calibration tokens read from --file (in windows of 256)
     #[arg(long = "calib-tokens", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(256..=1_000_000))]
     pub calib_tokens: u32,
-    /// The selector the fused model will run under (its masked inputs are what GPTQ weighs):
-    /// --sparsity, --ratio, --calib as for generate; default dense
-    #[command(flatten)]
-    pub sparsity: sift_session::SparsityOptions,
+    /// The selection method the fused model will run under (its masked inputs are what GPTQ
+    /// weighs), as for generate (default: dense)
+    #[arg(long = "sparsity")]
+    pub sparsity: Option<sift_engine::sparsity::Method>,
+    /// Fraction of units skipped at each sparsified site, as for generate
+    #[arg(long = "ratio", default_value_t = 0.5, value_parser = sift_session::ranges::skip_ratio)]
+    pub ratio: f64,
+    /// Calibration file from `sift calibrate` (threshold, core-sim), as for generate
+    #[arg(long = "calib")]
+    pub calib: Option<PathBuf>,
     /// Threads to compute with (default: all cores)
     #[arg(short = 't', long = "threads", value_parser = crate::args::threads_in_range)]
     pub threads: Option<usize>,
@@ -130,7 +136,9 @@ pub fn run(a: ExportLoraArgs) -> anyhow::Result<()> {
             let text =
                 sift_output::read_regular(f, 1 << 30).with_context(|| format!("cannot read '{}'", f.display()))?;
             let tokens = tok.encode_prefix(&String::from_utf8_lossy(&text), true, false, 1 << 22);
-            let mut selector = a.sparsity.selector(&model)?;
+            let method = a.sparsity.unwrap_or(sift_engine::sparsity::Method::Dense);
+            let options = sift_session::SparsityOptions::for_method(method, a.ratio, 0.2, a.calib.clone());
+            let mut selector = options.selector(&model)?;
             let student = Student::from_model(&model)?;
             let rank = lora.layers.iter().flatten().flatten().map(|o| o.rank).max().unwrap_or(1);
             let ops: Vec<_> = sift_model::layout::OpKind::ALL
