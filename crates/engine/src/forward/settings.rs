@@ -1,0 +1,223 @@
+//! The engine's settings and state, set and read between batches: where the weights come from
+//! (a tiered store, the GPU), the selector, adapters, FastForward's prefill parts, the live memory
+//! budget, observers, and the context's position. The forward pass itself is in the parent module.
+
+use super::*;
+
+impl Engine {
+    /// Runs every linear op through `store` (a memory-budgeted run; see `sift_store::tiered`).
+    pub fn attach_store(&mut self, store: TieredStore) -> Result<(), TierError> {
+        self.source = Box::new(TieredSource::new(&self.model, store)?);
+        // Decoding under a budget blocks on reads between jobs: helpers park soon instead of
+        // spinning through the wait on a core the loader thread needs.
+        self.pool.set_spin(TIERED_SPIN.min(crate::pool::spin_for_poll(self.poll)));
+        Ok(())
+    }
+
+    /// Runs the layers `gpu` holds on the GPU (see [`crate::gpu`]).
+    pub fn attach_gpu(&mut self, gpu: GpuLayers) {
+        self.gpu = Some(gpu);
+    }
+
+    /// Adds `lora`'s low-rank products to the ops it adapts, on their masked inputs (`--lora`;
+    /// `None`: none). Sparse prompt blocks (FastForward) then run through the ordinary sites.
+    pub fn set_lora(&mut self, lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>) {
+        self.lora = lora;
+    }
+
+    pub fn lora(&self) -> Option<&crate::lora::LoraAdapters> {
+        self.lora.as_deref()
+    }
+
+    /// Uses `p` to choose the neurons of sparse prompt blocks ([`PrefillMasks::Predicted`]).
+    pub fn set_prefill_predictor(&mut self, p: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>) {
+        self.predictor = p;
+    }
+
+    /// How sparse prompt blocks choose their neurons from now on.
+    /// Whether sparse prompt blocks add the error compensator of the predictor file (when it
+    /// has one; `--prefill-compensator`).
+    pub fn set_prefill_compensator(&mut self, on: bool) {
+        self.prefill_compensate = on;
+    }
+
+    /// Each layer's share of FFN neurons sparse prompt blocks keep (FastForward's layerwise
+    /// schedule, [`crate::prefill::linear_schedule`]); `None`: `1 − R` in every layer.
+    pub fn set_prefill_schedule(&mut self, keep: Option<Vec<f32>>) {
+        self.prefill_keep = keep;
+    }
+
+    /// The share of FFN neurons sparse prompt blocks skip (0: dense prefill; `--prefill-sparsity`).
+    pub fn set_prefill_sparsity(&mut self, ratio: f32) {
+        self.prefill.0 = ratio.clamp(0.0, 0.99);
+    }
+
+    pub fn set_prefill_masks(&mut self, masks: PrefillMasks) {
+        self.prefill.1 = masks;
+    }
+
+    /// Starts (or with `None` stops) watching every dense FFN; returns the previous observer.
+    /// While one watches, prompts run dense.
+    pub fn set_ffn_observer(&mut self, o: Option<Box<dyn FfnObserver>>) -> Option<Box<dyn FfnObserver>> {
+        std::mem::replace(&mut self.ffn_observer, o)
+    }
+
+    /// The layers held on the GPU, if any.
+    pub fn gpu(&self) -> Option<&GpuLayers> {
+        self.gpu.as_ref()
+    }
+
+    pub(super) fn gpu_holds(&self, l: usize) -> bool {
+        self.gpu.as_ref().is_some_and(|g| g.holds(l))
+    }
+
+    /// Where this engine's weights come from ("gguf rows", "pack columns", "tiered store").
+    pub fn weight_source(&self) -> &'static str {
+        self.source.name()
+    }
+
+    /// Starts (or with `None` stops) tracing decoded tokens; returns the previous tracer.
+    pub fn set_tracer(&mut self, tracer: Option<Box<dyn Tracer>>) -> Option<Box<dyn Tracer>> {
+        std::mem::replace(&mut self.tracer, tracer)
+    }
+
+    /// Changes the memory budget of a run under `--memory` (see [`TieredStore::set_budget`])
+    /// between tokens, keeping the conversation. Returns the new plan.
+    /// A budget set aside ([`Engine::set_budget_reserve`]) is taken from `budget` first.
+    pub fn set_memory_budget(&mut self, budget: u64) -> Result<MemoryPlan, TierError> {
+        let reserve = self.budget_reserve;
+        match self.source.store_mut() {
+            Some(store) => store.set_budget(budget.saturating_sub(reserve)).cloned(),
+            None => {
+                Err(TierError::Unsupported("the memory budget can change only in a run started with --memory".into()))
+            }
+        }
+    }
+
+    /// Keeps `reserve` bytes of the budget (this one and every later one) for work outside the
+    /// engine: a server's request bodies, tokenizing and responses. The store's plan then holds
+    /// the rest. Refused, with nothing changed, when the rest cannot hold the run.
+    pub fn set_budget_reserve(&mut self, reserve: u64) -> Result<MemoryPlan, TierError> {
+        let old = self.budget_reserve;
+        let Some(store) = self.source.store_mut() else {
+            return Err(TierError::Unsupported("a budget reserve needs a run started with --memory".into()));
+        };
+        let total = store.plan.budget + old;
+        match store.set_budget(total.saturating_sub(reserve)) {
+            Ok(plan) => {
+                self.budget_reserve = reserve;
+                Ok(plan.clone())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bytes of the budget kept for work outside the engine.
+    pub fn budget_reserve(&self) -> u64 {
+        self.budget_reserve
+    }
+
+    /// A handle other threads use to change the budget of this engine's run while it runs.
+    pub fn budget_handle(&self) -> BudgetHandle {
+        self.budget.handle()
+    }
+
+    /// The budget changes applied since the last call.
+    pub fn take_budget_log(&mut self) -> Vec<BudgetChange> {
+        std::mem::take(&mut self.budget.log)
+    }
+
+    /// Applies a budget asked for through a [`BudgetHandle`], if any.
+    pub(crate) fn apply_budget_request(&mut self) {
+        let Some(requested) = self.budget.take_request() else { return };
+        let t0 = std::time::Instant::now();
+        let result = self.set_memory_budget(requested).map_err(|e| e.to_string());
+        let change = BudgetChange {
+            n_past: self.n_past,
+            requested,
+            result,
+            secs: t0.elapsed().as_secs_f64(),
+            rss_after: current_rss(),
+        };
+        self.budget.log.push(change);
+    }
+
+    /// The tiered store, when attached.
+    pub fn store(&self) -> Option<&TieredStore> {
+        self.source.store()
+    }
+
+    pub fn store_mut(&mut self) -> Option<&mut TieredStore> {
+        self.source.store_mut()
+    }
+
+    /// Units at each selection site, for building selectors.
+    pub fn site_dims(&self) -> SiteDims {
+        let c = &self.model.config;
+        SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] }
+    }
+
+    /// Replaces the selection method (the sequence state of the old one is dropped).
+    pub fn set_selector(&mut self, selector: Box<dyn Selector>) {
+        self.selector = selector;
+        self.selector.reset();
+    }
+
+    pub fn selector(&self) -> &dyn Selector {
+        self.selector.as_ref()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Tokens per forward batch (`-b`; at most 64 under a memory budget).
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// Threads of one-token decode steps (`-t`).
+    pub fn n_threads(&self) -> usize {
+        self.threads.0
+    }
+
+    /// Threads of prompt batches (`-tb`).
+    pub fn n_threads_batch(&self) -> usize {
+        self.threads.1
+    }
+
+    /// Tokens currently in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets everything after the first `n` tokens (a new conversation: `truncate(0)`, which also
+    /// resets the selector's sequence state).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+        if let Some(g) = &mut self.gpu {
+            g.truncate(n);
+        }
+        if n == 0 {
+            if let Some(h) = &mut self.hybrid {
+                h.reset();
+            }
+            // Every KV page but the first goes back (under a budget, to the weight cache).
+            self.kv.set_capacity(self.kv_first_page());
+            let growth = self.parked_kv_bytes();
+            if let Some(store) = self.source.store_mut() {
+                // Growing the cache back never fails: the fixed part only shrinks.
+                let _ = store.set_kv_growth(growth);
+            }
+            self.selector.reset();
+            if let Some(t) = &mut self.tracer {
+                t.reset();
+            }
+            self.source.reset_context();
+        }
+    }
+}
