@@ -49,6 +49,36 @@ impl FfnObserver for Collector {
     }
 }
 
+/// The block loop of [`collect_blocks`] and of the compensator's error collection: `tokens` in
+/// sequences of `seq_blocks` 128-token blocks (a fresh KV cache each), `keep` set for every block
+/// after a sequence's first (the observer keeps those), until `max_blocks` are kept; returns how
+/// many were. The caller installs its observer before and clears the KV cache after.
+pub(crate) fn run_kept_blocks(
+    engine: &mut Engine,
+    tokens: &[u32],
+    seq_blocks: usize,
+    max_blocks: usize,
+    keep: &Mutex<bool>,
+    progress: &mut dyn FnMut(usize),
+) -> anyhow::Result<usize> {
+    let mut kept = 0;
+    for seq in tokens.chunks(seq_blocks.max(2) * PREFILL_BLOCK) {
+        engine.truncate(0);
+        for (i, block) in seq.chunks(PREFILL_BLOCK).enumerate() {
+            if block.len() < PREFILL_BLOCK || kept >= max_blocks {
+                return Ok(kept);
+            }
+            *keep.lock().expect("not poisoned") = i > 0;
+            engine.eval(block, Logits::Last)?;
+            if i > 0 {
+                kept += 1;
+                progress(kept);
+            }
+        }
+    }
+    Ok(kept)
+}
+
 /// Runs `tokens` through `engine` (dense) in sequences of `seq_blocks` blocks and keeps up to
 /// `max_blocks` blocks; each sequence's first block is run but not kept (sparse prefill keeps it
 /// dense: the attention sinks). `progress(done)` after each kept block.
@@ -68,30 +98,10 @@ pub fn collect_blocks(
         d: c.n_embd,
         n_ff: c.n_ff,
     })));
-    let mut kept = 0;
-    let result = (|| -> anyhow::Result<()> {
-        for seq in tokens.chunks(seq_blocks.max(2) * PREFILL_BLOCK) {
-            engine.truncate(0);
-            for (i, block) in seq.chunks(PREFILL_BLOCK).enumerate() {
-                if block.len() < PREFILL_BLOCK || kept >= max_blocks {
-                    break;
-                }
-                *keep.lock().expect("not poisoned") = i > 0;
-                engine.eval(block, Logits::Last)?;
-                if i > 0 {
-                    kept += 1;
-                    progress(kept);
-                }
-            }
-            if kept >= max_blocks {
-                break;
-            }
-        }
-        Ok(())
-    })();
+    let result = run_kept_blocks(engine, tokens, seq_blocks, max_blocks, &keep, progress);
     engine.set_ffn_observer(prev);
     engine.truncate(0);
-    result?;
+    let kept = result?;
     let layers = std::mem::take(&mut *out.lock().expect("not poisoned"));
     anyhow::ensure!(
         kept > 0,

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sift_engine::predictor::{compensator_rank, ExpertPredictors};
 use sift_engine::prefill::PREFILL_BLOCK;
-use sift_engine::{Engine, FfnObserver, Logits};
+use sift_engine::{Engine, FfnObserver};
 use sift_model::Model;
 use std::sync::{Arc, Mutex};
 
@@ -147,30 +147,10 @@ pub fn collect_errors(
         k,
         failed: failed.clone(),
     })));
-    let mut kept = 0;
-    let result = (|| -> anyhow::Result<()> {
-        for seq in tokens.chunks(seq_blocks.max(2) * PREFILL_BLOCK) {
-            engine.truncate(0);
-            for (i, block) in seq.chunks(PREFILL_BLOCK).enumerate() {
-                if block.len() < PREFILL_BLOCK || kept >= max_blocks {
-                    break;
-                }
-                *keep_block.lock().expect("not poisoned") = i > 0;
-                engine.eval(block, Logits::Last)?;
-                if i > 0 {
-                    kept += 1;
-                    progress(kept);
-                }
-            }
-            if kept >= max_blocks {
-                break;
-            }
-        }
-        Ok(())
-    })();
+    let result = crate::collect::run_kept_blocks(engine, tokens, seq_blocks, max_blocks, &keep_block, progress);
     engine.set_ffn_observer(prev);
     engine.truncate(0);
-    result?;
+    let kept = result?;
     if let Some(e) = failed.lock().expect("not poisoned").take() {
         anyhow::bail!("computing the error targets: {e}");
     }
