@@ -1,55 +1,111 @@
 #!/usr/bin/env bash
 # Issue 20's hybrid decode on the lent GPU machine (no Rust toolchain, at most 64 MiB of files per
-# call): the stripped `sift` and the engine's GPU test binary built here with the `cuda` feature,
-# and the default model in two pieces, carried in .dev/c1 and .dev/c2 (docs/gpu.md).
-#   stage 1: keeps the first piece and the binaries, prints the machine;
-#   stage 2: joins the model, packs it, runs the engine's GPU tests (hybrid logits for every
-#            policy) and the decode benchmarks: CPU, llama.cpp-style layer split and every hybrid
-#            policy at GPU budgets of 25/50/75 % of the model, Top-K 0.5, 256 tokens per prompt.
+# call, the repository's ~20 MB included): the stripped `sift` and the engine's GPU test binary
+# built here, the default model in three pieces and llama.cpp's sources, carried in .dev/c1,
+# .dev/c2 and .dev/c3 (docs/gpu.md says how they are made).
+#   stage 1, 2: keep a piece of the model (stage 1 also prints the machine);
+#   stage 3: joins the model (sha256 printed), starts llama.cpp's CUDA build on CPUs 8-15, runs
+#            the engine's GPU tests, the transfer probe, and the decode runs on CPUs 0-7: CPU,
+#            the layer split and every hybrid policy at GPU budgets of 25/50/75 % of the model
+#            (Top-K 0.5, and a calibrated threshold at 0.5), 256 tokens on two prompts; then,
+#            once llama.cpp is built, `llama-bench -ngl N` and `sift bench -ngl N` in turn.
 set -u
 stage=$1
 keep=/tmp/sift
 mkdir -p "$keep"
+t0=$(date +%s)
 nvrtc=$(find /usr/local/cuda*/ /opt -name 'libnvrtc.so*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=${nvrtc:+$(dirname "$nvrtc"):}${LD_LIBRARY_PATH:-}
+export PATH=/usr/local/cuda/bin:$PATH
 if [ ! -e /work/main/tests ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-if [ "$stage" = 1 ]; then
-    cp -r .dev/c1/* "$keep"/
-    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
-    lscpu | grep -E 'Model name|^CPU\(s\)'
+if [ "$stage" != 3 ]; then
+    cp -r .dev/c"$stage"/* "$keep"/
+    if [ "$stage" = 1 ]; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
+        lscpu | grep -E 'Model name|^CPU\(s\)'
+        which cmake ninja nvcc
+    fi
+    ls -la "$keep"
     exit 0
 fi
+cp -r .dev/c3/* "$keep"/
+for z in "$keep"/*.gz; do [ -e "${z%.gz}" ] || gzip -dc "$z" > "${z%.gz}"; done
+chmod +x "$keep"/sift "$keep"/gputest
 S=$keep/sift
 M=models/SmolLM2-135M-Instruct.Q4_1.gguf
 P=models/SmolLM2-135M-Instruct.Q4_1.sift
+C=$keep/smol.calib.json
 T=${THREADS:-8}
 N=${NGEN:-256}
 mkdir -p models
-[ -e $M ] || cat "$keep"/part_a .dev/c2/part_b > $M
+[ -e $M ] || cat "$keep"/part_a "$keep"/part_b "$keep"/part_c > $M
 sha256sum $M
-[ -e $P ] || $S pack $M -o $P 2>&1 | tail -1
-timeout 240 "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -vE '^\s*$' | tail -30
-# NOBENCH=1: the tests only.
+# llama.cpp with CUDA for this GPU, on the other eight CPUs meanwhile.
+mkdir -p /tmp/llama && (cd /tmp/llama && tar xzf "$keep"/llama-src.tar.gz)
+setsid bash -c "cd /tmp/llama && cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF \
+  -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  && taskset -c 8-15 cmake --build b --target llama-bench -j 8; echo build-rc \$?" >/tmp/llama.log 2>&1 &
+pin="taskset -c 0-$((T - 1))"
+[ -e $P ] || $pin $S pack $M -o $P 2>&1 | tail -1
+# BREAKDOWN=1: only where a hybrid token's time goes (the hybrid line's per-token split), a few
+# configurations, first prompt.
+if [ -n "${BREAKDOWN:-}" ]; then
+    [ -x "$keep"/gputest ] && timeout 90 "$keep"/gputest --nocapture --test-threads 1 hybrid 2>&1 | grep -E 'round|result'
+    head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
+    for args in "--sparsity topk --ratio 0.5" "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy static" \
+        "--sparsity topk --ratio 0.5 --gpu-memory 75% --gpu-policy static" \
+        "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy tam-adaptive" \
+        "--sparsity threshold --ratio 0.5 --calib $C --gpu-memory 50% --gpu-policy static"; do
+        for t in ${THREADS_LIST:-8 2}; do
+            echo "== sift generate -m $P -f /tmp/p1.txt -n $N --temp 0 --ignore-eos -t $t $args"
+            taskset -c 0-$((t - 1)) $S generate -m $P -f /tmp/p1.txt -n $N --temp 0 --ignore-eos -t $t $args 2>&1 >/dev/null |
+                grep -E 'eval time|hybrid ' | grep -v 'prompt eval'
+        done
+    done 2>&1 | tee "$OUT"/breakdown.log
+    exit 0
+fi
+echo "== GPU tests ($(($(date +%s) - t0)) s)"
+timeout 150 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|within|agree' | tail -12
 [ -n "${NOBENCH:-}" ] && exit 0
-$S probe --gpu -o "$OUT"/gpu-probe.json 2>&1 | tail -9
+$pin $S probe --gpu -o "$OUT"/gpu-probe.json 2>&1 | tail -9
 head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
 tail -c 1200 tests/fixtures/wiki.test.head16k.raw > /tmp/p2.txt
 run() { # label, args...
     local label=$1; shift
     for p in /tmp/p1.txt /tmp/p2.txt; do
         echo "== $label | sift generate -f $p -n $N --temp 0 --ignore-eos -t $T $*"
-        $S generate -f $p -n $N --temp 0 --ignore-eos -t $T "$@" 2>&1 >/dev/null |
+        $pin $S generate -f $p -n $N --temp 0 --ignore-eos -t $T "$@" 2>&1 >/dev/null |
             grep -E 'eval time|hybrid|error|offloaded|GPU' | grep -v 'prompt eval'
     done
 }
+echo "== hybrid runs ($(($(date +%s) - t0)) s)"
 {
     run cpu-dense -m $M
     run cpu-topk -m $P --sparsity topk --ratio 0.5
+    run cpu-threshold -m $P --sparsity threshold --ratio 0.5 --calib $C
     for B in 25% 50% 75%; do
         run "layers-dense $B" -m $M --gpu-memory $B
         for pol in static eager lru tam tam-adaptive; do
             run "hybrid $pol $B" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol
         done
-        run "hybrid tam-adaptive g16 $B" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy tam-adaptive --gpu-group-size 16
+        for pol in static tam-adaptive; do
+            run "hybrid-threshold $pol $B" -m $P --sparsity threshold --ratio 0.5 --calib $C --gpu-memory $B --gpu-policy $pol
+        done
     done
-} 2>&1 | tee "$OUT"/hybrid.log
+} > "$OUT"/hybrid.log 2>&1
+grep -E '^==|eval time' "$OUT"/hybrid.log | grep -B1 'eval time' | grep -v '^--' | paste - - | sed -E 's/\| sift generate.*eval time//' | cut -c1-150
+echo "== llama.cpp build ($(($(date +%s) - t0)) s)"
+while ! grep -q build-rc /tmp/llama.log && [ $(($(date +%s) - t0)) -lt 500 ]; do sleep 5; done
+tail -3 /tmp/llama.log; cp /tmp/llama.log "$OUT"/llama-build.log
+L=/tmp/llama/b/bin/llama-bench
+echo "== -ngl in the same run ($(($(date +%s) - t0)) s)"
+{
+    for ngl in 0 9 18 27 99; do
+        [ -x $L ] && $pin $L -m $M -p 512 -n 256 -ngl $ngl -t $T -r 3 2>&1 | grep -E '^\|' | tail -2
+        $pin $S bench -m $M -p 512 -n 256 -ngl $ngl -t $T -r 3 2>&1 | grep -E '^\|' | tail -2
+    done
+} 2>&1 | tee "$OUT"/ngl.log
+$pin $S probe --quick -m $M 2>&1 | grep -iE 'dram|memory|disk|read' | head -4
+echo "== done ($(($(date +%s) - t0)) s)"

@@ -91,6 +91,14 @@ pub struct HybridReport {
     pub stalled_share: f64,
     /// Mean λ over sites after each token (tam-adaptive).
     pub lambda: Vec<f32>,
+    /// Where a token's time goes, ms per token (means): planning the splits and queueing the
+    /// GPU's share (with eager's loads), the CPU computing its share of the FFN units, waiting
+    /// for the GPU's partial sums after that, and the rest (attention, norms, the head,
+    /// selection: everything outside the FFN's shared products).
+    pub queue_ms: f64,
+    pub cpu_ffn_ms: f64,
+    pub gpu_wait_ms: f64,
+    pub other_ms: f64,
 }
 
 /// The GPU's column pools, the balancer and the run's figures.
@@ -109,6 +117,10 @@ pub struct HybridTier {
     token_ns: Vec<f64>,
     lambda: Vec<f32>,
     token_start: Option<Instant>,
+    /// Nanoseconds of queueing, the CPU's share and the GPU wait: summed over the tokens in
+    /// `token_ns`, and the current token's so far.
+    spent_ns: [f64; 3],
+    token_spent_ns: [f64; 3],
     y: Vec<f32>,
     coef: Vec<f32>,
 }
@@ -132,6 +144,8 @@ impl HybridTier {
         t.sort_by(f64::total_cmp);
         let pct = |p: f64| if t.is_empty() { 0.0 } else { t[((t.len() - 1) as f64 * p).round() as usize] / 1e6 };
         let n = self.token_ns.len().max(1) as f64;
+        let ms = |ns: f64| ns / n / 1e6;
+        let total: f64 = self.token_ns.iter().sum();
         let groups: usize = self.gpu.specs.iter().map(|s| s.n_groups).sum();
         let slots: usize = self.gpu.specs.iter().map(|s| s.slots).sum();
         HybridReport {
@@ -148,6 +162,10 @@ impl HybridTier {
             reload_bytes_per_token: self.load_bytes as f64 / n,
             stalled_share: if self.products > 0 { self.stalled as f64 / self.products as f64 } else { 0.0 },
             lambda: self.lambda.clone(),
+            queue_ms: ms(self.spent_ns[0]),
+            cpu_ffn_ms: ms(self.spent_ns[1]),
+            gpu_wait_ms: ms(self.spent_ns[2]),
+            other_ms: ms((total - self.spent_ns.iter().sum::<f64>()).max(0.0)),
         }
     }
 
@@ -181,6 +199,9 @@ impl HybridTier {
         let now = Instant::now();
         if let Some(t0) = self.token_start.replace(now) {
             self.token_ns.push(now.duration_since(t0).as_nanos() as f64);
+            for (s, t) in self.spent_ns.iter_mut().zip(&mut self.token_spent_ns) {
+                *s += std::mem::take(t);
+            }
             if let BalancePolicy::TamAdaptive { .. } = self.opts.policy {
                 self.lambda.push(self.balancer.mean_lambda());
             }
@@ -197,6 +218,7 @@ impl HybridTier {
             self.gpu.sync_loads()?;
             self.warm = true;
             self.token_start = Some(Instant::now());
+            self.token_spent_ns = [0.0; 3];
         }
         Ok(())
     }
@@ -304,6 +326,8 @@ impl Engine {
             token_ns: Vec::new(),
             lambda: Vec::new(),
             token_start: None,
+            spent_ns: [0.0; 3],
+            token_spent_ns: [0.0; 3],
             y: Vec::new(),
             coef: Vec::new(),
         });
@@ -323,6 +347,7 @@ impl Engine {
         if l == 0 && site == HYBRID_SITES[0] {
             hy.begin_token()?;
         }
+        let tq = Instant::now();
         let active = std::mem::take(&mut self.s.active);
         let plan: SitePlan = hy.balancer.plan(p, &active);
         hy.load(p, &plan.load_first)?;
@@ -336,6 +361,7 @@ impl Engine {
         }
         // The CPU's share meanwhile, written over the outputs.
         let t0 = Instant::now();
+        let queue_ns = t0.duration_since(tq).as_nanos() as f64;
         self.s.active.clear();
         self.s.active.extend_from_slice(&plan.cpu_units);
         let cpu = if plan.cpu_units.is_empty() {
@@ -372,7 +398,11 @@ impl Engine {
             }
         }
         cpu?;
-        let stall_ns = if stall { t1.elapsed().as_nanos() as f64 } else { 0.0 };
+        let wait_ns = t1.elapsed().as_nanos() as f64;
+        let stall_ns = if stall { wait_ns } else { 0.0 };
+        for (t, v) in hy.token_spent_ns.iter_mut().zip([queue_ns, cpu_ns, wait_ns]) {
+            *t += v;
+        }
         let next = hy.balancer.after(p, &plan, stall_ns, cpu_ns);
         hy.load(p, &next)?;
         hy.units += active.len() as u64;

@@ -123,6 +123,16 @@ fn emulated_hybrid_decode_gives_the_cpu_logits_for_every_policy() {
             assert!(agree >= 0.95, "{name}: greedy choices agree at {agree}");
             assert!(rel <= 0.02, "{name}: mean |Δlogit| {rel} of the spread");
             assert!(r.cpu_share < 0.8, "{name}: the GPU's share is {:.1} % only", 100.0 * (1.0 - r.cpu_share));
+            // The breakdown of a token's time adds up to the tokens' mean, and the CPU's share
+            // (half the units or more) takes part of it.
+            let parts = r.queue_ms + r.cpu_ffn_ms + r.gpu_wait_ms + r.other_ms;
+            assert!(r.cpu_ffn_ms > 0.0 && r.other_ms > 0.0, "{name}: breakdown {r:?}");
+            assert!(
+                parts >= r.p50_ms * 0.5 && parts <= r.p99_ms * 1.01,
+                "{name}: parts {parts} ms against p50 {} / p99 {}",
+                r.p50_ms,
+                r.p99_ms
+            );
         }
     }
 }
