@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20's hybrid decode on the lent GPU machine (no Rust toolchain, at most 64 MiB of files per
-# call, the repository's ~20 MB included): the stripped `sift` and the engine's GPU test binary
+# call, the repository's tracked files included): the stripped `sift` and the engine's GPU test binary
 # built here, the default model in three pieces and llama.cpp's sources, carried in .dev/c1,
 # .dev/c2 and .dev/c3 (docs/gpu.md says how they are made).
 #   stage 1, 2: keep a piece of the model (stage 1 also prints the machine);
