@@ -58,7 +58,16 @@ fn probe_gpu(a: &ProbeArgs) -> anyhow::Result<()> {
     for (size, bw) in &p.h2d {
         eprintln!("sift:   host to device, {:>8} KiB per transfer: {:6.2} GB/s", size >> 10, bw / 1e9);
     }
-    let json = serde_json::to_string_pretty(&p)?;
+    // The host's side, so that the file is a whole device profile for `sift simulate --gpu FILE`.
+    let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
+    let pool = sift_engine::pool::ThreadPool::new(threads);
+    let buf = vec![1u8; 512 << 20];
+    let host_read_bw = sift_sim::probe::mem_read_bw(&pool, &buf, std::time::Duration::from_millis(400));
+    eprintln!("sift: host memory read {:.2} GB/s ({threads} threads)", host_read_bw / 1e9);
+    let mut v = serde_json::to_value(&p)?;
+    v["host_read_bw"] = serde_json::json!(host_read_bw);
+    v["host_threads"] = serde_json::json!(threads);
+    let json = serde_json::to_string_pretty(&v)?;
     match &a.output {
         Some(o) => sift_output::write(o, &[], (json + "\n").as_bytes())?,
         None => println!("{json}"),

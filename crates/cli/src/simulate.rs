@@ -24,8 +24,9 @@ pub struct SimulateArgs {
     /// Memory budgets (bytes with K/M/G, or % of the model), comma-separated
     #[arg(long = "memory", value_delimiter = ',', required_unless_present = "gpu")]
     pub memory: Vec<String>,
-    /// Simulate KAIROX's GPU–CPU hybrid decode instead, on this GPU profile
-    /// (rtx3080ti-pcie3, rtx4090-pcie4): FFN neuron groups on the GPU under each --gpu-policy
+    /// Simulate KAIROX's GPU–CPU hybrid decode instead, on this GPU profile: a file from
+    /// `sift probe --gpu -o FILE`, or rtx3080ti-pcie3, rtx4090-pcie4: FFN neuron groups on the
+    /// GPU under each --gpu-policy
     #[arg(long = "gpu", value_name = "PROFILE")]
     pub gpu: Option<String>,
     /// With --gpu: GPU memory budgets (bytes with K/M/G, or % of the model's matrices)

@@ -10,9 +10,19 @@ use sift_sim::trace::Trace;
 use sift_store::cache::LambdaBounds;
 
 pub fn run(a: &SimulateArgs, gpu: &str, trace: &Trace) -> anyhow::Result<()> {
-    let profile = GpuProfile::builtin(gpu).with_context(|| {
-        format!("unknown GPU profile '{gpu}': use one of {}", GpuProfile::builtin_names().join(", "))
-    })?;
+    let profile = match GpuProfile::builtin(gpu) {
+        Some(p) => p,
+        None if std::path::Path::new(gpu).is_file() => {
+            let text = sift_output::read_regular(std::path::Path::new(gpu), 1 << 20)
+                .with_context(|| format!("cannot read the GPU profile '{gpu}'"))?;
+            let text = String::from_utf8(text).map_err(|_| anyhow::anyhow!("GPU profile '{gpu}' is not text"))?;
+            GpuProfile::from_probe(&text).map_err(|e| anyhow::anyhow!("GPU profile '{gpu}': {e}"))?
+        }
+        None => anyhow::bail!(
+            "unknown GPU profile '{gpu}': use a file from `sift probe --gpu -o FILE` or one of {}",
+            GpuProfile::builtin_names().join(", ")
+        ),
+    };
     anyhow::ensure!(a.group_size >= 1, "--group-size must be at least 1");
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     let model = sift_store::open_model(&a.model).with_context(|| format!("cannot load '{}'", a.model.display()))?;

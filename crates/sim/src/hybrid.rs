@@ -95,6 +95,44 @@ impl GpuProfile {
         }
     }
 
+    /// A machine measured by `sift probe --gpu -o FILE` (JSON: the GPU's `name`, `h2d` curve,
+    /// `device_bw` and a hybrid product's `round_trip_ns`, and the host's `host_read_bw`).
+    /// The GPU runs at its measured device bandwidth; a layer's fixed GPU cost and the merge of
+    /// the CPU's partial sums are one measured round trip each (KAIROX synchronises once per
+    /// layer); the CPU works on sparse neurons at half its measured read bandwidth and pays
+    /// 8 µs per layer with CPU work, the conventions of the builtin profiles.
+    pub fn from_probe(json: &str) -> Result<GpuProfile, String> {
+        #[derive(serde::Deserialize)]
+        struct Probe {
+            name: String,
+            h2d: Vec<(u64, f64)>,
+            device_bw: f64,
+            round_trip_ns: f64,
+            host_read_bw: Option<f64>,
+        }
+        let p: Probe = serde_json::from_str(json).map_err(|e| format!("not a `sift probe --gpu` file: {e}"))?;
+        let host = p.host_read_bw.ok_or(
+            "it has no host_read_bw (the host's memory read): measure again with this sift's `sift probe --gpu -o FILE`",
+        )?;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let sorted = p.h2d.windows(2).all(|w| w[0].0 < w[1].0);
+        if p.h2d.is_empty() || !sorted || !p.h2d.iter().all(|&(b, bw)| b > 0 && positive(bw)) {
+            return Err("its h2d curve must be (bytes, bytes/s) pairs, sizes ascending, all positive".into());
+        }
+        if ![p.device_bw, p.round_trip_ns, host].into_iter().all(positive) {
+            return Err("device_bw, round_trip_ns and host_read_bw must be positive numbers".into());
+        }
+        Ok(GpuProfile {
+            name: p.name,
+            gpu_bw: p.device_bw,
+            pcie: p.h2d,
+            gpu_layer_ns: p.round_trip_ns,
+            cpu_bw: 0.5 * host,
+            cpu_layer_ns: 8_000.0,
+            merge_ns: p.round_trip_ns,
+        })
+    }
+
     pub fn builtin_names() -> &'static [&'static str] {
         &["rtx3080ti-pcie3", "rtx4090-pcie4"]
     }
@@ -546,6 +584,31 @@ mod tests {
             cpu_bw: 1e8,
             cpu_layer_ns: 0.0,
             merge_ns: 0.0,
+        }
+    }
+
+    /// The profile measured on the H200 machine (docs/results/issue20-h200) loads with its own
+    /// numbers; files that are not such a profile are refused with what is wrong.
+    #[test]
+    fn probed_profiles_load_and_bad_ones_are_refused() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let text = std::fs::read_to_string(root.join("docs/results/issue20-h200/h200-profile.json")).unwrap();
+        let p = GpuProfile::from_probe(&text).unwrap();
+        assert_eq!(p.name, "NVIDIA H200");
+        assert_eq!(p.pcie.len(), 7);
+        assert!((p.pcie_bw(1 << 20) / 1e9 - 48.37).abs() < 0.01, "{}", p.pcie_bw(1 << 20));
+        assert!((p.cpu_bw / 1e9 - 28.1).abs() < 0.01 && (p.merge_ns - 16983.29).abs() < 0.01);
+        // The GPU probe alone (no host figure), garbage, a curve out of order, a zero bandwidth.
+        let probe_only = std::fs::read_to_string(root.join("docs/results/issue20-h200/gpu-probe.json")).unwrap();
+        let bad = [
+            (probe_only.as_str(), "host_read_bw"),
+            ("not json", "not a `sift probe --gpu` file"),
+            (r#"{"name":"x","h2d":[[2,1.0],[1,1.0]],"device_bw":1,"round_trip_ns":1,"host_read_bw":1}"#, "ascending"),
+            (r#"{"name":"x","h2d":[[1,1.0]],"device_bw":0,"round_trip_ns":1,"host_read_bw":1}"#, "positive"),
+        ];
+        for (text, want) in bad {
+            let e = GpuProfile::from_probe(text).unwrap_err();
+            assert!(e.contains(want), "{e}");
         }
     }
 
