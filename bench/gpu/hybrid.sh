@@ -1,47 +1,58 @@
 #!/usr/bin/env bash
-# Issue 20's hybrid decode on the lent GPU machine (no Rust toolchain, at most 64 MiB of files per
-# call, the repository's tracked files included): the stripped `sift` and the engine's GPU test binary
-# built here, the default model in three pieces and llama.cpp's sources, carried in .dev/c1,
-# .dev/c2 and .dev/c3 (docs/gpu.md says how they are made).
-#   stage 1, 2: keep a piece of the model (stage 1 also prints the machine);
-#   stage 3: joins the model (sha256 printed), starts llama.cpp's CUDA build on CPUs 8-15, runs
-#            the engine's GPU tests, the transfer probe, and the decode runs on CPUs 0-7: CPU,
-#            the layer split and every hybrid policy at GPU budgets of 25/50/75 % of the model
-#            (Top-K 0.5, and a calibrated threshold at 0.5), 256 tokens on two prompts; then,
-#            once llama.cpp is built, `llama-bench -ngl N` and `sift bench -ngl N` in turn.
+# Issue 20's hybrid decode on the lent GPU machine (no Rust toolchain, no network, no zstd, at
+# most 64 MiB of files per call with the repository's tracked files counted in). Made here and
+# cut into call-sized folders by `bench/gpu/pieces.sh` (docs/gpu.md): the model (MODEL, default
+# SmolLM2-135M-Instruct.Q4_1.gguf), gzipped: the stripped `sift`, the engine's GPU test binary
+# (`gputest`), optionally MODEL's calibration (`<model>.calib.json`, for the threshold runs) and
+# llama.cpp's sources (`llama-src.tar.gz`).
+#   piece DIR: keeps DIR's pieces (the first call also prints the machine);
+#   run DIR:   keeps the last pieces, joins every file (sha256 checked), starts llama.cpp's CUDA
+#              build on CPUs 8-15, runs the engine's GPU tests, the transfer probe, and the decode
+#              runs on CPUs 0-7: CPU, the layer split and every hybrid policy at GPU budgets of
+#              25/50/75 % of the model (Top-K 0.5, and a calibrated threshold at 0.5), 256 tokens
+#              on two prompts; then, once llama.cpp is built, `llama-bench -ngl N` and
+#              `sift bench -ngl N` in turn. BREAKDOWN=1: a few hybrid runs for the time split of
+#              a token only; NOBENCH=1: the tests only.
 set -u
 stage=$1
+dir=$2
 keep=/tmp/sift
+[ -e "$keep" ] || first=1
 mkdir -p "$keep"
 t0=$(date +%s)
 nvrtc=$(find /usr/local/cuda*/ /opt -name 'libnvrtc.so*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=${nvrtc:+$(dirname "$nvrtc"):}${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 if [ ! -e /work/main/tests ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-if [ "$stage" != 3 ]; then
-    cp -r .dev/c"$stage"/* "$keep"/
-    if [ "$stage" = 1 ]; then
-        nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
-        lscpu | grep -E 'Model name|^CPU\(s\)'
-        which cmake ninja nvcc
-    fi
+cp -r "$dir"/* "$keep"/
+if [ -n "${first:-}" ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
+    lscpu | grep -E 'Model name|^CPU\(s\)'
+    command -v cmake ninja nvcc
+fi
+if [ "$stage" = piece ]; then
     ls -la "$keep"
     exit 0
 fi
-cp -r .dev/c3/* "$keep"/
+# Join the pieces, check them, unpack.
+for p0 in "$keep"/*.part00; do
+    f=${p0%.part00}
+    [ -e "$f" ] || cat "$f".part* > "$f"
+done
+(cd "$keep" && sha256sum -c sums) || { echo "a joined file does not match its sum" >&2; exit 1; }
 for z in "$keep"/*.gz; do [ -e "${z%.gz}" ] || gzip -dc "$z" > "${z%.gz}"; done
-chmod +x "$keep"/sift "$keep"/gputest
+chmod +x "$keep"/sift "$keep"/gputest 2>/dev/null
 S=$keep/sift
-M=models/SmolLM2-135M-Instruct.Q4_1.gguf
-P=models/SmolLM2-135M-Instruct.Q4_1.sift
-C=$keep/smol.calib.json
+MODEL=${MODEL:-SmolLM2-135M-Instruct.Q4_1.gguf}
+M=models/$MODEL
+P=models/${MODEL%.gguf}.sift
+C=$keep/${MODEL%.gguf}.calib.json
 T=${THREADS:-8}
 N=${NGEN:-256}
 mkdir -p models
-[ -e $M ] || cat "$keep"/part_a "$keep"/part_b "$keep"/part_c > $M
-sha256sum $M
+[ -e $M ] || cp "$keep/$MODEL" $M
 # llama.cpp with CUDA for this GPU, on the other eight CPUs meanwhile.
-mkdir -p /tmp/llama && (cd /tmp/llama && tar xzf "$keep"/llama-src.tar.gz)
+[ -e "$keep"/llama-src.tar.gz ] && mkdir -p /tmp/llama && (cd /tmp/llama && tar xzf "$keep"/llama-src.tar.gz)
 setsid bash -c "cd /tmp/llama && cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF \
   -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
@@ -54,10 +65,11 @@ pin="taskset -c 0-$((T - 1))"
 if [ -n "${BREAKDOWN:-}" ]; then
     [ -x "$keep"/gputest ] && timeout 90 "$keep"/gputest --nocapture --test-threads 1 hybrid 2>&1 | grep -E 'round|result'
     head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
-    for args in "--sparsity topk --ratio 0.5" "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy static" \
-        "--sparsity topk --ratio 0.5 --gpu-memory 75% --gpu-policy static" \
-        "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy tam-adaptive" \
-        "--sparsity threshold --ratio 0.5 --calib $C --gpu-memory 50% --gpu-policy static"; do
+    runs=("--sparsity topk --ratio 0.5" "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy static"
+        "--sparsity topk --ratio 0.5 --gpu-memory 75% --gpu-policy static"
+        "--sparsity topk --ratio 0.5 --gpu-memory 50% --gpu-policy tam-adaptive")
+    [ -e $C ] && runs+=("--sparsity threshold --ratio 0.5 --calib $C --gpu-memory 50% --gpu-policy static")
+    for args in "${runs[@]}"; do
         for t in ${THREADS_LIST:-8 2}; do
             echo "== sift generate -m $P -f /tmp/p1.txt -n $N --temp 0 --ignore-eos -t $t $args"
             taskset -c 0-$((t - 1)) $S generate -m $P -f /tmp/p1.txt -n $N --temp 0 --ignore-eos -t $t $args 2>&1 >/dev/null |
@@ -84,13 +96,13 @@ echo "== hybrid runs ($(($(date +%s) - t0)) s)"
 {
     run cpu-dense -m $M
     run cpu-topk -m $P --sparsity topk --ratio 0.5
-    run cpu-threshold -m $P --sparsity threshold --ratio 0.5 --calib $C
+    [ -e $C ] && run cpu-threshold -m $P --sparsity threshold --ratio 0.5 --calib $C
     for B in 25% 50% 75%; do
         run "layers-dense $B" -m $M --gpu-memory $B
         for pol in static eager lru tam tam-adaptive; do
             run "hybrid $pol $B" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol
         done
-        for pol in static tam-adaptive; do
+        [ -e $C ] && for pol in static tam-adaptive; do
             run "hybrid-threshold $pol $B" -m $P --sparsity threshold --ratio 0.5 --calib $C --gpu-memory $B --gpu-policy $pol
         done
     done
