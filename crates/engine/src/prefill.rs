@@ -34,7 +34,8 @@ use sift_model::layout::OpKind;
 use sift_model::QTensor;
 use sift_quant::exact_q8::axpy_exact_tokens_fn;
 use sift_quant::packed::{pack_group, unpack_group};
-use sift_quant::{ColFormat, ExactMatrix, Isa};
+use sift_quant::packed_q5_0::unpack_row_q5_0_x16;
+use sift_quant::{ColFormat, ExactMatrix, Isa, WeightType};
 use sift_sparsity::{top_k_indices, Site};
 
 /// Tokens per prompt block (the paper's unit).
@@ -250,7 +251,7 @@ impl Engine {
 
 /// One output group of a compact matrix: the rows `chosen` (as many as `w`'s group, ascending)
 /// of `w` (its bytes `data`) into `out`, in `w`'s layout: copied for a plain matrix; for a
-/// repacked one gathered from the unpacked source groups that hold them and packed again.
+/// repacked one each unpacked from the source group that holds it, and the group packed again.
 fn gather_group(w: &QTensor, data: &[u8], chosen: &[u32], out: &mut [u8], plain: &mut Vec<u8>, unpacked: &mut Vec<u8>) {
     let (g, rb) = (w.group_rows(), w.row_bytes);
     debug_assert_eq!(chosen.len(), g);
@@ -265,11 +266,18 @@ fn gather_group(w: &QTensor, data: &[u8], chosen: &[u32], out: &mut [u8], plain:
     let mut have = usize::MAX;
     for (slot, &r) in chosen.iter().enumerate() {
         let (src, row) = (r as usize / g, r as usize % g);
-        if src != have {
-            unpack_group(w.ty, &data[src * g * rb..(src + 1) * g * rb], nb, unpacked);
-            have = src;
+        let group = &data[src * g * rb..(src + 1) * g * rb];
+        let dst = &mut plain[slot * rb..(slot + 1) * rb];
+        if w.ty == WeightType::Q5_0 {
+            // One row straight out of its group (Qwen2.5-0.5B's gate and up).
+            unpack_row_q5_0_x16(group, nb, row, dst);
+        } else {
+            if src != have {
+                unpack_group(w.ty, group, nb, unpacked);
+                have = src;
+            }
+            dst.copy_from_slice(&unpacked[row * rb..(row + 1) * rb]);
         }
-        plain[slot * rb..(slot + 1) * rb].copy_from_slice(&unpacked[row * rb..(row + 1) * rb]);
     }
     pack_group(w.ty, plain, nb, out);
 }

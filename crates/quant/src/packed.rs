@@ -145,7 +145,10 @@ pub fn unpack_q4k_x8(src: &[u8], nb: usize, dst: &mut [u8]) {
             let x = &mut out[r * nb + b];
             x.d.copy_from_slice(&p.d[2 * r..2 * r + 2]);
             x.dmin.copy_from_slice(&p.dmin[2 * r..2 * r + 2]);
-            let (sc, mn): (Vec<u8>, Vec<u8>) = (0..8).map(|s| p.scale_min(r, s)).unzip();
+            let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+            for s in 0..8 {
+                (sc[s], mn[s]) = p.scale_min(r, s);
+            }
             x.scales = encode_scales_k4(&sc, &mn);
             for (i, q) in x.qs.iter_mut().enumerate() {
                 *q = p.qs[quant_slot(r, i)];

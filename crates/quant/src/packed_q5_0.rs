@@ -96,7 +96,42 @@ pub fn pack_q5_0_x16(src: &[u8], nb: usize, dst: &mut [u8]) {
     }
 }
 
-/// The 16 rows [`pack_q5_0_x16`] packed, in plain Q5_0 blocks again: the source's bytes exactly.
+/// Row `r` of the 16 rows [`pack_q5_0_x16`] packed, in plain Q5_0 blocks again: what
+/// [`unpack_q5_0_x16`] writes for that row alone.
+///
+/// # Panics
+/// If `src` is not `16 · nb · 22` bytes, `dst` not `nb · 22`, or `r` is not below 16.
+pub fn unpack_row_q5_0_x16(src: &[u8], nb: usize, r: usize, dst: &mut [u8]) {
+    let packed: &[BlockQ5_0x16] = bytemuck::cast_slice(src);
+    assert_eq!(packed.len(), nb, "{nb} packed blocks");
+    assert!(r < PACK_ROWS_Q5_0, "row {r} of a group of 16");
+    let out: &mut [BlockQ5_0] = bytemuck::cast_slice_mut(dst);
+    assert_eq!(out.len(), nb, "one row of {nb} Q5_0 blocks");
+    for (p, x) in packed.iter().zip(out.iter_mut()) {
+        unpack_block_row(p, r, x);
+    }
+}
+
+/// Row `r`'s plain block of the packed block `p`: each of [`pack_block_q5_0_x16`]'s byte moves
+/// undone.
+#[inline]
+fn unpack_block_row(p: &BlockQ5_0x16, r: usize, x: &mut BlockQ5_0) {
+    x.d.copy_from_slice(&p.d[2 * r..2 * r + 2]);
+    // Row r's fifth bits of quad g are bits 4r..4r + 4 of mask g.
+    let mut qh = 0u32;
+    for g in 0..8 {
+        let m = u64::from_le_bytes(p.qh[8 * g..8 * g + 8].try_into().expect("8 bytes"));
+        qh |= (((m >> (4 * r)) & 0xF) as u32) << (4 * g);
+    }
+    x.qh = qh.to_le_bytes();
+    for g in 0..4 {
+        x.qs[4 * g..4 * g + 4].copy_from_slice(&p.qs[64 * g + 4 * r..64 * g + 4 * r + 4]);
+    }
+}
+
+/// The 16 rows [`pack_q5_0_x16`] packed, in plain Q5_0 blocks again: the source's bytes exactly
+/// (each of [`pack_block_q5_0_x16`]'s byte moves undone; sparse prefill gathers chosen rows this
+/// way for every prompt block, so it moves bytes rather than decoding values).
 ///
 /// # Panics
 /// If `src` or `dst` is not `16 · nb · 22` bytes.
@@ -107,16 +142,7 @@ pub fn unpack_q5_0_x16(src: &[u8], nb: usize, dst: &mut [u8]) {
     assert_eq!(out.len(), PACK_ROWS_Q5_0 * nb, "16 rows of {nb} Q5_0 blocks");
     for (b, p) in packed.iter().enumerate() {
         for r in 0..PACK_ROWS_Q5_0 {
-            let x = &mut out[r * nb + b];
-            x.d.copy_from_slice(&p.d[2 * r..2 * r + 2]);
-            let mut qh = 0u32;
-            for v in 0..QK {
-                qh |= u32::from(p.q(r, v) >> 4) << v;
-            }
-            x.qh = qh.to_le_bytes();
-            for (j, q) in x.qs.iter_mut().enumerate() {
-                *q = (p.q(r, j) & 0xF) | (p.q(r, j + 16) & 0xF) << 4;
-            }
+            unpack_block_row(p, r, &mut out[r * nb + b]);
         }
     }
 }
