@@ -33,9 +33,8 @@ use crate::vecops;
 use sift_model::layout::OpKind;
 use sift_model::QTensor;
 use sift_quant::exact_q8::axpy_exact_tokens_fn;
-use sift_quant::packed::{pack_group, unpack_group};
-use sift_quant::packed_q5_0::unpack_row_q5_0_x16;
-use sift_quant::{ColFormat, ExactMatrix, Isa, WeightType};
+use sift_quant::packed;
+use sift_quant::{ColFormat, ExactMatrix, Isa};
 use sift_sparsity::{top_k_indices, Site};
 
 /// Tokens per prompt block (the paper's unit).
@@ -175,14 +174,13 @@ impl Engine {
         let units = &p.units;
         let dst = SharedMut::new(&mut p.rows);
         pool.for_each(n_gate + n_up, 8, &|range, _| {
-            let mut plain = Vec::new();
-            let mut unpacked = Vec::new();
+            let mut scratch = Vec::new();
             for i in range {
                 let (w, data, at, oi, g) = if i < n_gate { (gate, gd, 0, i, gg) } else { (up, ud, gb, i - n_gate, ug) };
                 let rb = w.row_bytes;
                 // SAFETY: output group `oi` of this matrix owns bytes `at + oi·g·rb ..` of `rows`.
                 let out = unsafe { dst.slice(at + oi * g * rb..at + (oi + 1) * g * rb) };
-                gather_group(w, data, &units[oi * g..(oi + 1) * g], out, &mut plain, &mut unpacked);
+                gather_group(w, data, &units[oi * g..(oi + 1) * g], out, &mut scratch);
             }
         });
         let cg = QTensor { rows: k, range: 0..gb, ..gate.clone() };
@@ -251,8 +249,8 @@ impl Engine {
 
 /// One output group of a compact matrix: the rows `chosen` (as many as `w`'s group, ascending)
 /// of `w` (its bytes `data`) into `out`, in `w`'s layout: copied for a plain matrix; for a
-/// repacked one each unpacked from the source group that holds it, and the group packed again.
-fn gather_group(w: &QTensor, data: &[u8], chosen: &[u32], out: &mut [u8], plain: &mut Vec<u8>, unpacked: &mut Vec<u8>) {
+/// repacked one moved from their source groups' interleaved places ([`packed::gather_group`]).
+fn gather_group(w: &QTensor, data: &[u8], chosen: &[u32], out: &mut [u8], scratch: &mut Vec<u8>) {
     let (g, rb) = (w.group_rows(), w.row_bytes);
     debug_assert_eq!(chosen.len(), g);
     if g == 1 {
@@ -260,26 +258,7 @@ fn gather_group(w: &QTensor, data: &[u8], chosen: &[u32], out: &mut [u8], plain:
         out.copy_from_slice(&data[r * rb..(r + 1) * rb]);
         return;
     }
-    plain.resize(g * rb, 0);
-    unpacked.resize(g * rb, 0);
-    let nb = rb / w.ty.block_bytes();
-    let mut have = usize::MAX;
-    for (slot, &r) in chosen.iter().enumerate() {
-        let (src, row) = (r as usize / g, r as usize % g);
-        let group = &data[src * g * rb..(src + 1) * g * rb];
-        let dst = &mut plain[slot * rb..(slot + 1) * rb];
-        if w.ty == WeightType::Q5_0 {
-            // One row straight out of its group (Qwen2.5-0.5B's gate and up).
-            unpack_row_q5_0_x16(group, nb, row, dst);
-        } else {
-            if src != have {
-                unpack_group(w.ty, group, nb, unpacked);
-                have = src;
-            }
-            dst.copy_from_slice(&unpacked[row * rb..(row + 1) * rb]);
-        }
-    }
-    pack_group(w.ty, plain, nb, out);
+    packed::gather_group(w.ty, data, rb / w.ty.block_bytes(), chosen, out, scratch);
 }
 
 /// Makes `v` exactly `len` long, keeping what it holds (new elements `fill`): for buffers whose
@@ -347,9 +326,9 @@ mod tests {
                 .filter(|r| !(32..48).contains(r))
                 .take(2 * g)
                 .collect();
-            let (mut out, mut a, mut b) = (vec![0u8; 2 * g * rb], Vec::new(), Vec::new());
+            let (mut out, mut scratch) = (vec![0u8; 2 * g * rb], Vec::new());
             for (o, c) in out.chunks_exact_mut(g * rb).zip(chosen.chunks_exact(g)) {
-                gather_group(&w, &data, c, o, &mut a, &mut b);
+                gather_group(&w, &data, c, o, &mut scratch);
             }
             let mut back = vec![0u8; g * rb];
             for (o, c) in out.chunks_exact(g * rb).zip(chosen.chunks_exact(g)) {

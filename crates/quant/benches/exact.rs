@@ -147,6 +147,8 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
         (WeightType::Q4_K, 896, 4864, "Qwen-0.5B ffn_down"),
         (WeightType::Q6_K, 896, 4864, "Qwen-0.5B ffn_down (Q6_K layers)"),
         (WeightType::Q4_1, 576, 1536, "SmolLM2 ffn_down"),
+        (WeightType::Q4_K, 1536, 8960, "Qwen-1.5B ffn_down"),
+        (WeightType::Q6_K, 1536, 8960, "Qwen-1.5B ffn_down (Q6_K layers)"),
     ];
     let n_tok = 128;
     println!("tokens: {n_tok}-token block, one thread, µs: many-token kernel | one-token kernel per token | dense rows (all inputs)");

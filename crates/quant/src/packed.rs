@@ -287,6 +287,47 @@ pub fn unpack_group(ty: crate::WeightType, src: &[u8], nb: usize, dst: &mut [u8]
     }
 }
 
+/// One group of a compact matrix made of chosen rows of a packed one: slot `j` of `dst` (one
+/// group, `nb` blocks per row) receives row `chosen[j]` of the packed matrix `src`, in the same
+/// layout — the bytes unpacking `src`'s groups and packing the chosen rows again would give.
+/// The 16-row layouts move each row's bytes straight to their new places
+/// ([`crate::packed_q4k_x16::gather_rows_q4k_x16`], [`crate::packed_q5_0::gather_rows_q5_0_x16`]);
+/// the 8-row Q4_K layout unpacks the source groups into `scratch` and packs again.
+///
+/// # Panics
+/// As [`pack_group`]; if `chosen` is not one group of rows within `src`.
+pub fn gather_group(
+    ty: crate::WeightType,
+    src: &[u8],
+    nb: usize,
+    chosen: &[u32],
+    dst: &mut [u8],
+    scratch: &mut Vec<u8>,
+) {
+    match (ty, group_rows(ty)) {
+        (crate::WeightType::Q4_K, Some(16)) => crate::packed_q4k_x16::gather_rows_q4k_x16(src, nb, chosen, dst),
+        (crate::WeightType::Q5_0, _) => crate::packed_q5_0::gather_rows_q5_0_x16(src, nb, chosen, dst),
+        (_, Some(g)) => {
+            assert_eq!(chosen.len(), g, "{g} rows to a group");
+            let rb = dst.len() / g;
+            let gb = g * rb;
+            scratch.resize(2 * gb, 0);
+            let (plain, unpacked) = scratch.split_at_mut(gb);
+            let mut have = usize::MAX;
+            for (slot, &r) in chosen.iter().enumerate() {
+                let (s, row) = (r as usize / g, r as usize % g);
+                if s != have {
+                    unpack_group(ty, &src[s * gb..(s + 1) * gb], nb, unpacked);
+                    have = s;
+                }
+                plain[slot * rb..(slot + 1) * rb].copy_from_slice(&unpacked[row * rb..(row + 1) * rb]);
+            }
+            pack_group(ty, plain, nb, dst);
+        }
+        _ => panic!("{} has no packed layout", ty.name()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,39 @@ pub fn unpack_q4k_x16(src: &[u8], nb: usize, dst: &mut [u8]) {
     }
 }
 
+/// One packed group made of rows of others: slot `j` of `dst` (`nb` packed blocks) receives row
+/// `chosen[j] % 16` of the packed group `chosen[j] / 16` of `src` (a packed matrix, its groups of
+/// `nb` blocks one after another). Each row's bytes are moved from their interleaved places to the
+/// slot's — the bytes [`unpack_q4k_x16`] then [`pack_q4k_x16`] would give, without the plain rows
+/// between (sparse prefill gathers a block's chosen neurons this way).
+///
+/// # Panics
+/// If `chosen` is not 16 rows within `src`, or `dst` is not `nb` packed blocks.
+pub fn gather_rows_q4k_x16(src: &[u8], nb: usize, chosen: &[u32], dst: &mut [u8]) {
+    let packed: &[BlockQ4Kx16] = bytemuck::cast_slice(src);
+    let out: &mut [BlockQ4Kx16] = bytemuck::cast_slice_mut(dst);
+    assert_eq!(chosen.len(), PACK_ROWS_X16, "16 rows to a group");
+    assert_eq!(out.len(), nb, "{nb} packed blocks");
+    let groups = packed.len() / nb.max(1);
+    assert!(chosen.iter().all(|&r| (r as usize) < groups * PACK_ROWS_X16), "a chosen row outside the matrix");
+    for (b, o) in out.iter_mut().enumerate() {
+        for (j, &r) in chosen.iter().enumerate() {
+            let (p, i) = (&packed[(r as usize / PACK_ROWS_X16) * nb + b], r as usize % PACK_ROWS_X16);
+            o.d[2 * j..2 * j + 2].copy_from_slice(&p.d[2 * i..2 * i + 2]);
+            o.dmin[2 * j..2 * j + 2].copy_from_slice(&p.dmin[2 * i..2 * i + 2]);
+            for s in 0..8 {
+                o.scm[16 * s + j] = p.scm[16 * s + i];
+            }
+            for s in 0..4 {
+                o.mnl[16 * s + j] = p.mnl[16 * s + i];
+            }
+            for q in 0..32 {
+                o.qs[64 * q + 4 * j..64 * q + 4 * j + 4].copy_from_slice(&p.qs[64 * q + 4 * i..64 * q + 4 * i + 4]);
+            }
+        }
+    }
+}
+
 /// The weight groups and activation blocks of a packed product, checked: `w` whole groups of
 /// `n / 256` packed blocks, `a` at least `n / 256` Q8_K blocks. Returns (blocks, groups).
 ///

@@ -147,6 +147,40 @@ pub fn unpack_q5_0_x16(src: &[u8], nb: usize, dst: &mut [u8]) {
     }
 }
 
+/// One packed group made of rows of others: slot `j` of `dst` (`nb` packed blocks) receives row
+/// `chosen[j] % 16` of the packed group `chosen[j] / 16` of `src` (a packed matrix, its groups of
+/// `nb` blocks one after another). Bytes and fifth bits are moved from their interleaved places to
+/// the slot's — what [`unpack_q5_0_x16`] then [`pack_q5_0_x16`] would give, without the plain rows
+/// between (sparse prefill gathers a block's chosen neurons this way).
+///
+/// # Panics
+/// If `chosen` is not 16 rows within `src`, or `dst` is not `nb` packed blocks.
+pub fn gather_rows_q5_0_x16(src: &[u8], nb: usize, chosen: &[u32], dst: &mut [u8]) {
+    let packed: &[BlockQ5_0x16] = bytemuck::cast_slice(src);
+    let out: &mut [BlockQ5_0x16] = bytemuck::cast_slice_mut(dst);
+    assert_eq!(chosen.len(), PACK_ROWS_Q5_0, "16 rows to a group");
+    assert_eq!(out.len(), nb, "{nb} packed blocks");
+    let groups = packed.len() / nb.max(1);
+    assert!(chosen.iter().all(|&r| (r as usize) < groups * PACK_ROWS_Q5_0), "a chosen row outside the matrix");
+    for (b, o) in out.iter_mut().enumerate() {
+        let mut masks = [0u64; 8];
+        for (j, &r) in chosen.iter().enumerate() {
+            let (p, i) = (&packed[(r as usize / PACK_ROWS_Q5_0) * nb + b], r as usize % PACK_ROWS_Q5_0);
+            o.d[2 * j..2 * j + 2].copy_from_slice(&p.d[2 * i..2 * i + 2]);
+            for (g, m) in masks.iter_mut().enumerate() {
+                let src = u64::from_le_bytes(p.qh[8 * g..8 * g + 8].try_into().expect("8 bytes"));
+                *m |= ((src >> (4 * i)) & 0xF) << (4 * j);
+            }
+            for g in 0..4 {
+                o.qs[64 * g + 4 * j..64 * g + 4 * j + 4].copy_from_slice(&p.qs[64 * g + 4 * i..64 * g + 4 * i + 4]);
+            }
+        }
+        for (g, m) in masks.iter().enumerate() {
+            o.qh[8 * g..8 * g + 8].copy_from_slice(&m.to_le_bytes());
+        }
+    }
+}
+
 /// The weight groups and activation blocks of a packed product, checked: `w` whole groups of
 /// `n / 32` packed blocks, `a` at least `n / 32` Q8_0 blocks.
 ///

@@ -16,7 +16,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sift_quant::blocks::BlockQ8_0;
 use sift_quant::packed_q5_0::{
-    gemm_q5_0_x16_on, gemv_q5_0_x16, gemv_q5_0_x16_on, pack_q5_0_x16, unpack_q5_0_x16, PACK_ROWS_Q5_0,
+    gather_rows_q5_0_x16, gemm_q5_0_x16_on, gemv_q5_0_x16, gemv_q5_0_x16_on, pack_q5_0_x16, unpack_q5_0_x16,
+    PACK_ROWS_Q5_0,
 };
 use sift_quant::{scalar, ActType, Isa, WeightType};
 
@@ -177,4 +178,36 @@ fn packed_q5_0_groups_agree_on_real_weights() {
         checked += 1;
     }
     assert!(checked > 0, "no Q5_0 tensor in {}", path.display());
+}
+
+/// A group gathered from rows of other packed groups (sparse prefill's chosen neurons) is the
+/// group packing those rows gives: random block bytes, rows in any order, from several groups,
+/// one row twice.
+#[test]
+fn gathered_rows_are_the_packing_of_those_rows() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_6a7e);
+    for &n in &LENS {
+        let (nb, groups) = (n / 32, 3);
+        let rb = nb * BLOCK;
+        let plain = random_blocks(&mut rng, groups * PACK_ROWS_Q5_0 * nb);
+        let mut packed = vec![0u8; plain.len()];
+        for (s, d) in plain.chunks_exact(PACK_ROWS_Q5_0 * rb).zip(packed.chunks_exact_mut(PACK_ROWS_Q5_0 * rb)) {
+            pack_q5_0_x16(s, nb, d);
+        }
+        let mut chosen: Vec<u32> =
+            (0..PACK_ROWS_Q5_0 as u32).map(|_| rng.random_range(0..(groups * PACK_ROWS_Q5_0) as u32)).collect();
+        chosen[5] = chosen[9];
+        let mut rows_plain = Vec::new();
+        for &r in &chosen {
+            rows_plain.extend_from_slice(&plain[r as usize * rb..(r as usize + 1) * rb]);
+        }
+        let mut want = vec![0u8; PACK_ROWS_Q5_0 * rb];
+        pack_q5_0_x16(&rows_plain, nb, &mut want);
+        let mut got = vec![0xA5u8; PACK_ROWS_Q5_0 * rb];
+        gather_rows_q5_0_x16(&packed, nb, &chosen, &mut got);
+        assert!(got == want, "n = {n}: gathered group differs from packing the chosen rows");
+        let mut back = vec![0u8; PACK_ROWS_Q5_0 * rb];
+        unpack_q5_0_x16(&got, nb, &mut back);
+        assert!(back == rows_plain, "n = {n}: the gathered group does not unpack to the chosen rows");
+    }
 }
