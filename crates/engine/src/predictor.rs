@@ -21,8 +21,11 @@
 //! CRC-32 of the weights; a file for another model, of another version, cut short or altered is
 //! refused with a message that says to train again.
 
+use crate::pool::{SharedMut, ThreadPool};
+use crate::vecops;
 use sift_model::Model;
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SIFTPRED";
@@ -132,17 +135,16 @@ pub fn default_path(model_path: &Path) -> PathBuf {
 }
 
 impl ExpertPredictors {
-    /// The neuron scores of a block (`x`: `n` rows of `d`) at `layer` into `out` (n_ff).
-    pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut Vec<f32>) {
+    /// The neuron scores of a block (`x`: `n` rows of `d`) at `layer` into `out` (n_ff); with a
+    /// pool, the output projection (the predictor's largest part: `r × n_ff` weights read per
+    /// block) is split over its threads. Each score is summed in the same order either way.
+    pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut Vec<f32>, pool: Option<&ThreadPool>) {
         let h = &self.header;
         let (d, r, ff) = (h.n_embd, h.rank, h.n_ff);
         let p = &self.layers[layer];
         // Attention pooling: softmax over the block's rows of q·x / √d.
         let scale = 1.0 / (d as f32).sqrt();
-        let logits: Vec<f32> = x[..n * d]
-            .chunks_exact(d)
-            .map(|row| row.iter().zip(&p.q).map(|(a, b)| a * b).sum::<f32>() * scale)
-            .collect();
+        let logits: Vec<f32> = x[..n * d].chunks_exact(d).map(|row| vecops::dot(row, &p.q) * scale).collect();
         let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let w: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
         let z: f32 = w.iter().sum();
@@ -161,12 +163,28 @@ impl ExpertPredictors {
         }
         out.clear();
         out.resize(ff, 0.0);
-        for (&hj, w2row) in hid.iter().zip(p.w2.chunks_exact(ff)) {
-            if hj > 0.0 {
-                for (o, &wv) in out.iter_mut().zip(w2row) {
-                    *o += hj * wv;
+        let project = |cols: Range<usize>, o: &mut [f32]| {
+            for (&hj, w2row) in hid.iter().zip(p.w2.chunks_exact(ff)) {
+                if hj > 0.0 {
+                    for (o, &wv) in o.iter_mut().zip(&w2row[cols.clone()]) {
+                        *o += hj * wv;
+                    }
                 }
             }
+        };
+        match pool {
+            Some(pool) if pool.n_threads() > 1 => {
+                const COLS: usize = 512;
+                let dst = SharedMut::new(out);
+                pool.for_each(ff.div_ceil(COLS), 1, &|items, _| {
+                    for i in items {
+                        let cols = i * COLS..((i + 1) * COLS).min(ff);
+                        // SAFETY: item `i` alone writes scores `cols`.
+                        project(cols.clone(), unsafe { dst.slice(cols) });
+                    }
+                });
+            }
+            _ => project(0..ff, out),
         }
     }
 

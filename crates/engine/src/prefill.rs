@@ -130,7 +130,9 @@ impl Engine {
             PrefillMasks::Random | PrefillMasks::Predicted => {
                 let p = &mut self.prefill_scratch;
                 match (&self.predictor, masks) {
-                    (Some(pred), PrefillMasks::Predicted) => pred.scores(l, &self.s.h[..n * e], n, &mut p.score),
+                    (Some(pred), PrefillMasks::Predicted) => {
+                        pred.scores(l, &self.s.h[..n * e], n, &mut p.score, Some(&self.pool))
+                    }
                     _ => {
                         let seed = (l as u64) << 32 ^ self.n_past as u64;
                         p.score.clear();

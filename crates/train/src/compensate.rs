@@ -102,7 +102,7 @@ impl FfnObserver for ErrorCollector {
             }
         }
         let mut pred = Vec::new();
-        self.predictor.scores(layer, &x[..n * self.d], n, &mut pred);
+        self.predictor.scores(layer, &x[..n * self.d], n, &mut pred, None);
         match (self.error(layer, glu, n, &norms), self.error(layer, glu, n, &pred)) {
             (Ok(o), Ok(p)) => {
                 let mut out = self.out.lock().expect("not poisoned");

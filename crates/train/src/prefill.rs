@@ -191,7 +191,7 @@ pub fn recall(p: &ExpertPredictors, data: &Samples, keep: f32) -> f32 {
         for i in 0..data.blocks {
             let x: Vec<f32> =
                 ls.x[i * PREFILL_BLOCK * d..(i + 1) * PREFILL_BLOCK * d].iter().map(|v| v.to_f32()).collect();
-            p.scores(l, &x, PREFILL_BLOCK, &mut s);
+            p.scores(l, &x, PREFILL_BLOCK, &mut s, None);
             let (y, _) = labels(&ls.norms[i * ff..(i + 1) * ff], keep);
             let mut order: Vec<usize> = (0..ff).collect();
             order.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
