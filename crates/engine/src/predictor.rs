@@ -334,7 +334,11 @@ mod tests {
     use super::*;
 
     fn tiny() -> ExpertPredictors {
-        let (d, r, ff) = (4, 2, 3);
+        sized(4, 2, 3)
+    }
+
+    /// A predictor of `d × r × ff` (zero weights: the caller fills them).
+    fn sized(d: usize, r: usize, ff: usize) -> ExpertPredictors {
         ExpertPredictors {
             header: PredictorHeader {
                 version: PREDICTOR_VERSION,
@@ -356,12 +360,22 @@ mod tests {
                 comp_check: None,
                 attn_mass: Vec::new(),
             },
-            layers: vec![LayerPredictor {
-                q: vec![0.0; d],
-                w1: vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
-                w2: vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0],
-                c1: vec![1.0, 1.0, 0.0, 0.0],
-                c2: vec![0.5, 0.0, 0.0, -1.0],
+            layers: vec![if (d, r, ff) == (4, 2, 3) {
+                LayerPredictor {
+                    q: vec![0.0; d],
+                    w1: vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+                    w2: vec![1.0, 2.0, 3.0, -1.0, 0.0, 1.0],
+                    c1: vec![1.0, 1.0, 0.0, 0.0],
+                    c2: vec![0.5, 0.0, 0.0, -1.0],
+                }
+            } else {
+                LayerPredictor {
+                    q: vec![0.0; d],
+                    w1: vec![0.0; d * r],
+                    w2: vec![0.0; r * ff],
+                    c1: vec![0.0; d],
+                    c2: vec![0.0; d],
+                }
             }],
         }
     }
@@ -373,8 +387,28 @@ mod tests {
         let p = tiny();
         let x = [2.0, -3.0, 5.0, 1.0, 0.0, -1.0, -5.0, -1.0];
         let mut s = Vec::new();
-        p.scores(0, &x, 2, &mut s);
+        p.scores(0, &x, 2, &mut s, None);
         assert_eq!(s, vec![1.0, 2.0, 3.0]);
+    }
+
+    /// The output projection split over a pool gives every score the bits of one thread's
+    /// loop: n_ff = 1,300 (three work items, the last one short), pseudo-random weights.
+    #[test]
+    fn scores_on_a_pool_equal_scores_on_one_thread() {
+        let (d, r, ff, n) = (16, 8, 1300, 5);
+        let mut p = sized(d, r, ff);
+        let val = |i: usize| ((i as f32 * 0.7548).sin() * 1.3).fract();
+        let l = &mut p.layers[0];
+        l.q.iter_mut().enumerate().for_each(|(i, v)| *v = val(i));
+        l.w1.iter_mut().enumerate().for_each(|(i, v)| *v = val(i + 100));
+        l.w2.iter_mut().enumerate().for_each(|(i, v)| *v = val(i + 1000));
+        let x: Vec<f32> = (0..n * d).map(|i| val(i + 50_000)).collect();
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        p.scores(0, &x, n, &mut one, None);
+        p.scores(0, &x, n, &mut many, Some(&ThreadPool::new(2)));
+        assert_eq!(one.len(), ff);
+        assert!(one.iter().any(|&v| v != 0.0), "some hidden unit must be active");
+        assert!(one.iter().zip(&many).all(|(a, b)| a.to_bits() == b.to_bits()), "pool changed the scores");
     }
 
     /// By hand: rows [1, 2, 0, 0] → x·C1 = 3 → ReLU 3 → · C2 = [1.5, 0, 0, −3]; rows
