@@ -20,6 +20,7 @@ use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
 use sift_quant::exact::axpy_exact_f32_fn;
 use sift_quant::exact::ExactMatrix;
+use sift_quant::transposed_q8::{gemm_chosen_fn, QuantizedCoefs, TransposedQ8};
 use sift_quant::{axpy_cols_fn, axpy_exact_fn, scalar, ColType, ExactFormat, Isa, WeightType};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -151,7 +152,7 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
         (WeightType::Q6_K, 1536, 8960, "Qwen-1.5B ffn_down (Q6_K layers)"),
     ];
     let n_tok = 128;
-    println!("tokens: {n_tok}-token block, one thread, µs: many-token kernel | one-token kernel per token | dense rows (all inputs)");
+    println!("tokens: {n_tok}-token block, one thread, µs: many-token kernel | one-token kernel per token | dense rows (all inputs) | neuron-major 8-bit copy (coefficients quantized + kernel)");
     let mut rng = StdRng::seed_from_u64(9);
     for &(src, o, i, what) in CASES {
         let label = format!("tokens {} {o}x{i} {what}", src.name());
@@ -166,6 +167,12 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
         }
         let (cols, scales) = fmt.transpose(&rows, o, i);
         let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: &cols, scales: &scales };
+        let mut wf = vec![0f32; o * i];
+        for (r, out) in wf.chunks_exact_mut(i).enumerate() {
+            scalar::dequantize_row(src, &rows[r * (rows.len() / o)..(r + 1) * (rows.len() / o)], out);
+        }
+        let t8 = TransposedQ8::from_rows(&wf, o, i).unwrap();
+        let gemm8 = gemm_chosen_fn(isa);
         let many = sift_quant::exact_q8::axpy_exact_tokens_fn(fmt, isa);
         let one = axpy_exact_fn(fmt, isa);
         // Dense: activations quantized once, the four-token row kernel over all rows.
@@ -219,11 +226,22 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
                 },
                 Duration::from_millis(300),
             );
+            let (mut qc, mut y8, mut scratch) = (QuantizedCoefs::default(), vec![0f32; n_tok * o], Vec::new());
+            let t8t = best_time(
+                || {
+                    qc.reset(&t8, &active, n_tok).unwrap();
+                    qc.quantize(&coef);
+                    gemm8(&t8, &active, &qc, 0..t8.n_panels(), &mut y8, &mut scratch);
+                    black_box(&y8);
+                },
+                Duration::from_millis(300),
+            );
             print!(
-                "  {s:>2}%: {:>6.0} | {:>6.0} | {:>6.0}",
+                "  {s:>2}%: {:>6.0} | {:>6.0} | {:>6.0} | {:>6.0}",
                 tm.as_secs_f64() * 1e6,
                 t1.as_secs_f64() * 1e6,
-                td.as_secs_f64() * 1e6
+                td.as_secs_f64() * 1e6,
+                t8t.as_secs_f64() * 1e6
             );
         }
         println!("  {what}");

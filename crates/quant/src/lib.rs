@@ -67,6 +67,7 @@ pub mod packed_q4k_x16;
 pub mod packed_q5_0;
 pub mod scalar;
 pub mod scalar_k;
+pub mod transposed_q8;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 

@@ -61,6 +61,7 @@ pub mod packed_q4k_x16;
 pub mod packed_q5_0;
 pub mod pair;
 pub mod quantize;
+pub mod transposed_q8;
 pub mod wrappers;
 
 pub(crate) use quantize::quantize_act;
