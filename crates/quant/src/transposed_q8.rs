@@ -64,7 +64,7 @@ impl TransposedQ8 {
     /// magnitude; per output row, the largest magnitude of the row so scaled, over 127.
     /// Non-finite weights are refused.
     pub fn from_rows(w: &[f32], n_out: usize, n_in: usize) -> Result<Self, ShapeError> {
-        if n_out == 0 || n_in == 0 || n_out % PANEL != 0 || w.len() != n_out * n_in {
+        if n_out == 0 || n_in == 0 || !n_out.is_multiple_of(PANEL) || w.len() != n_out * n_in {
             return Err(ShapeError(format!(
                 "an 8-bit neuron-major copy needs a non-empty matrix with a multiple of {PANEL} rows and \
                  rows × columns values: got {n_out} × {n_in} with {} values",
@@ -259,7 +259,7 @@ pub fn quantize_block_scalar(c: &[f32], ns: &[f32], q: &mut [i8]) -> (f32, i32) 
         *xv = cv * s;
     }
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let finite = xs.iter().fold(0f32, |m, v| m + (v - v)) == 0.0;
+    let finite = xs.iter().all(|v| v.is_finite());
     let d = if finite { amax / 127.0 } else { f32::NAN };
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;

@@ -111,7 +111,7 @@ unsafe fn quantize_block_inner(c: &[f32], ns: &[f32], q: &mut [i8]) -> (f32, i32
             let iv = _mm512_mask_mov_epi32(_mm512_min_epi32(_mm512_max_epi32(iv, lo), hi), nan, _mm512_setzero_si512());
             let iv = _mm512_maskz_mov_epi32(m, iv);
             sum = _mm512_add_epi32(sum, iv);
-            _mm_mask_storeu_epi8(q.as_mut_ptr().add(16 * v) as *mut i8, m, _mm512_cvtepi32_epi8(iv));
+            _mm_mask_storeu_epi8(q.as_mut_ptr().add(16 * v), m, _mm512_cvtepi32_epi8(iv));
         }
         (d, _mm512_reduce_add_epi32(sum))
     }
