@@ -49,8 +49,8 @@ fn matrix(n_out: usize, n_in: usize, seed: u64) -> Vec<f32> {
 fn chosen_sets(n_in: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut r = Rng(seed);
     let all: Vec<u32> = (0..n_in as u32).collect();
-    let half: Vec<u32> = all.iter().copied().filter(|_| r.next() % 2 == 0).collect();
-    let tenth: Vec<u32> = all.iter().copied().filter(|_| r.next() % 10 == 0).collect();
+    let half: Vec<u32> = all.iter().copied().filter(|_| r.next().is_multiple_of(2)).collect();
+    let tenth: Vec<u32> = all.iter().copied().filter(|_| r.next().is_multiple_of(10)).collect();
     let unsorted: Vec<u32> = (0..COEF_BLOCK + 7).map(|_| (r.next() % n_in as u64) as u32).collect();
     vec![all, half, tenth, unsorted, vec![7], vec![n_in as u32 - 1, 0, 5], vec![]]
 }
