@@ -84,6 +84,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
             prefill_predictor: None,
             prefill_compensator: None,
             prefill_schedule: "layerwise".into(),
+            prefill_down: "columns".into(),
             lora: None,
         };
         sp.apply(&mut engine).with_context(|| format!("{method} ratio {ratio}"))?;

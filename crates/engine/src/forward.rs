@@ -155,6 +155,8 @@ pub struct Engine {
     /// (0: off) and how they are chosen; whether the batch being run is a sparse block.
     pub(crate) prefill: (f32, PrefillMasks),
     pub(crate) prefill_scratch: PrefillScratch,
+    /// Sparse blocks' down projections from an 8-bit neuron-major copy ([`crate::prefill::DownCopy`]).
+    pub(crate) prefill_down: Option<std::sync::Arc<crate::prefill::DownCopy>>,
     sparse_block: bool,
     /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
     gpu: Option<GpuLayers>,
@@ -251,6 +253,7 @@ impl Engine {
             budget_reserve: 0,
             prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
             prefill_scratch: PrefillScratch::default(),
+            prefill_down: None,
             sparse_block: false,
             gpu: None,
             predictor: None,

@@ -14,10 +14,14 @@
 //! - Gate and up: the chosen rows are copied into a compact matrix per block (whole row groups
 //!   when the matrix is repacked for the group kernels, `QTensor::group_rows`: the neurons are
 //!   then chosen 8 or 16 at a time) and run through the ordinary batch kernels.
-//! - Down: the chosen neurons are input channels of `ffn_down`, i.e. columns: with a pack, its exact
-//!   columns through the many-token column kernel ([`sift_quant::exact_q8::ExactAxpyTokensFn`]),
-//!   each column read once for the whole block; without one, the dense kernel on the masked GLU
-//!   (the same result within the kernels' rounding, no saving).
+//! - Down: the chosen neurons are input channels of `ffn_down`, i.e. columns. By default (a CPU
+//!   with AVX-512 VNNI) from a [`DownCopy`] made at load: each layer's down projection as an 8-bit
+//!   neuron-major copy ([`sift_quant::transposed_q8`]), where the chosen neurons are a plain
+//!   integer GEMM at ~2× the speed of the pack's columns, for one byte per weight of memory
+//!   (`--prefill-down columns` turns it off); else with a pack, its exact columns through the
+//!   many-token column kernel ([`sift_quant::exact_q8::ExactAxpyTokensFn`]), each column read once
+//!   for the whole block; without one, the dense kernel on the masked GLU (the same result within
+//!   the kernels' rounding, no saving).
 //!
 //! With a trained file that holds FastForward's error compensator, its correction is added to each
 //! sparse block's FFN output ([`crate::predictor::ExpertPredictors::compensate`]; off with
@@ -27,13 +31,15 @@
 
 use crate::forward::{Engine, EvalError};
 use crate::matmul::{matmul_many, MatJob};
-use crate::pool::SharedMut;
+use crate::pool::{SharedMut, ThreadPool};
 use crate::source::site_ops;
 use crate::vecops;
 use sift_model::layout::OpKind;
-use sift_model::QTensor;
+use sift_model::{Model, QTensor};
 use sift_quant::exact_q8::axpy_exact_tokens_fn;
 use sift_quant::packed;
+use sift_quant::transposed_q8::{gemm_chosen_fn, QuantizedCoefs, ShapeError, TransposedQ8, PANEL};
+use std::sync::Mutex;
 use sift_quant::{ColFormat, ExactMatrix, Isa};
 use sift_sparsity::{top_k_indices, Site};
 
@@ -76,6 +82,45 @@ pub enum PrefillMasks {
     Predicted,
 }
 
+/// Every layer's down projection as an 8-bit neuron-major copy ([`TransposedQ8`]), for the
+/// sparse blocks' down over their chosen neurons (see the module docs): one byte per weight.
+pub struct DownCopy {
+    layers: Vec<TransposedQ8>,
+}
+
+impl DownCopy {
+    /// Whether this CPU has a kernel for the copy that beats the pack's columns (AVX-512 VNNI);
+    /// elsewhere the copy is not made.
+    pub fn worth_it() -> bool {
+        Isa::detect() >= Isa::Avx512Vnni
+    }
+
+    /// Dequantizes and copies every layer's `ffn_down` (the layers spread over the pool).
+    pub fn build(model: &Model, pool: &ThreadPool) -> Result<DownCopy, ShapeError> {
+        let n = model.layers.len();
+        let made: Vec<Mutex<Option<Result<TransposedQ8, ShapeError>>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        pool.for_each(n, 1, &|range, _| {
+            for l in range {
+                let w = &model.layers[l].w_down;
+                let rows = model.dequantize(w);
+                let r = TransposedQ8::from_rows(&rows, w.rows, w.cols)
+                    .map_err(|e| ShapeError(format!("{}: {e}", w.name)));
+                *made[l].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            }
+        });
+        let layers = made
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every layer was built"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(DownCopy { layers })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.bytes()).sum()
+    }
+}
+
 /// Working memory of sparse blocks.
 #[derive(Default)]
 pub(crate) struct PrefillScratch {
@@ -90,6 +135,10 @@ pub(crate) struct PrefillScratch {
     /// The chosen neurons' gate / GLU values (n × K) and up values.
     gs: Vec<f32>,
     us: Vec<f32>,
+    /// The down copy's quantized coefficients, its panel-major output, each thread's packed panel.
+    q8: QuantizedCoefs,
+    yp: Vec<f32>,
+    panels: Vec<Mutex<Vec<u8>>>,
 }
 
 impl Engine {
@@ -201,6 +250,10 @@ impl Engine {
     /// through the many-token kernel, or the dense kernel on the masked GLU.
     fn sparse_down(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
         let ff = self.model.config.n_ff;
+        if let Some(copy) = self.prefill_down.clone() {
+            self.down_from_copy(&copy.layers[l], n, k, e);
+            return Ok(());
+        }
         let cols = self.model.columns.as_ref().map(|c| c.layers[l].op(OpKind::Down).clone());
         let positions = self.model.columns.as_ref().and_then(|c| c.layers[l].positions(OpKind::Down).cloned());
         match cols {
@@ -244,6 +297,45 @@ impl Engine {
                     }
                 }
                 self.project_site(l, n, Site::FfnMid)
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Down over the chosen neurons from the layer's 8-bit copy `w`: the GLU (`gs`, n × k)
+    /// quantized per token on the pool, then the output panels spread over the threads, then
+    /// put back token-major in `s.o`.
+    fn down_from_copy(&mut self, w: &TransposedQ8, n: usize, k: usize, e: usize) {
+        let Engine { pool, s, prefill_scratch: p, .. } = self;
+        let PrefillScratch { units, gs, q8, yp, panels, .. } = p;
+        q8.reset(w, units, n).expect("chosen neurons are the layer's");
+        let parts: Vec<Mutex<_>> =
+            q8.token_chunks(n.div_ceil(pool.n_threads())).into_iter().map(Mutex::new).collect();
+        let gs = &gs[..n * k];
+        pool.for_each(parts.len(), 1, &|range, _| {
+            for i in range {
+                parts[i].lock().unwrap_or_else(|e| e.into_inner()).quantize(gs);
+            }
+        });
+        drop(parts);
+        let n_panels = w.n_panels();
+        grow(yp, n_panels * n * PANEL, 0.0);
+        while panels.len() < pool.capacity() {
+            panels.push(Mutex::new(Vec::new()));
+        }
+        let kernel = gemm_chosen_fn(Isa::detect());
+        let (units, q8, panels) = (&*units, &*q8, &*panels);
+        let out = SharedMut::new(&mut yp[..n_panels * n * PANEL]);
+        pool.for_each(n_panels, 1, &|range, worker| {
+            // SAFETY: panels `range` own their `n × PANEL` tiles of the output.
+            let y = unsafe { out.slice(range.start * n * PANEL..range.end * n * PANEL) };
+            let mut scratch = panels[worker].lock().unwrap_or_else(|e| e.into_inner());
+            kernel(w, units, q8, range, y, &mut scratch);
+        });
+        for (t, row) in s.o[..n * e].chunks_exact_mut(e).enumerate() {
+            for (pi, dst) in row.chunks_exact_mut(PANEL).enumerate() {
+                dst.copy_from_slice(&yp[(pi * n + t) * PANEL..][..PANEL]);
             }
         }
     }

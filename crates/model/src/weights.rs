@@ -148,6 +148,28 @@ impl Model {
         &self.file.bytes()[t.range.clone()]
     }
 
+    /// A matrix dequantized to f32, `rows × cols` row-major, in GGUF order (a repacked matrix's
+    /// groups unpacked first).
+    pub fn dequantize(&self, t: &QTensor) -> Vec<f32> {
+        let mut out = vec![0f32; t.rows * t.cols];
+        let data = self.data(t);
+        let (g, nb) = (t.group_rows(), t.row_bytes / t.ty.block_bytes());
+        let mut plain = vec![0u8; g * t.row_bytes];
+        for (gi, rows) in out.chunks_mut(g * t.cols).enumerate() {
+            let src = &data[gi * g * t.row_bytes..(gi + 1) * g * t.row_bytes];
+            let bytes = if g > 1 {
+                sift_quant::packed::unpack_group(t.ty, src, nb, &mut plain);
+                &plain[..]
+            } else {
+                src
+            };
+            for (r, row) in rows.chunks_exact_mut(t.cols).enumerate() {
+                t.ty.dequantize_row(&bytes[r * t.row_bytes..(r + 1) * t.row_bytes], row);
+            }
+        }
+        out
+    }
+
     /// Row `r` of a tensor as raw block bytes.
     #[inline]
     pub fn row(&self, t: &QTensor, r: usize) -> &[u8] {

@@ -196,24 +196,36 @@ impl QuantizedCoefs {
     /// Quantizes every token's coefficients (`coef`: `n_tok × k` values, token after token,
     /// in the order of the neurons given to [`QuantizedCoefs::reset`]).
     pub fn quantize(&mut self, coef: &[f32]) {
-        let n = self.n_tok;
-        self.split_tokens(n).0.quantize(coef);
+        let n = self.n_tok.max(1);
+        for mut part in self.token_chunks(n) {
+            part.quantize(coef);
+        }
     }
 
-    /// The buffers split at token `mid`, for quantizing two ranges of tokens at once.
-    pub fn split_tokens(&mut self, mid: usize) -> (QuantizedCoefsMut<'_>, QuantizedCoefsMut<'_>) {
-        let (k, k4, nb) = (self.k, self.k4, self.n_blocks());
-        let (q0, q1) = self.q[..self.n_tok * k4].split_at_mut(mid * k4);
-        let (d0, d1) = self.d[..self.n_tok * nb].split_at_mut(mid * nb);
-        let (s0, s1) = self.start[..self.n_tok * nb].split_at_mut(mid * nb);
+    /// The buffers in chunks of `per` tokens (the last one shorter), for quantizing them on
+    /// several threads: chunk `i` holds tokens `i·per ..`.
+    pub fn token_chunks(&mut self, per: usize) -> Vec<QuantizedCoefsMut<'_>> {
+        let (k, k4, nb, per, n) = (self.k, self.k4, self.n_blocks(), per.max(1), self.n_tok);
         let ns = &self.ns[..];
-        (QuantizedCoefsMut { k, ns, q: q0, d: d0, start: s0 }, QuantizedCoefsMut { k, ns, q: q1, d: d1, start: s1 })
+        let (mut q, mut d, mut start) = (&mut self.q[..n * k4], &mut self.d[..n * nb], &mut self.start[..n * nb]);
+        let mut out = Vec::with_capacity(n.div_ceil(per));
+        for t0 in (0..n).step_by(per) {
+            let m = per.min(n - t0);
+            let (q0, q1) = std::mem::take(&mut q).split_at_mut(m * k4);
+            let (d0, d1) = std::mem::take(&mut d).split_at_mut(m * nb);
+            let (s0, s1) = std::mem::take(&mut start).split_at_mut(m * nb);
+            (q, d, start) = (q1, d1, s1);
+            out.push(QuantizedCoefsMut { k, t0, n_tok: m, ns, q: q0, d: d0, start: s0 });
+        }
+        out
     }
 }
 
-/// Some tokens' buffers of a [`QuantizedCoefs`] (from [`QuantizedCoefs::split_tokens`]).
+/// Some tokens' buffers of a [`QuantizedCoefs`] (from [`QuantizedCoefs::token_chunks`]).
 pub struct QuantizedCoefsMut<'a> {
     k: usize,
+    t0: usize,
+    n_tok: usize,
     ns: &'a [f32],
     q: &'a mut [i8],
     d: &'a mut [f32],
@@ -221,20 +233,17 @@ pub struct QuantizedCoefsMut<'a> {
 }
 
 impl QuantizedCoefsMut<'_> {
-    /// Tokens held.
-    pub fn n_tok(&self) -> usize {
-        self.q.len() / self.k.next_multiple_of(4).max(1)
-    }
-
-    /// Quantizes these tokens' coefficients (`coef`: their `k` values each). A block holding a
+    /// Quantizes these tokens' coefficients: `coef` holds every token's `k` values (the whole
+    /// block's, token after token; this part takes its own tokens' rows). A block holding a
     /// non-finite coefficient gets a NaN scale, so its outputs are NaN, as a dense product's.
     pub fn quantize(&mut self, coef: &[f32]) {
         let k = self.k;
-        let (k4, nb, n_tok) = (k.next_multiple_of(4), k.div_ceil(COEF_BLOCK), self.n_tok());
-        assert_eq!(coef.len(), n_tok * k, "coefficients for every token");
+        let (k4, nb) = (k.next_multiple_of(4), k.div_ceil(COEF_BLOCK));
+        assert!(coef.len() >= (self.t0 + self.n_tok) * k, "coefficients for every token");
         let block = quantize_block_fn(Isa::detect());
-        for t in 0..n_tok {
-            let (ct, qt) = (&coef[t * k..(t + 1) * k], &mut self.q[t * k4..(t + 1) * k4]);
+        for t in 0..self.n_tok {
+            let ct = &coef[(self.t0 + t) * k..(self.t0 + t + 1) * k];
+            let qt = &mut self.q[t * k4..(t + 1) * k4];
             for b in 0..nb {
                 let r = b * COEF_BLOCK..((b + 1) * COEF_BLOCK).min(k);
                 let (dd, sum) = block(&ct[r.clone()], &self.ns[r.clone()], &mut qt[r]);

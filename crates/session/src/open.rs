@@ -173,6 +173,24 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
     Ok(())
 }
 
+/// Makes the 8-bit copy of the down projections sparse prompt blocks read (`--prefill-down copy`,
+/// with `--prefill-sparsity`; not with adapters, under which blocks run dense).
+fn attach_prefill_down(engine: &mut Engine, sparsity: &SparsityOptions) -> anyhow::Result<()> {
+    if sparsity.prefill_sparsity <= 0.0 || sparsity.prefill_down != "copy" || sparsity.lora.is_some() {
+        return Ok(());
+    }
+    let t = std::time::Instant::now();
+    let bytes = engine.set_prefill_down_copy(true).context("--prefill-down copy")?;
+    if bytes > 0 {
+        eprintln!(
+            "sift: sparse prefill reads down projections from an 8-bit neuron-major copy ({:.0} MiB, made in {:.1} s; --prefill-down columns uses the pack's columns instead)",
+            bytes as f64 / (1 << 20) as f64,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 /// Puts the layers the GPU flags ask for on the GPU (nothing when none is given).
 fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
     if !gpu.requested() {
@@ -312,6 +330,7 @@ fn build_engine(
         engine.set_lora(lora);
         sparsity.apply(&mut engine)?;
         attach_prefill_predictor(&mut engine, path, sparsity)?;
+        attach_prefill_down(&mut engine, sparsity)?;
         attach_gpu(&mut engine, &memory.gpu)?;
         return Ok((engine, None, None));
     };

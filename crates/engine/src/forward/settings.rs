@@ -52,6 +52,20 @@ impl Engine {
         self.prefill.0 = ratio.clamp(0.0, 0.99);
     }
 
+    /// With `true`, makes the 8-bit neuron-major copy of every down projection that sparse
+    /// blocks then use ([`crate::prefill::DownCopy`]) and returns its bytes (0 where it is not
+    /// worth it: no AVX-512 VNNI); with `false`, drops it (the pack's columns serve).
+    pub fn set_prefill_down_copy(&mut self, on: bool) -> Result<usize, sift_quant::transposed_q8::ShapeError> {
+        self.prefill_down = None;
+        if !on || !crate::prefill::DownCopy::worth_it() {
+            return Ok(0);
+        }
+        let copy = crate::prefill::DownCopy::build(&self.model, &self.pool)?;
+        let bytes = copy.bytes();
+        self.prefill_down = Some(std::sync::Arc::new(copy));
+        Ok(bytes)
+    }
+
     pub fn set_prefill_masks(&mut self, masks: PrefillMasks) {
         self.prefill.1 = masks;
     }
