@@ -39,9 +39,9 @@ use sift_model::{Model, QTensor};
 use sift_quant::exact_q8::axpy_exact_tokens_fn;
 use sift_quant::packed;
 use sift_quant::transposed_q8::{gemm_chosen_fn, QuantizedCoefs, ShapeError, TransposedQ8, PANEL};
-use std::sync::Mutex;
 use sift_quant::{ColFormat, ExactMatrix, Isa};
 use sift_sparsity::{top_k_indices, Site};
+use std::sync::Mutex;
 
 /// Tokens per prompt block (the paper's unit).
 pub const PREFILL_BLOCK: usize = 128;
@@ -89,10 +89,10 @@ pub struct DownCopy {
 }
 
 impl DownCopy {
-    /// Whether this CPU has a kernel for the copy that beats the pack's columns (AVX-512 VNNI);
-    /// elsewhere the copy is not made.
-    pub fn worth_it() -> bool {
-        Isa::detect() >= Isa::Avx512Vnni
+    /// Whether this CPU has a kernel for the copy that beats the pack's columns (AVX-512 VNNI)
+    /// and the model's width is whole panels of [`PANEL`] outputs; elsewhere the copy is not made.
+    pub fn worth_it(model: &Model) -> bool {
+        Isa::detect() >= Isa::Avx512Vnni && model.config.n_embd.is_multiple_of(PANEL)
     }
 
     /// Dequantizes and copies every layer's `ffn_down` (the layers spread over the pool).
@@ -103,8 +103,8 @@ impl DownCopy {
             for l in range {
                 let w = &model.layers[l].w_down;
                 let rows = model.dequantize(w);
-                let r = TransposedQ8::from_rows(&rows, w.rows, w.cols)
-                    .map_err(|e| ShapeError(format!("{}: {e}", w.name)));
+                let r =
+                    TransposedQ8::from_rows(&rows, w.rows, w.cols).map_err(|e| ShapeError(format!("{}: {e}", w.name)));
                 *made[l].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             }
         });
@@ -310,8 +310,7 @@ impl Engine {
         let Engine { pool, s, prefill_scratch: p, .. } = self;
         let PrefillScratch { units, gs, q8, yp, panels, .. } = p;
         q8.reset(w, units, n).expect("chosen neurons are the layer's");
-        let parts: Vec<Mutex<_>> =
-            q8.token_chunks(n.div_ceil(pool.n_threads())).into_iter().map(Mutex::new).collect();
+        let parts: Vec<Mutex<_>> = q8.token_chunks(n.div_ceil(pool.n_threads())).into_iter().map(Mutex::new).collect();
         let gs = &gs[..n * k];
         pool.for_each(parts.len(), 1, &|range, _| {
             for i in range {

@@ -7,6 +7,9 @@
 //!   rounding, and dense prefill in 128-token blocks gives ordinary prefill's.
 //! - With oracle masks at 0.5, the sparse block on the pack's columns gives what the masked dense
 //!   FFN (no pack: the GLU zeroed outside the mask, the dense down) gives, within the same rounding.
+//! - The same with the down projections read from the 8-bit neuron-major copy
+//!   (`Engine::set_prefill_down_copy`, sift's default on AVX-512 VNNI), and every neuron kept
+//!   through it gives the dense prefill's logits within the copy's second rounding.
 //! - The statistics count what a sparse block computes: half the neurons of one block of three.
 
 use sift_engine::prefill::PrefillMasks;
@@ -117,4 +120,44 @@ fn the_sparse_block_on_columns_equals_the_masked_dense_ffn() {
     let mut dense = Engine::new(open_model(&p).unwrap(), &opts(0.0, PrefillMasks::Oracle, 512));
     let (dmax, _) = diff(&last_logits(&mut dense, &ids), &got);
     assert!(dmax > 1e-3, "sparse prefill gave the dense logits");
+}
+
+#[test]
+fn the_sparse_block_on_the_down_copy_equals_the_masked_dense_ffn() {
+    let ids = prompt();
+    let mut masked = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.5, PrefillMasks::Oracle, 512));
+    let want = last_logits(&mut masked, &ids);
+    let mut e = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.5, PrefillMasks::Oracle, 512));
+    let bytes = e.set_prefill_down_copy(true).unwrap();
+    if !sift_engine::prefill::DownCopy::worth_it(&e.model) {
+        assert_eq!(bytes, 0, "no copy where the CPU has no kernel for it");
+        eprintln!("no AVX-512 VNNI: the copy is not made; nothing more to test here");
+        return;
+    }
+    // 30 layers of 576 × 1536 bytes, with a scale per row and per neuron.
+    assert_eq!(bytes, 30 * (576 * 1536 + 4 * (576 + 1536)));
+    let got = last_logits(&mut e, &ids);
+    // Stated tolerance as for the columns (measured well below it: the copy rounds each stored
+    // weight to 8 bits over two scales, and each coefficient as the dense path's activations).
+    let (max, mean) = diff(&got, &want);
+    eprintln!("oracle 0.5, down copy vs masked dense: max {max}, mean {mean}");
+    assert!(max <= 1.6 && mean <= 0.5, "down copy vs masked dense: max {max}, mean {mean}");
+    assert_eq!(argmax(&got), argmax(&want));
+    let st = e.sparsity_stats().prefill_neurons;
+    assert_eq!(st[0] * 2, st[1], "half the neurons of the sparse block");
+    // Every neuron kept, through the copy: the dense prefill's logits.
+    let mut dense = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(0.0, PrefillMasks::Oracle, 512));
+    let dense_logits = last_logits(&mut dense, &ids);
+    let (dmax, _) = diff(&dense_logits, &got);
+    assert!(dmax > 1e-3, "sparse prefill gave the dense logits");
+    let mut all = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(1e-6, PrefillMasks::Random, 512));
+    all.set_prefill_down_copy(true).unwrap();
+    let got = last_logits(&mut all, &ids);
+    let (max, mean) = diff(&got, &dense_logits);
+    eprintln!("every neuron kept, down copy vs dense: max {max}, mean {mean}");
+    assert!(max <= 1.6 && mean <= 0.5, "every neuron through the copy: max {max}, mean {mean}");
+    assert_eq!(argmax(&got), argmax(&dense_logits));
+    // Dropped again: the masked dense FFN's logits exactly (no pack: the dense down).
+    assert_eq!(e.set_prefill_down_copy(false).unwrap(), 0);
+    assert_eq!(last_logits(&mut e, &ids), want);
 }

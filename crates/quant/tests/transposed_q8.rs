@@ -104,6 +104,18 @@ fn kernels_three_ways() {
             let mut q = QuantizedCoefs::default();
             q.reset(&m, &chosen, n_tok).unwrap();
             q.quantize(&c);
+            // Quantized in chunks of two tokens (as threads do): the same kernel outputs.
+            let mut q2 = QuantizedCoefs::default();
+            q2.reset(&m, &chosen, n_tok).unwrap();
+            for mut part in q2.token_chunks(2) {
+                part.quantize(&c);
+            }
+            let whole = 0..m.n_panels();
+            let len = m.n_panels() * n_tok * PANEL;
+            let (mut y1, mut y2) = (vec![0f32; len], vec![0f32; len]);
+            gemm_chosen_scalar(&m, &chosen, &q, whole.clone(), &mut y1, &mut Vec::new());
+            gemm_chosen_scalar(&m, &chosen, &q2, whole, &mut y2, &mut Vec::new());
+            assert!(y1.iter().zip(&y2).all(|(a, b)| a.to_bits() == b.to_bits()), "set {si}: chunked quantization");
             for panels in [0..m.n_panels(), 1..2] {
                 let len = panels.len() * n_tok * PANEL;
                 let (mut ys, mut yv) = (vec![f32::NAN; len], vec![f32::NAN; len]);

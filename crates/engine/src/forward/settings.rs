@@ -54,10 +54,10 @@ impl Engine {
 
     /// With `true`, makes the 8-bit neuron-major copy of every down projection that sparse
     /// blocks then use ([`crate::prefill::DownCopy`]) and returns its bytes (0 where it is not
-    /// worth it: no AVX-512 VNNI); with `false`, drops it (the pack's columns serve).
+    /// worth it: no AVX-512 VNNI, or a width not a multiple of 64); with `false`, drops it (the pack's columns serve).
     pub fn set_prefill_down_copy(&mut self, on: bool) -> Result<usize, sift_quant::transposed_q8::ShapeError> {
         self.prefill_down = None;
-        if !on || !crate::prefill::DownCopy::worth_it() {
+        if !on || !crate::prefill::DownCopy::worth_it(&self.model) {
             return Ok(0);
         }
         let copy = crate::prefill::DownCopy::build(&self.model, &self.pool)?;
