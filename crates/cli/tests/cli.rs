@@ -123,9 +123,15 @@ fn generate_greedy_streams_the_continuation_and_reports_speed() {
     ]);
     assert!(prefill.status.success(), "{}", text(&prefill.stderr));
     assert_eq!(text(&prefill.stdout), stdout);
-    for (flag, value, says) in
-        [("--prefill-sparsity", "1.5", "--prefill-sparsity"), ("--prefill-masks", "trained", "oracle, random")]
-    {
+    // The down copy is made with sparse prefill (where the CPU has the kernel) and said so.
+    if sift_quant::Isa::detect() >= sift_quant::Isa::Avx512Vnni {
+        assert!(text(&prefill.stderr).contains("8-bit neuron-major copy"), "{}", text(&prefill.stderr));
+    }
+    for (flag, value, says) in [
+        ("--prefill-sparsity", "1.5", "--prefill-sparsity"),
+        ("--prefill-masks", "trained", "oracle, random"),
+        ("--prefill-down", "rows", "copy, columns"),
+    ] {
         let bad = sift(&["generate", "-m", m.to_str().unwrap(), "-p", "x", "-n", "1", flag, value]);
         assert!(!bad.status.success(), "{flag} {value} was accepted");
         let err = text(&bad.stderr);
