@@ -128,7 +128,18 @@ fn kernels_three_ways() {
                         "set {si}, {n_tok} tokens, panels {panels:?}, value {i}: {a} vs {b}"
                     );
                 }
-                // Against f64 over the stored weights.
+                // Against f64 over the stored weights. Each block's coefficient step, per token.
+                let amax: Vec<Vec<f64>> = (0..n_tok)
+                    .map(|t| {
+                        (0..k.div_ceil(COEF_BLOCK))
+                            .map(|b| {
+                                (b * COEF_BLOCK..((b + 1) * COEF_BLOCK).min(k))
+                                    .map(|i| (c[t * k + i] as f64 * neuron_scale(&m, chosen[i] as usize)).abs())
+                                    .fold(0f64, f64::max)
+                            })
+                            .collect()
+                    })
+                    .collect();
                 for (pi, p) in panels.clone().enumerate() {
                     for t in 0..n_tok {
                         for col in 0..PANEL {
@@ -140,12 +151,8 @@ fn kernels_three_ways() {
                                 exact += ci * wv;
                                 mag += (ci * wv).abs();
                                 // |c·ns − d·q| ≤ d/2 with d = block amax / 127.
-                                let b = i / COEF_BLOCK;
-                                let blk = b * COEF_BLOCK..((b + 1) * COEF_BLOCK).min(k);
-                                let amax = blk
-                                    .map(|ii| (c[t * k + ii] as f64 * neuron_scale(&m, chosen[ii] as usize)).abs())
-                                    .fold(0f64, f64::max);
-                                bound += amax / 127.0 / 2.0 * (wv / neuron_scale(&m, j as usize)).abs();
+                                bound +=
+                                    amax[t][i / COEF_BLOCK] / 127.0 / 2.0 * (wv / neuron_scale(&m, j as usize)).abs();
                             }
                             let got = ys[(pi * n_tok + t) * PANEL + col] as f64;
                             assert!(
