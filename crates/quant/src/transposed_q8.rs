@@ -100,8 +100,9 @@ impl TransposedQ8 {
             let ir = if r > 0.0 { 1.0 / r } else { 0.0 };
             let (p, c) = (o / PANEL, o % PANEL);
             for (j, (v, i)) in row.iter().zip(&inv).enumerate() {
-                let q = (v * i * ir).round_ties_even().clamp(-127.0, 127.0) as i32;
-                data[(p * n_in + j) * PANEL + c] = (q + 128) as u8;
+                // Rounded half up: `floor(x + 128.5)` by truncation of a positive value (no libm
+                // call), the stored byte `q + 128` in 1..=255.
+                data[(p * n_in + j) * PANEL + c] = ((v * i * ir).clamp(-127.0, 127.0) + 128.5) as u8;
             }
         }
         Ok(TransposedQ8 { n_out, n_in, data, row_scale, neuron_scale })
