@@ -67,7 +67,21 @@ impl Engine {
     /// Bytes of the KV cache at the start of a sequence (its first page; it grows from there) and
     /// of the per-batch scratch buffers this engine allocates.
     pub fn kv_and_scratch_bytes(model: &Model, opts: &EngineOptions) -> u64 {
-        Self::kv_and_scratch_bytes_for(&model.config, opts)
+        Self::kv_and_scratch_bytes_for(&model.config, opts) + Self::sparse_block_bytes(model, opts)
+    }
+
+    /// With sparse prefill, a sparse block's working memory beyond the batch scratch: the chosen
+    /// neurons' gate and up values (a block's tokens × at most every neuron, twice) and the
+    /// compact matrix of their gate and up rows (at most every row: the layerwise schedule may
+    /// keep a whole layer).
+    pub fn sparse_block_bytes(model: &Model, opts: &EngineOptions) -> u64 {
+        if opts.prefill_sparsity <= 0.0 {
+            return 0;
+        }
+        let ff = model.config.n_ff as u64;
+        let values = crate::prefill::PREFILL_BLOCK as u64 * 2 * ff * 4;
+        let rows = model.layers.iter().map(|l| (l.w_gate.row_bytes + l.w_up.row_bytes) as u64 * ff).max().unwrap_or(0);
+        values + rows
     }
 
     /// [`Engine::kv_and_scratch_bytes`] from the model's configuration alone.

@@ -463,14 +463,9 @@ impl Engine {
         // Feed-forward (SwiGLU).
         let Engine { model, pool, s, .. } = self;
         rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
-        // Sparse prefill reads GGUF rows and pack columns directly: not under a memory budget
-        // (the tiered store's reads) yet.
-        if self.sparse_block
-            && self.store().is_none()
-            && !self.gpu_holds(l)
-            && self.ffn_observer.is_none()
-            && self.lora.is_none()
-        {
+        // A sparse prompt block's FFN (under a memory budget too: its rows and columns come
+        // through the tiered store).
+        if self.sparse_block && !self.gpu_holds(l) && self.ffn_observer.is_none() && self.lora.is_none() {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;

@@ -27,12 +27,15 @@
 //! sparse block's FFN output ([`crate::predictor::ExpertPredictors::compensate`]; off with
 //! [`Engine::set_prefill_compensator`]).
 //!
-//! Not yet under `--memory`: with a tiered store the blocks run dense.
+//! Under a memory budget (`--memory`, the tiered store) the gate and up rows stream through the
+//! store's prefill buffer as a dense batch's do (all of them are read, at 4 KiB granularity a
+//! half of the rows touches nearly every page; only the chosen ones are computed), and the down
+//! projection reads only the chosen neurons' columns, through the store's cache.
 
 use crate::forward::{Engine, EvalError};
 use crate::matmul::{matmul_many, MatJob};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::source::site_ops;
+use crate::source::{site_ops, SiteWeights};
 use crate::vecops;
 use sift_model::layout::OpKind;
 use sift_model::{Model, QTensor};
@@ -208,7 +211,7 @@ impl Engine {
     /// the GLU of the chosen neurons in `gs` (n × k).
     fn sparse_gate_up(&mut self, l: usize, n: usize, k: usize) -> Result<(), EvalError> {
         let e = self.model.config.n_embd;
-        let Engine { model, pool, s, prefill_scratch: p, .. } = self;
+        let Engine { model, pool, s, source, prefill_scratch: p, .. } = self;
         let lw = &model.layers[l];
         let (gate, up) = (&lw.w_gate, &lw.w_up);
         // The chosen rows of gate, then of up, side by side in `rows`. A repacked matrix (its
@@ -219,21 +222,43 @@ impl Engine {
         // Every byte of `rows[..gb + ub]`, and below every output of `gs` and `us`, is written
         // before it is read: grown, never cleared (clearing them was a `memset` per block).
         grow(&mut p.rows, gb + ub, 0);
-        let (gd, ud) = (model.data(gate), model.data(up));
-        let (gg, ug) = (gate.group_rows(), up.group_rows());
-        let (n_gate, n_up) = (k / gg, k / ug);
-        let units = &p.units;
-        let dst = SharedMut::new(&mut p.rows);
-        pool.for_each(n_gate + n_up, 8, &|range, _| {
-            let mut scratch = Vec::new();
-            for i in range {
-                let (w, data, at, oi, g) = if i < n_gate { (gate, gd, 0, i, gg) } else { (up, ud, gb, i - n_gate, ug) };
-                let rb = w.row_bytes;
-                // SAFETY: output group `oi` of this matrix owns bytes `at + oi·g·rb ..` of `rows`.
-                let out = unsafe { dst.slice(at + oi * g * rb..at + (oi + 1) * g * rb) };
-                gather_group(w, data, &units[oi * g..(oi + 1) * g], out, &mut scratch);
+        if source.store().is_some() {
+            // Under a memory budget the rows stream through the store's prefill buffer a chunk
+            // at a time (plain rows: nothing is repacked there); each chunk's chosen rows are
+            // copied to their places.
+            for part in 0.. {
+                match source.site(model, l, Site::FfnIn, n, None, part)? {
+                    None => break,
+                    Some(SiteWeights::RowChunk { file, op, w, row0 }) => {
+                        let (at, rb) = if op == 0 { (0, gate.row_bytes) } else { (gb, up.row_bytes) };
+                        let lo = p.units.partition_point(|&u| (u as usize) < row0);
+                        let hi = p.units.partition_point(|&u| (u as usize) < row0 + w.rows);
+                        for (i, &u) in p.units.iter().enumerate().take(hi).skip(lo) {
+                            let src = w.range.start + (u as usize - row0) * rb;
+                            p.rows[at + i * rb..at + (i + 1) * rb].copy_from_slice(&file[src..src + rb]);
+                        }
+                    }
+                    Some(_) => unreachable!("a budgeted store streams a batch's rows"),
+                }
             }
-        });
+        } else {
+            let (gd, ud) = (model.data(gate), model.data(up));
+            let (gg, ug) = (gate.group_rows(), up.group_rows());
+            let (n_gate, n_up) = (k / gg, k / ug);
+            let units = &p.units;
+            let dst = SharedMut::new(&mut p.rows);
+            pool.for_each(n_gate + n_up, 8, &|range, _| {
+                let mut scratch = Vec::new();
+                for i in range {
+                    let (w, data, at, oi, g) =
+                        if i < n_gate { (gate, gd, 0, i, gg) } else { (up, ud, gb, i - n_gate, ug) };
+                    let rb = w.row_bytes;
+                    // SAFETY: output group `oi` of this matrix owns bytes `at + oi·g·rb ..` of `rows`.
+                    let out = unsafe { dst.slice(at + oi * g * rb..at + (oi + 1) * g * rb) };
+                    gather_group(w, data, &units[oi * g..(oi + 1) * g], out, &mut scratch);
+                }
+            });
+        }
         let cg = QTensor { rows: k, range: 0..gb, ..gate.clone() };
         let cu = QTensor { rows: k, range: gb..gb + ub, ..up.clone() };
         let ws: Vec<&QTensor> = site_ops(Site::FfnIn).iter().map(|&op| lw.op(op)).collect();
@@ -255,9 +280,13 @@ impl Engine {
             return Ok(());
         }
         let cols = self.model.columns.as_ref().map(|c| c.layers[l].op(OpKind::Down).clone());
+        let exact = cols.as_ref().is_some_and(|t| matches!(t.ty, ColFormat::Exact(_)));
+        if self.store().is_some() && exact {
+            return self.down_from_store(l, n, k, e);
+        }
         let positions = self.model.columns.as_ref().and_then(|c| c.layers[l].positions(OpKind::Down).cloned());
         match cols {
-            Some(t) if matches!(t.ty, ColFormat::Exact(_)) => {
+            Some(t) if exact && self.store().is_none() => {
                 let ColFormat::Exact(fmt) = t.ty else { unreachable!() };
                 let Engine { model, pool, s, prefill_scratch: p, .. } = self;
                 let file = model.pack_bytes();
@@ -303,6 +332,52 @@ impl Engine {
 }
 
 impl Engine {
+    /// Down over the chosen neurons under a memory budget: their columns come through the tiered
+    /// store's cache, as a decoded token's do (only those columns are read; they stay cached for
+    /// the tokens that follow), in as many parts as its transient area needs, each through the
+    /// many-token column kernel.
+    fn down_from_store(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
+        let Engine { model, pool, s, source, stats, prefill_scratch: p, .. } = self;
+        let y_all = &mut s.o[..n * e];
+        y_all.fill(0.0);
+        let mut done = 0;
+        for part in 0.. {
+            let Some(weights) = source.site(model, l, Site::FfnMid, 1, Some(&p.units[..]), part)? else {
+                break;
+            };
+            let SiteWeights::Columns { units, parts } = weights else {
+                unreachable!("a budgeted store gives a lone token's columns");
+            };
+            let cp = &parts[0];
+            let ColFormat::Exact(fmt) = cp.op.ty else {
+                unreachable!("checked by the caller: the pack's down is exact");
+            };
+            let m = ExactMatrix { fmt, n_out: cp.op.n_out, n_in: cp.op.n_in, cols: cp.data, scales: cp.scales };
+            // These units' coefficients, token after token.
+            let len = units.len();
+            p.us.clear();
+            for t in 0..n {
+                p.us.extend_from_slice(&p.gs[t * k + done..t * k + done + len]);
+            }
+            stats.column_bytes += cp.op.bytes(len) as u64;
+            let kernel = axpy_exact_tokens_fn(fmt, Isa::detect());
+            let out = SharedMut::new(&mut *y_all);
+            let (idx, coef) = (cp.idx, &p.us);
+            let per_item = 4 * n.div_ceil(4 * pool.n_threads()).max(1);
+            pool.for_each(n.div_ceil(per_item), 1, &|range, _| {
+                for it in range {
+                    let (t0, t1) = (it * per_item, ((it + 1) * per_item).min(n));
+                    // SAFETY: tokens `t0..t1`'s outputs belong to this item only.
+                    let y = unsafe { out.slice(t0 * e..t1 * e) };
+                    kernel(&m, idx, units, &coef[t0 * len..t1 * len], t1 - t0, 0..e / 32, y, e);
+                }
+            });
+            done += len;
+        }
+        debug_assert_eq!(done, k, "every chosen neuron's column");
+        Ok(())
+    }
+
     /// Down over the chosen neurons from the layer's 8-bit copy `w`: the GLU (`gs`, n × k)
     /// quantized per token on the pool, then the output panels spread over the threads, then
     /// put back token-major in `s.o`.

@@ -572,3 +572,55 @@ fn test_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// FastForward's sparse prefill under a budget: the same neurons (random masks: seeded per block
+/// and layer) computed from rows streamed through the store and the chosen down columns read
+/// through its cache give, bit for bit, what the pack in memory gives (the same kernels on the
+/// same bytes), with a whole cache and with 16 MiB (the KV cache of 300 positions takes 11 of them); and
+/// the middle block is sparse.
+#[test]
+fn sparse_prefill_under_a_budget_equals_sparse_prefill_in_memory() {
+    use sift_engine::prefill::PrefillMasks;
+    let model = sift_model::Model::load(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let ids = tok.encode(&text, true, false).unwrap()[..300].to_vec();
+    let opts = |sparsity: f32| EngineOptions {
+        n_threads: 2,
+        n_ctx: 512,
+        n_batch: 512,
+        prefill_sparsity: sparsity,
+        prefill_masks: PrefillMasks::Random,
+        ..EngineOptions::default()
+    };
+    let mut mem = Engine::new(sift_store::open_model(pack()).unwrap(), &opts(0.5));
+    let want = mem.eval(&ids, Logits::Last).unwrap().to_vec();
+    assert_eq!(mem.sparsity_stats().prefill_neurons[1], (128 * 30 * 1536) as u64, "one sparse block");
+    let budgeted_with = |cache: u64, sparsity: f32| {
+        let t = TieredOptions { policy: Policy::Lfu, preload: 0, ..TieredOptions::default() };
+        let model = open_budgeted(pack(), &t).unwrap();
+        let kv = Engine::kv_and_scratch_bytes(&model, &opts(sparsity));
+        let inputs = |budget| PlanInputs { budget, runtime: 0, kv_and_scratch: kv };
+        let fixed = TieredStore::new(&model, pack(), &t, &inputs(u64::MAX / 4)).unwrap().plan.fixed();
+        let store = TieredStore::new(&model, pack(), &t, &inputs(fixed + cache)).unwrap();
+        let mut e = Engine::new(model, &opts(sparsity));
+        e.attach_store(store).unwrap();
+        e
+    };
+    for cache in [1u64 << 30, 16 << 20] {
+        let mut e = budgeted_with(cache, 0.5);
+        let got = e.eval(&ids, Logits::Last).unwrap().to_vec();
+        assert!(got == want, "cache {cache}: the budgeted sparse prefill differs");
+        let st = e.sparsity_stats().prefill_neurons;
+        assert_eq!(st[0] * 2, st[1], "cache {cache}: half the neurons of the sparse block");
+        assert!(e.store().unwrap().stats().bytes_ondemand > 0, "cache {cache}: columns read for down");
+    }
+    // And sparse prefill changed the result: the dense prefill under the same budget differs.
+    let mut dense = budgeted_with(1 << 30, 0.0);
+    let d = dense.eval(&ids, Logits::Last).unwrap().to_vec();
+    let max = d.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max > 1e-3, "sparse prefill under a budget gave the dense logits");
+    // The sparse block's working memory is counted in the budget's fixed needs.
+    let m = open_budgeted(pack(), &TieredOptions::default()).unwrap();
+    assert!(Engine::kv_and_scratch_bytes(&m, &opts(0.5)) > Engine::kv_and_scratch_bytes(&m, &opts(0.0)));
+}

@@ -18,7 +18,7 @@ use sift_sim::profile::DeviceProfile;
 use sift_store::cache::Policy;
 use sift_store::tiered::{open_budgeted_checked, resident_bytes, PlanInputs, TieredOptions, TieredStore};
 use sift_store::OpKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A model ready to run with everything its options asked for.
@@ -111,8 +111,13 @@ impl Session {
 
 /// Loads the expert predictor sparse prefill uses: `--prefill-predictor`, else the side file
 /// beside the model (or beside a pack's GGUF). With `--prefill-masks auto` a model without one
-/// keeps the oracle masks; with `predicted` a missing or unusable one is an error.
-fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &SparsityOptions) -> anyhow::Result<()> {
+/// keeps the oracle masks; with `predicted` a missing or unusable one is an error. (Loaded before
+/// a budget is planned: its memory is counted with the runtime's.)
+fn load_prefill_predictor(
+    model: &Model,
+    path: &Path,
+    sparsity: &SparsityOptions,
+) -> anyhow::Result<Option<(PathBuf, sift_engine::predictor::ExpertPredictors)>> {
     use sift_engine::predictor::{default_path, ExpertPredictors};
     use sift_engine::prefill::PrefillMasks;
     let wanted = sparsity.prefill_masks;
@@ -120,11 +125,11 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
     if sparsity.prefill_sparsity <= 0.0
         || !(matches!(wanted, None | Some(PrefillMasks::Predicted)) || sparsity.prefill_predictor.is_some())
     {
-        return Ok(());
+        return Ok(None);
     }
     let found = match &sparsity.prefill_predictor {
         Some(p) => Some(p.clone()),
-        None => [default_path(path), default_path(engine.model.file.path())].into_iter().find(|p| p.exists()),
+        None => [default_path(path), default_path(model.file.path())].into_iter().find(|p| p.exists()),
     };
     let Some(file) = found else {
         anyhow::ensure!(
@@ -133,9 +138,24 @@ fn attach_prefill_predictor(engine: &mut Engine, path: &Path, sparsity: &Sparsit
             path.display(),
             path.display()
         );
+        return Ok(None);
+    };
+    let p = ExpertPredictors::load(&file, model)?;
+    Ok(Some((file, p)))
+}
+
+/// Puts a predictor [`load_prefill_predictor`] found on the engine, with its compensator and
+/// schedule as the flags say, and says so.
+fn attach_prefill_predictor(
+    engine: &mut Engine,
+    loaded: Option<(PathBuf, sift_engine::predictor::ExpertPredictors)>,
+    sparsity: &SparsityOptions,
+) -> anyhow::Result<()> {
+    use sift_engine::prefill::PrefillMasks;
+    let Some((file, p)) = loaded else {
         return Ok(());
     };
-    let p = ExpertPredictors::load(&file, &engine.model)?;
+    let wanted = sparsity.prefill_masks;
     let on = sparsity.prefill_compensator.unwrap_or(p.header.comp_on);
     engine.set_prefill_compensator(on);
     let why = match (sparsity.prefill_compensator, p.header.comp_check) {
@@ -325,11 +345,12 @@ fn build_engine(
         Some(p) => Some(std::sync::Arc::new(sift_engine::lora::LoraAdapters::load(p, &model)?)),
         None => None,
     };
+    let predictor = load_prefill_predictor(&model, path, sparsity)?;
     let Some(spec) = &memory.memory else {
         let mut engine = Engine::new(model, eo);
         engine.set_lora(lora);
         sparsity.apply(&mut engine)?;
-        attach_prefill_predictor(&mut engine, path, sparsity)?;
+        attach_prefill_predictor(&mut engine, predictor, sparsity)?;
         attach_prefill_down(&mut engine, sparsity)?;
         attach_gpu(&mut engine, &memory.gpu)?;
         return Ok((engine, None, None));
@@ -363,6 +384,7 @@ fn build_engine(
     engine.set_lora(lora);
     engine.attach_store(store)?;
     sparsity.apply(&mut engine)?;
+    attach_prefill_predictor(&mut engine, predictor, &sparsity)?;
     Ok((engine, planned, Some(profile)))
 }
 
