@@ -98,6 +98,11 @@ impl DownCopy {
         Isa::detect() >= Isa::Avx512Vnni && model.config.n_embd.is_multiple_of(PANEL)
     }
 
+    /// Bytes the copy of `model`'s down projections would hold (before making it).
+    pub fn bytes_for(model: &Model) -> u64 {
+        model.layers.iter().map(|l| (l.w_down.rows * l.w_down.cols + 4 * (l.w_down.rows + l.w_down.cols)) as u64).sum()
+    }
+
     /// Dequantizes and copies every layer's `ffn_down` (the layers spread over the pool).
     pub fn build(model: &Model, pool: &ThreadPool) -> Result<DownCopy, ShapeError> {
         let n = model.layers.len();

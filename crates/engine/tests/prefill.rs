@@ -136,6 +136,7 @@ fn the_sparse_block_on_the_down_copy_equals_the_masked_dense_ffn() {
     }
     // 30 layers of 576 × 1536 bytes, with a scale per row and per neuron.
     assert_eq!(bytes, 30 * (576 * 1536 + 4 * (576 + 1536)));
+    assert_eq!(bytes as u64, sift_engine::prefill::DownCopy::bytes_for(&e.model), "the size said before making it");
     let got = last_logits(&mut e, &ids);
     // Stated tolerance as for the columns (measured well below it: the copy rounds each stored
     // weight to 8 bits over two scales, and each coefficient as the dense path's activations).

@@ -112,6 +112,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     status_bytes("VmHWM:")
 }
 
+/// Memory the OS says it can give without swapping (`MemAvailable`), in bytes, if it says.
+pub fn available_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// A `/proc/self/status` field given in kB, in bytes.
 fn status_bytes(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -199,6 +199,17 @@ fn attach_prefill_down(engine: &mut Engine, sparsity: &SparsityOptions) -> anyho
     if sparsity.prefill_sparsity <= 0.0 || sparsity.prefill_down != "copy" || sparsity.lora.is_some() {
         return Ok(());
     }
+    // The copy is an extra byte per weight: never where the machine cannot hold it (with room
+    // to spare for the rest of the run).
+    let need = sift_engine::prefill::DownCopy::bytes_for(&engine.model);
+    if let Some(free) = crate::budget::available_bytes().filter(|&free| need > free / 2) {
+        eprintln!(
+            "sift: sparse prefill reads the pack's columns: the 8-bit copy of the down projections ({}) would take more than half of the {} this machine has available",
+            mib(need),
+            mib(free)
+        );
+        return Ok(());
+    }
     let t = std::time::Instant::now();
     let bytes = engine.set_prefill_down_copy(true).context("--prefill-down copy")?;
     if bytes > 0 {
