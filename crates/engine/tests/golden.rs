@@ -65,6 +65,17 @@
 //! second to sixth token. Against llama.cpp (tests/reference.rs) the dense logits stay within the
 //! same tolerance; WikiText-2 perplexity (`-c 512 --chunks 10`) dense 26.7092 → 26.7112, DIP 0.5
 //! on the columns 42.24 → 41.35.
+//!
+//! Re-blessed at session 18 (issues 17 and 18), a declared change in most paths: a row's online
+//! softmax update over a tile runs in one pass over registers on AVX-512
+//! (`attention::softmax`: the exponential with fused multiply-adds, the sum of weights as a tree).
+//! The dense paths keep their tokens (top logits within 0.46); the sparse paths at 0.5 diverge at
+//! SmolLM2's near ties from their second to seventh token; five paths kept every bit. What last
+//! bits do to perplexity on this model is itself measurable: with the old exponential, a sum
+//! that only adds a tile's last partial vector in its lanes instead of one by one gave WikiText-2
+//! (`-c 512 --chunks 10`) 26.7098, and the tree sum 26.7584, against 26.7112 before (±0.2 % from
+//! the order of additions alone); the new step gives 26.7549. Against llama.cpp
+//! (tests/reference.rs) the dense logits stay within the same tolerance.
 
 use serde_json::{json, Value};
 use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};

@@ -75,17 +75,22 @@ fn exact_columns_run_like_the_gguf() {
     // block for the dense kernels; for the column kernels f32 (CPUs without AVX-512 VBMI) or 8 bits
     // per group of a block's active inputs cut at 64-entry pieces (`sift_quant::exact_q8`), whose
     // boundaries move with the one input the selector drops, so the two roundings are
-    // independent. Stated tolerance: max |diff| <= 1.6, mean <= 0.5 over the 49152 logits of each
-    // step (they span about ±25). Measured: f32 columns max 0.45-0.81, mean 0.08-0.24; 8-bit
-    // columns max 0.50-1.03, mean 0.14-0.43 (re-quantized Q8_0 columns: max 0.6-1.2, mean
-    // 0.1-0.52).
+    // independent. Stated tolerance, over the 49152 logits of each step (they span about ±25)
+    // less their mean difference: max |diff| <= 1.2, mean <= 0.25. Measured on the raw logits
+    // before: f32 columns max 0.45-0.81, mean 0.08-0.24; 8-bit columns max 0.50-1.03, mean
+    // 0.14-0.43 (re-quantized Q8_0 columns: max 0.6-1.2, mean 0.1-0.52); centred (session 18):
+    // 8-bit columns max 0.43-0.69, mean 0.08-0.14, with shifts of -0.83 to 0.22, which the raw
+    // bound (mean <= 0.5) had let pass until a last-bit change in attention moved one to -0.83.
     p.set_selector(topk(&p, 1e-6));
     let got = decode_logits(&mut p, 6);
     for (a, b) in got.iter().zip(&want) {
-        let max = max_abs_diff(a, b);
-        let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
-        eprintln!("exact columns vs dense: max {max}, mean {mean}");
-        assert!(max <= 1.6 && mean <= 0.5, "exact columns vs dense: max {max}, mean {mean}");
+        // A shift of every logit by one constant changes no probability (and the two roundings
+        // move the final norm's output along the output matrix's mean row): compared centred.
+        let shift = a.iter().zip(b).map(|(x, y)| x - y).sum::<f32>() / a.len() as f32;
+        let d: Vec<f32> = a.iter().zip(b).map(|(x, y)| (x - y - shift).abs()).collect();
+        let (max, mean) = (d.iter().copied().fold(0.0, f32::max), d.iter().sum::<f32>() / d.len() as f32);
+        eprintln!("exact columns vs dense: shift {shift}, centred max {max}, mean {mean}");
+        assert!(max <= 1.2 && mean <= 0.25, "exact columns vs dense: shift {shift}, centred max {max}, mean {mean}");
     }
     assert!(p.sparsity_stats().column_bytes > 0, "the column kernels ran");
 }

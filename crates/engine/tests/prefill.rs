@@ -60,9 +60,13 @@ fn last_logits(e: &mut Engine, ids: &[u32]) -> Vec<f32> {
 }
 
 /// Max and mean |a − b|.
+/// Max and mean |a − b| over the logits less their mean difference: a shift of every logit by one
+/// constant changes no probability (and roundings in other places move the final norm's output
+/// along the output matrix's mean row; tests/pack.rs measured shifts up to 0.83).
 fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
-    let max = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    let mean = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
+    let shift = a.iter().zip(b).map(|(x, y)| x - y).sum::<f32>() / a.len() as f32;
+    let max = a.iter().zip(b).map(|(x, y)| (x - y - shift).abs()).fold(0f32, f32::max);
+    let mean = a.iter().zip(b).map(|(x, y)| (x - y - shift).abs()).sum::<f32>() / a.len() as f32;
     (max, mean)
 }
 
@@ -83,9 +87,9 @@ fn keeping_every_neuron_gives_the_dense_prefill() {
     let (max, _) = diff(&last_logits(&mut blocks, &ids), &want);
     assert!(max <= 1e-3, "dense prefill in 128-token blocks differs by {max}");
     // Every neuron kept (ratio 1e-6 rounds to none skipped) through the sparse block's path: the
-    // middle block's down runs on the pack's columns with 8-bit coefficients. Stated tolerance (as
-    // `tests/pack.rs` states it for the column kernels against the dense ones): max 1.6, mean 0.5
-    // over the 49152 logits; the same top token.
+    // middle block's down runs on the pack's columns with 8-bit coefficients. Stated tolerance:
+    // max 1.6, mean 0.5 over the 49152 logits less their mean difference ([`diff`]; measured
+    // 0.69 and 0.09); the same top token.
     for masks in [PrefillMasks::Oracle, PrefillMasks::Random] {
         let mut e = Engine::new(open_model(&p).unwrap(), &opts(1e-6, masks, 512));
         let got = last_logits(&mut e, &ids);

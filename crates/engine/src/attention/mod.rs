@@ -20,16 +20,20 @@
 //! rounds with the same relative precision (on SmolLM2 this keeps the logits as close to
 //! llama.cpp's as the two-pass softmax was: max |diff| 0.57–0.72 over four prompts, against
 //! 0.47–1.07 unrounded). Keys and values of a q8_0 cache are dequantized into the tiles.
+//!
+//! A row's softmax update over a tile (maximum, rescaling, weights, their sum and f16 rounding)
+//! runs in one pass over registers ([`softmax`]).
 
 mod kernels;
+mod softmax;
 
 pub(crate) use kernels::TILE_K;
 
 use crate::kv::{load_tile, KvCache, KV_PAGE};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::vecops::{exp_shifted_sum, max_value};
 use kernels::{tile_scores_rows, tile_values_rows, ROWS};
 use sift_model::{Config, RopeStyle};
+use softmax::softmax_step;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Query tokens per work item of a batch.
@@ -317,20 +321,8 @@ impl Item<'_> {
                 tile_scores_rows(&q[r0 * hd..r1 * hd], hd, kt, sr);
                 for (k, r) in (r0..r1).enumerate() {
                     let s = &mut sr[k * TILE_K..k * TILE_K + seen];
-                    let mt = max_value(s);
                     let o = &mut chunk.o[r * hd..(r + 1) * hd];
-                    if mt > chunk.m[r] {
-                        let corr = (chunk.m[r] - mt).exp();
-                        chunk.l[r] *= corr;
-                        for v in o.iter_mut() {
-                            *v *= corr;
-                        }
-                        chunk.m[r] = mt;
-                    }
-                    chunk.l[r] += exp_shifted_sum(s, chunk.m[r]);
-                    if round_weights {
-                        round_to_f16(s);
-                    }
+                    softmax_step(s, &mut chunk.m[r], &mut chunk.l[r], o, round_weights);
                 }
                 tile_values_rows(sr, seen, vt, hd, &mut chunk.o[r0 * hd..r1 * hd]);
                 r0 = r1;
