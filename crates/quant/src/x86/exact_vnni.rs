@@ -27,11 +27,13 @@
 //! integer sums are kept between its passes in a per-chunk scratch, and the next pass's columns
 //! (into L2) and the scales it will apply are prefetched in step, one pass ahead.
 //!
-//! Measured (`cargo bench -p sift-quant --bench exact`, one thread, Zen 4): 1.2-1.6× the f32
-//! kernel where the matrix is in cache or the columns are short (Q5_0 4864×896, Q6_K 1536×8960),
-//! 1.15-1.3× on the 1.5B's Q4_K `ffn_up` read from DRAM; on a large Q4_1 matrix streamed from DRAM
-//! with every column active it is 0.87× (many concurrent column streams). Passes of 2 or 8 quads,
-//! or prefetching into L1 or not at all, measured slower in `sift bench` decode.
+//! Measured (`cargo bench -p sift-quant --bench exact`, one thread, Zen 4, columns 64-byte
+//! aligned as in a pack): 1.4-2.2× the f32 kernel; on the 1.5B's Q4_K `ffn_up` read from DRAM,
+//! 298 / 189 / 129 µs at 0 / 50 / 75 % of the inputs skipped. Within a pass the integer sums of
+//! 128 rows stay in registers and go to memory between passes, so passes of 8 quads (32 column
+//! streams) halve that traffic against 4 (−20 % time in the kernel bench, +1-2 % in `sift bench`
+//! decode, where the memory bounds it; with the earlier kernel 8 measured slower). Prefetching
+//! into L1 or not at all measured slower in `sift bench` decode.
 //!
 //! # Safety invariant
 //!
@@ -267,8 +269,8 @@ const IDX_ROWS4: [[u8; 64]; 8] =
 /// The integers of one 4-bit quad over four chunks (128 rows), from one 64-byte load per column:
 /// in-lane byte and word unpacks put, in 128-bit lane `k` (chunk `k`), dword `m` of slot `2j`
 /// row `4j + m`'s four integers (low nibbles) and of slot `2j + 1` row `16 + 4j + m`'s (high
-/// nibbles). Against four [`load_quad`]s: 4 loads and 8 unpacks instead of 16 loads, 12 inserts
-/// and 4 `vpermb`, and 8 masks/shifts either way.
+/// nibbles, kept in place: 16 × each integer). Against four [`load_quad`]s: 4 loads and 8
+/// unpacks instead of 16 loads, 12 inserts and 4 `vpermb`, and 8 masks and no shift.
 ///
 /// # Safety
 /// AVX-512 F/BW present; `p[j] + off .. + 64` readable for every `j`.
@@ -286,9 +288,11 @@ unsafe fn load_quad4(p: &[*const u8; 4], off: usize) -> [__m512i; 8] {
         _mm512_unpacklo_epi16(ab_hi, cd_hi),
         _mm512_unpackhi_epi16(ab_hi, cd_hi),
     ];
-    let m = _mm512_set1_epi8(15);
+    // High nibbles stay in place (16 × the integer): no shift; [`four_chunks`] takes the 16 out
+    // of the f32 scale, exactly.
+    let (m, mh) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8));
     let lo = |v: __m512i| _mm512_and_si512(v, m);
-    let hi = |v: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+    let hi = |v: __m512i| _mm512_and_si512(v, mh);
     [lo(w[0]), hi(w[0]), lo(w[1]), hi(w[1]), lo(w[2]), hi(w[2]), lo(w[3]), hi(w[3])]
 }
 
@@ -361,12 +365,15 @@ struct Group {
     y_off: usize,
     /// `ΣC` of its (only) run, for the legacy formats' offset term.
     sum_c: i32,
+    /// Its runs (indices into [`Plan::runs`]).
+    run0: usize,
+    run1: usize,
 }
 
 /// Quads per pass: each pass streams through `4 · PASS_QUADS` columns at once (and prefetches as
-/// many), few enough for the TLB and the hardware prefetchers; a group's integer sums are kept
+/// many), few enough for the TLB and the hardware prefetchers (module docs); a group's integer sums are kept
 /// between its passes (exact, so the passes change nothing in the result).
-const PASS_QUADS: usize = 4;
+const PASS_QUADS: usize = 8;
 
 /// A call's work laid out before any column is read, and the integer sums kept between passes.
 #[derive(Default)]
@@ -429,7 +436,8 @@ impl Plan {
                 self.runs.push(Run { q0, q1: self.quads.len(), sum_c, sub_at });
             }
             let group = self.groups.len();
-            self.groups.push(Group { s, base, y_off: piece_offset(g0, y_len, width), sum_c: sum_c_first });
+            let (run0, run1) = (run_start, self.runs.len());
+            self.groups.push(Group { s, base, y_off: piece_offset(g0, y_len, width), sum_c: sum_c_first, run0, run1 });
             // Passes of whole runs, up to PASS_QUADS quads; a longer run is cut into passes of
             // PASS_QUADS (its partial sums kept between them).
             let q_end = self.quads.len();
@@ -674,18 +682,16 @@ unsafe fn four_chunks<const SUB: u8, const OFF: bool>(
     // SAFETY: as for `ld`.
     let st = |r: usize, s: usize, v: __m512i| unsafe { _mm512_storeu_si512(sums.add(at(r, s)) as *mut __m512i, v) };
     let z = _mm512_setzero_si512();
-    let (mut acc, mut macc) = if pass.first || SUB == 0 {
-        ([z; 8], [z; 8])
-    } else if OFF {
-        (std::array::from_fn(|s| ld(1, s)), std::array::from_fn(|s| ld(2, s)))
-    } else {
-        (std::array::from_fn(|s| ld(1, s)), [z; 8])
-    };
+    let mut acc = if pass.first || SUB == 0 { [z; 8] } else { std::array::from_fn(|s| ld(1, s)) };
     let mut q = pass.q0;
     while q < pass.q1 {
         let run = runs[quads[q].run];
-        let mut t: [__m512i; 8] =
-            if q == run.q0 { [_mm512_set1_epi32(-zero * run.sum_c); 8] } else { std::array::from_fn(|s| ld(0, s)) };
+        // Odd slots (high nibbles) sum 16 × their integers, the zero point's term too.
+        let mut t: [__m512i; 8] = if q == run.q0 {
+            std::array::from_fn(|s| _mm512_set1_epi32(-zero * run.sum_c * if s % 2 == 1 { 16 } else { 1 }))
+        } else {
+            std::array::from_fn(|s| ld(0, s))
+        };
         let qe = run.q1.min(pass.q1);
         for qd in &quads[q..qe] {
             // SAFETY: `ch + 4 ≤ n_out / 32`: chunks `ch .. ch + 4` (64 bytes) of checked columns.
@@ -709,36 +715,45 @@ unsafe fn four_chunks<const SUB: u8, const OFF: bool>(
         }
         // SAFETY: rows `32ch .. 32ch + 128 ≤ n_out`: the run's sub-scale (and sub-offset) bytes
         // of those rows lie within its super-block's record (module docs).
-        let (s0, s1, m0, m1) = unsafe {
-            let p = scales.add(run.sub_at + 32 * ch);
-            let l = |p: *const u8| _mm512_loadu_si512(p as *const __m512i);
-            let (m0, m1) = if OFF { (l(p.add(n_out)), l(p.add(n_out + 64))) } else { (z, z) };
-            (l(p), l(p.add(64)), m0, m1)
-        };
-        let sum_c = _mm512_set1_epi32(run.sum_c);
+        let p = scales.wrapping_add(run.sub_at + 32 * ch);
+        // SAFETY: as above (128 sub-scale bytes from `p`).
+        let (s0, s1) =
+            unsafe { (_mm512_loadu_si512(p as *const __m512i), _mm512_loadu_si512(p.add(64) as *const __m512i)) };
         for s in 0..8 {
             let sc = if SUB == 2 { rows4::<true>(s0, s1, s) } else { rows4::<false>(s0, s1, s) };
             acc[s] = _mm512_add_epi32(acc[s], _mm512_mullo_epi32(sc, t[s]));
-            if OFF {
-                macc[s] = _mm512_add_epi32(macc[s], _mm512_mullo_epi32(rows4::<false>(m0, m1, s), sum_c));
-            }
         }
     }
     if !pass.last {
         if SUB != 0 {
-            for s in 0..8 {
-                st(1, s, acc[s]);
-                if OFF {
-                    st(2, s, macc[s]);
-                }
+            for (s, &v) in acc.iter().enumerate() {
+                st(1, s, v);
             }
         }
         return;
     }
+    // The sub-offsets' term `Σ_run M_run·ΣC_run` in row order (`macc[k]`: rows `16k .. 16k + 16`
+    // of the four chunks), straight from the bytes once the group's last pass is here: it does
+    // not depend on the columns, so it is not carried between passes.
+    let mut macc = [z; 8];
+    if OFF && SUB != 0 {
+        for run in &runs[g.run0..g.run1] {
+            let sum_c = _mm512_set1_epi32(run.sum_c);
+            let p = scales.wrapping_add(run.sub_at + n_out + 32 * ch);
+            for (k, m) in macc.iter_mut().enumerate() {
+                // SAFETY: rows `32ch + 16k .. + 16 ≤ n_out`: within the run's sub-offset bytes.
+                let mv = unsafe { bytes16::<false>(p.add(16 * k)) };
+                *m = _mm512_add_epi32(*m, _mm512_mullo_epi32(mv, sum_c));
+            }
+        }
+    }
     let sv = _mm512_set1_ps(g.s);
     for h in 0..2 {
         let a = rows_in_order([acc[h], acc[2 + h], acc[4 + h], acc[6 + h]]);
-        let mm = if OFF && SUB != 0 { rows_in_order([macc[h], macc[2 + h], macc[4 + h], macc[6 + h]]) } else { [z; 4] };
+        // High-nibble rows (`h = 1`) summed 16 × their integers: `(d·s/16)·(16·acc)` is
+        // `(d·s)·acc` to the bit (scaling by powers of two is exact, and 16 × a group's sum stays
+        // below 2³¹: at most 128 inputs × 15 × 127 × 63 × 16), so the 16 comes out of the scale.
+        let sd = if h == 1 { _mm512_set1_ps(g.s / 16.0) } else { sv };
         for k in 0..4 {
             let r = (ch + k) * 32 + 16 * h;
             let yi = g.y_off + (ci + k) * 32 + 16 * h;
@@ -748,11 +763,12 @@ unsafe fn four_chunks<const SUB: u8, const OFF: bool>(
             unsafe {
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g.base + 2 * r) as *const __m256i));
                 let yk = yp.add(yi);
-                let mut v = _mm512_fmadd_ps(_mm512_mul_ps(d, sv), _mm512_cvtepi32_ps(a[k]), _mm512_loadu_ps(yk));
+                let mut v = _mm512_fmadd_ps(_mm512_mul_ps(d, sd), _mm512_cvtepi32_ps(a[k]), _mm512_loadu_ps(yk));
                 if OFF {
                     let b =
                         _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g.base + 2 * n_out + 2 * r) as *const __m256i));
-                    let mv = if SUB == 0 { _mm512_set1_ps(g.sum_c as f32) } else { _mm512_cvtepi32_ps(mm[k]) };
+                    let mv =
+                        if SUB == 0 { _mm512_set1_ps(g.sum_c as f32) } else { _mm512_cvtepi32_ps(macc[2 * k + h]) };
                     v = _mm512_fmadd_ps(_mm512_mul_ps(b, sv), mv, v);
                 }
                 _mm512_storeu_ps(yk, v);
