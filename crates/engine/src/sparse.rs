@@ -9,6 +9,7 @@
 //! Exact columns (`sift_quant::exact`) also read the op's scale plane, which stays in memory.
 
 use crate::pool::{SharedMut, ThreadPool};
+use crate::vecops;
 use sift_model::layout::{ColumnTensor, UnitPositions};
 use sift_quant::{axpy_cols_batch, axpy_exact_batch, AxpyColsFn, ColFormat, ColMatrix, ExactAxpyFn, ExactMatrix, Isa};
 
@@ -206,17 +207,14 @@ pub fn column_matmul_part(
         let (n, off) = (lens[ji], offsets[ji]);
         // SAFETY: output range `a..b` of job `ji` belongs to this item only.
         let out = unsafe { outs[ji].slice(a..b) };
+        // (`vecops::add_assign`: the widest vectors of the CPU; the same sums in the same order.)
         if accumulate {
-            for (o, v) in out.iter_mut().zip(&sums[off + a..off + b]) {
-                *o += v;
-            }
+            vecops::add_assign(out, &sums[off + a..off + b]);
         } else {
             out.copy_from_slice(&sums[off + a..off + b]);
         }
         for p in 1..pieces {
-            for (o, v) in out.iter_mut().zip(&sums[off + p * n + a..off + p * n + b]) {
-                *o += v;
-            }
+            vecops::add_assign(out, &sums[off + p * n + a..off + p * n + b]);
         }
     };
     if total < 8 * REDUCE_BLOCK {
