@@ -59,6 +59,10 @@ pub struct TrainDistillArgs {
     /// Optimizer steps (AdamW)
     #[arg(long = "steps", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub steps: u32,
+    /// Windows per optimizer step: their gradients are averaged (a batch of N windows at the
+    /// memory of one; each step costs N windows' time)
+    #[arg(long = "accumulate", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub accumulate: u32,
     /// Learning rate
     #[arg(long = "lr", default_value_t = 1e-3, value_parser = sift_session::ranges::learning_rate)]
     pub lr: f64,
@@ -477,7 +481,7 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
             method: method.to_string(),
             ratio: sparsity.ratio as f32,
             steps: adam.step,
-            tokens: adam.step * seq as u64,
+            tokens: adam.step * (seq * a.accumulate as usize) as u64,
             seed: a.seed,
             loss,
         };
@@ -491,14 +495,14 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     let mut last = f32::NAN;
     while finished < steps {
         let n = every.min(steps - finished);
-        let o = DistillOptions { steps: n, seq, seed: a.seed };
+        let o = DistillOptions { steps: n, seq, seed: a.seed, accumulate: a.accumulate as usize };
         last =
             train(&student, &plain, selector.as_mut(), &lora, &mut adam, &tokens, &o, &mut teacher, &mut |k, loss| {
                 let k = (k - first) as usize;
-                let rate = (k * seq) as f64 / t1.elapsed().as_secs_f64();
+                let rate = (k * seq * a.accumulate as usize) as f64 / t1.elapsed().as_secs_f64();
                 eprint!(
                     "\rsift: step {k}/{steps} KL {loss:.4} ({rate:.0} tokens/s, {:.0} s left)   ",
-                    (steps - k) as f64 * seq as f64 / rate
+                    (steps - k) as f64 * (seq * a.accumulate as usize) as f64 / rate
                 );
                 let _ = std::io::stderr().flush();
                 Ok(())
@@ -509,7 +513,7 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     eprintln!(
         "\nsift: {} steps ({} tokens) in {:.0} s, final KL {last:.4} (mean of the last tenth); adapters written to '{}' (optimizer state: '{}')",
         steps,
-        steps * seq,
+        steps * seq * a.accumulate as usize,
         t1.elapsed().as_secs_f64(),
         out.display(),
         adam_path(&out).display()

@@ -386,12 +386,18 @@ impl Adam {
     /// One update of `vars` from the gradients of `loss`.
     pub fn backward_step(&mut self, vars: &[Var], loss: &Tensor) -> candle_core::Result<()> {
         let grads = loss.backward()?;
+        let g: Vec<Option<Tensor>> = vars.iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
+        self.update(vars, &g)
+    }
+
+    /// One update of `vars` from their gradients `grads` (`None`: the variable got none).
+    pub fn update(&mut self, vars: &[Var], grads: &[Option<Tensor>]) -> candle_core::Result<()> {
         self.step += 1;
         let lr = self.lr_at(self.step);
         let t = self.step as i32;
         let (c1, c2) = (1.0 - BETA1.powi(t), 1.0 - BETA2.powi(t));
         for (i, var) in vars.iter().enumerate() {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let Some(g) = &grads[i] else { continue };
             self.m[i] = ((&self.m[i] * BETA1)? + (g * (1.0 - BETA1))?)?;
             self.v[i] = ((&self.v[i] * BETA2)? + (g.sqr()? * (1.0 - BETA2))?)?;
             let mhat = (&self.m[i] / c1)?;
@@ -452,6 +458,9 @@ pub struct DistillOptions {
     pub steps: usize,
     pub seq: usize,
     pub seed: u64,
+    /// Windows per step: their gradients are averaged before the update (a larger batch at
+    /// the same memory; 1: one window per step).
+    pub accumulate: usize,
 }
 
 /// Where the window of global step `step` starts: drawn from `seed` and the step alone, so a run
@@ -487,15 +496,32 @@ pub fn train(
     let vocab = student.cfg.n_vocab;
     let tail = (o.steps / 10).max(1);
     let mut tail_sum = 0.0f64;
+    let accumulate = o.accumulate.max(1);
     for i in 0..o.steps {
-        let start = window_start(o.seed, adam.step, tokens.len() - o.seq);
-        let window = &tokens[start..start + o.seq];
-        let t = Tensor::from_vec(teacher(window)?, (o.seq, vocab), &Device::Cpu)?;
-        let s = student.forward(model, window, Some(&mut *selector), Some(lora))?;
-        let loss = kl_loss(&t, &s)?;
-        let v = loss.to_scalar::<f32>()?;
-        anyhow::ensure!(v.is_finite(), "the loss became {v} at step {}: lower --lr", adam.step + 1);
-        adam.backward_step(&vars, &loss)?;
+        let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let mut v = 0.0f32;
+        for k in 0..accumulate {
+            // Window `k` of the step (one window per step draws exactly what it drew before).
+            let draw = adam.step * accumulate as u64 + k as u64;
+            let start = window_start(o.seed, draw, tokens.len() - o.seq);
+            let window = &tokens[start..start + o.seq];
+            let t = Tensor::from_vec(teacher(window)?, (o.seq, vocab), &Device::Cpu)?;
+            let s = student.forward(model, window, Some(&mut *selector), Some(lora))?;
+            let loss = (kl_loss(&t, &s)? / accumulate as f64)?;
+            let lv = loss.to_scalar::<f32>()?;
+            anyhow::ensure!(lv.is_finite(), "the loss became {lv} at step {}: lower --lr", adam.step + 1);
+            v += lv;
+            let g = loss.backward()?;
+            for (sum, var) in grads.iter_mut().zip(&vars) {
+                if let Some(gv) = g.get(var.as_tensor()) {
+                    *sum = Some(match sum.take() {
+                        Some(acc) => (acc + gv)?,
+                        None => gv.clone(),
+                    });
+                }
+            }
+        }
+        adam.update(&vars, &grads)?;
         if i + tail >= o.steps {
             tail_sum += v as f64;
         }

@@ -149,9 +149,9 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
     };
     let before = kl(&lora);
     let window_tokens = &ids[100..100 + seq + 1];
-    let run = |lora: &LoraVars, adam: &mut Adam, steps: usize| {
+    let run_batched = |lora: &LoraVars, adam: &mut Adam, steps: usize, accumulate: usize| {
         let mut sel = topk(&e, 0.5);
-        let o = DistillOptions { steps, seq, seed: 1 };
+        let o = DistillOptions { steps, seq, seed: 1, accumulate };
         train(
             &student,
             &e.model,
@@ -168,6 +168,7 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
         )
         .unwrap()
     };
+    let run = |lora: &LoraVars, adam: &mut Adam, steps: usize| run_batched(lora, adam, steps, 1);
     let t0 = std::time::Instant::now();
     let mut adam = Adam::new(&lora.all(), 2e-3).unwrap();
     run(&lora, &mut adam, 8);
@@ -191,4 +192,14 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
     assert_eq!((adam.step, adam.horizon), (3, 6));
     run(&resumed, &mut adam, 3);
     assert_eq!(resumed.to_adapters().unwrap().layers, straight.to_adapters().unwrap().layers);
+
+    // Accumulated gradients are averaged: the text holds one window, so a batch of two is that
+    // window twice, and its update is the one window's, value for value (halving is exact).
+    let one = LoraVars::new(&e.model, &[OpKind::Down], 4, 8.0, 7, None).unwrap();
+    let mut adam = Adam::new(&one.all(), 1e-3).unwrap();
+    run_batched(&one, &mut adam, 2, 1);
+    let two = LoraVars::new(&e.model, &[OpKind::Down], 4, 8.0, 7, None).unwrap();
+    let mut adam = Adam::new(&two.all(), 1e-3).unwrap();
+    run_batched(&two, &mut adam, 2, 2);
+    assert_eq!(two.to_adapters().unwrap().layers, one.to_adapters().unwrap().layers);
 }
