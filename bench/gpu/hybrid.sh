@@ -78,6 +78,51 @@ if [ -n "${BREAKDOWN:-}" ]; then
     done 2>&1 | tee "$OUT"/breakdown.log
     exit 0
 fi
+# ATTENTION=1: KAIROX's placement (attention on the GPU, --gpu-attention) against the FFN-only
+# hybrid at the same budgets, -c 1024 everywhere (the attention's KV cache is counted in), one
+# pass; no llama.cpp. Figures written as they come (a cut-off call still brings them back).
+# BUDGETS (default "50% 75% 25%"), EXTRA ("eager lru tam": more policies at 50 %, 8 threads),
+# PROMPTS ("p1 p2") trim it for larger models.
+[ -e "$keep"/SmolLM2-135M-Instruct.Q4_1.gguf ] && mkdir -p models && [ ! -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] &&
+    cp "$keep"/SmolLM2-135M-Instruct.Q4_1.gguf models/
+if [ -n "${ATTENTION:-}" ]; then
+    echo "== GPU tests ($(($(date +%s) - t0)) s)"
+    timeout 200 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|agree' | tail -24
+    $pin $S probe --gpu -o "$OUT"/gpu-probe.json 2>&1 | tail -4
+    head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
+    tail -c 1200 tests/fixtures/wiki.test.head16k.raw > /tmp/p2.txt
+    arun() { # threads, label, args...: the full lines into attention.log, one line here
+        local t=$1 label=$2; shift 2
+        for p in ${PROMPTS:-p1 p2}; do
+            p=/tmp/$p.txt
+            local o
+            o=$(taskset -c 0-$((t - 1)) $S generate -f $p -n $N -c 1024 --temp 0 --ignore-eos -t $t "$@" 2>&1 >/dev/null |
+                grep -E 'eval time|hybrid |error|offloaded|attention' | grep -v 'prompt eval')
+            printf '== %s -t %s | %s | %s\n%s\n' "$label" "$t" "$(basename $p)" "$*" "$o" >> "$OUT"/attention.log
+            echo "$label -t $t $(basename $p): $(echo "$o" | grep -oE '[0-9.]+ tokens per second' | head -1) | $(echo "$o" | grep -oE 'hybrid .*' | grep -v '^hybrid decode' | head -1 | cut -c1-330) $(echo "$o" | grep -iE 'error' | head -1 | cut -c1-200)"
+        done
+    }
+    echo "== runs ($(($(date +%s) - t0)) s)"
+    for t in ${THREADS_LIST:-8 2}; do
+        arun $t cpu-topk -m $P --sparsity topk --ratio 0.5
+        for B in ${BUDGETS:-50% 75% 25%}; do
+            [ $t = 8 ] || [ $B = 50% ] || continue
+            arun $t "layers-dense $B" -m $M --gpu-memory $B
+            for pol in static tam-adaptive; do
+                for a in off auto; do
+                    arun $t "hybrid $pol $B attention-$a" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol --gpu-attention $a
+                done
+            done
+            if [ $t = 8 ] && [ $B = 50% ]; then
+                for pol in ${EXTRA-eager lru tam}; do
+                    arun $t "hybrid $pol $B attention-auto" -m $P --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol
+                done
+            fi
+        done
+    done
+    echo "== done ($(($(date +%s) - t0)) s)"
+    exit 0
+fi
 echo "== GPU tests ($(($(date +%s) - t0)) s)"
 timeout 150 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|within|agree' | tail -12
 [ -n "${NOBENCH:-}" ] && exit 0

@@ -386,10 +386,9 @@ impl Engine {
         let cpu_layers = match (&mut self.gpu, way) {
             (Some(g), Some(way)) => {
                 g.begin_batch(way, self.n_past, n)?;
-                if way == GpuWay::WholeLayers {
-                    g.first_layer()
-                } else {
-                    n_layer
+                match way {
+                    GpuWay::WholeLayers => g.first_layer(),
+                    GpuWay::OpByOp | GpuWay::Attention => n_layer,
                 }
             }
             _ => n_layer,
@@ -434,6 +433,9 @@ impl Engine {
     /// (dense selector, no tracer, no sparse prefill) and the kernels take the model.
     fn gpu_way(&self) -> Option<GpuWay> {
         let g = self.gpu.as_ref()?;
+        if g.attention_only() {
+            return Some(GpuWay::Attention);
+        }
         let whole = g.whole_layers()
             && self.selector.is_dense()
             && self.tracer.is_none()
@@ -453,16 +455,26 @@ impl Engine {
         // guides the store's preloading).
         let n_read = if self.slots.row_by_row { 1 } else { n };
         self.source.begin_layer(&self.model, l, n_read, &self.s.x[..e])?;
-        // Attention.
-        let Engine { model, pool, s, .. } = self;
-        rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
-        self.site(l, n, Site::AttnIn)?;
-        self.attention_core(l, n);
-        self.site(l, n, Site::AttnOut)?;
-        vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
+        if let Some(gpu) = self.gpu.as_mut().filter(|g| g.attention_only()) {
+            // Attention on the GPU (KAIROX's placement): the residual after it and the FFN's
+            // norm of it come back.
+            let t = std::time::Instant::now();
+            gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.n_past)?;
+            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+                hy.spent_on_attention(t.elapsed().as_nanos() as f64);
+            }
+        } else {
+            // Attention.
+            let Engine { model, pool, s, .. } = self;
+            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
+            self.site(l, n, Site::AttnIn)?;
+            self.attention_core(l, n);
+            self.site(l, n, Site::AttnOut)?;
+            vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
+            let Engine { model, pool, s, .. } = self;
+            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
+        }
         // Feed-forward (SwiGLU).
-        let Engine { model, pool, s, .. } = self;
-        rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
         // A sparse prompt block's FFN (under a memory budget too: its rows and columns come
         // through the tiered store).
         if self.sparse_block && !self.gpu_holds(l) && self.ffn_observer.is_none() && self.lora.is_none() {

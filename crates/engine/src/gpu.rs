@@ -19,6 +19,12 @@
 //!   column kernels' savings); a fixed neuron set (core neurons) needs no row gather, as the
 //!   selector masks the other neurons at the down projection.
 //!
+//! - **attention only** ([`GpuLayers::upload_attention`], KAIROX's placement under the hybrid
+//!   decode of [`crate::hybrid`]): every layer's attention half runs on the GPU over the GPU's KV
+//!   cache — the residual stream goes there and back once per layer ([`GpuLayers::run_attention`])
+//!   — and the FFN runs on the CPU, its active units split with the GPU's column pools. Attention
+//!   then runs dense: the selector is asked at the FFN's sites only.
+//!
 //! A sequence's keys and values of the held layers live where its tokens ran; switching ways
 //! mid-sequence is refused with an error (the positions of the other side would be missing).
 
@@ -92,6 +98,26 @@ pub fn layer_bytes(model: &Model, l: usize, kv_positions: usize) -> u64 {
     mats + 4 * vecs as u64 + GpuKv::bytes_for(kv_positions, model.config.n_embd_kv())
 }
 
+/// The four matrices of a layer's attention half.
+const ATTENTION_OPS: [OpKind; 4] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::O];
+
+/// Device bytes of every layer's attention half on the GPU ([`GpuLayers::upload_attention`]):
+/// q, k, v, o, both norms, the biases and the KV cache of `kv_positions` positions.
+pub fn attention_bytes(model: &Model, kv_positions: usize) -> u64 {
+    let kv = GpuKv::bytes_for(kv_positions, model.config.n_embd_kv());
+    model
+        .layers
+        .iter()
+        .map(|lw| {
+            let mats: u64 = ATTENTION_OPS.iter().map(|&op| tensor_bytes(lw.op(op))).sum();
+            let vecs = lw.attn_norm.len()
+                + lw.ffn_norm.len()
+                + [&lw.bq, &lw.bk, &lw.bv].iter().flat_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>();
+            mats + 4 * vecs as u64 + kv
+        })
+        .sum()
+}
+
 /// The layers a [`GpuPlacement`] names, on the device.
 pub struct GpuLayers {
     dev: GpuDevice,
@@ -110,6 +136,8 @@ pub struct GpuLayers {
     kv_on_cpu: usize,
     /// Device bytes of all of it.
     pub bytes: u64,
+    /// Only the layers' attention halves are held ([`GpuLayers::upload_attention`]).
+    attention_only: bool,
 }
 
 /// How a batch runs the held layers.
@@ -117,6 +145,8 @@ pub struct GpuLayers {
 pub enum GpuWay {
     WholeLayers,
     OpByOp,
+    /// Attention halves on the GPU, the FFN on the CPU (with the hybrid tier's split).
+    Attention,
 }
 
 /// A matrix's bytes in GGUF order (a repacked matrix unpacked).
@@ -138,9 +168,38 @@ impl GpuLayers {
     /// Copies what the placement names to `dev`, with a KV cache of `kv_positions` per layer.
     pub fn upload(
         model: &Model,
+        dev: GpuDevice,
+        placement: GpuPlacement,
+        kv_positions: usize,
+    ) -> Result<GpuLayers, GpuError> {
+        Self::upload_ops(model, dev, placement, kv_positions, &OpKind::ALL)
+    }
+
+    /// Copies every layer's attention half to `dev` (q, k, v, o, norms, biases, a KV cache of
+    /// `kv_positions`): KAIROX's placement for the hybrid decode, run by
+    /// [`GpuLayers::run_attention`]. Fails when the GPU's attention does not take the model's
+    /// shapes.
+    pub fn upload_attention(model: &Model, dev: GpuDevice, kv_positions: usize) -> Result<GpuLayers, GpuError> {
+        let n_layer = model.layers.len();
+        let mut g =
+            Self::upload_ops(model, dev, GpuPlacement::from_layers(n_layer, n_layer), kv_positions, &ATTENTION_OPS)?;
+        if let Some(why) = &g.whole_layers_off {
+            return Err(GpuError::Shape {
+                name: "attention".into(),
+                msg: format!("the GPU's attention does not take {why}"),
+            });
+        }
+        g.attention_only = true;
+        g.bytes = attention_bytes(model, kv_positions);
+        Ok(g)
+    }
+
+    fn upload_ops(
+        model: &Model,
         mut dev: GpuDevice,
         placement: GpuPlacement,
         kv_positions: usize,
+        ops: &[OpKind],
     ) -> Result<GpuLayers, GpuError> {
         let c = &model.config;
         let mut buf = Vec::new();
@@ -151,7 +210,7 @@ impl GpuLayers {
         let mut held = Vec::new();
         for l in placement.first_layer..placement.n_layer {
             let lw = &model.layers[l];
-            let mats = OpKind::ALL.iter().map(|&op| up(&mut dev, lw.op(op))).collect::<Result<Vec<_>, _>>()?;
+            let mats = ops.iter().map(|&op| up(&mut dev, lw.op(op))).collect::<Result<Vec<_>, _>>()?;
             let mut vec = |v: &Option<Vec<f32>>| v.as_ref().map(|v| dev.upload_f32(v)).transpose();
             let (bq, bk, bv) = (vec(&lw.bq)?, vec(&lw.bk)?, vec(&lw.bv)?);
             held.push(GpuLayer {
@@ -192,6 +251,7 @@ impl GpuLayers {
             whole_layers_off,
             kv_on_gpu: 0,
             kv_on_cpu: 0,
+            attention_only: false,
         })
     }
 
@@ -200,8 +260,14 @@ impl GpuLayers {
         &self.dev.name
     }
 
+    /// Whether the GPU runs layer `l` whole (or its ops one by one).
     pub fn holds(&self, l: usize) -> bool {
-        self.placement.holds_layer(l)
+        !self.attention_only && self.placement.holds_layer(l)
+    }
+
+    /// Whether the GPU holds only the layers' attention halves.
+    pub fn attention_only(&self) -> bool {
+        self.attention_only
     }
 
     /// The first held layer (`n_layer` when none is).
@@ -211,7 +277,7 @@ impl GpuLayers {
 
     /// Whether whole-layer runs are possible for this model.
     pub fn whole_layers(&self) -> bool {
-        self.dims.is_some()
+        self.dims.is_some() && !self.attention_only
     }
 
     /// The sequence was cut to its first `n` positions.
@@ -224,7 +290,7 @@ impl GpuLayers {
     /// position) and records the `n` positions it adds.
     pub fn begin_batch(&mut self, way: GpuWay, n_past: usize, n: usize) -> Result<(), GpuError> {
         let (have, other) = match way {
-            GpuWay::WholeLayers => (&mut self.kv_on_gpu, &mut self.kv_on_cpu),
+            GpuWay::WholeLayers | GpuWay::Attention => (&mut self.kv_on_gpu, &mut self.kv_on_cpu),
             GpuWay::OpByOp => (&mut self.kv_on_cpu, &mut self.kv_on_gpu),
         };
         if *have < n_past {
@@ -260,6 +326,21 @@ impl GpuLayers {
         self.dev.run_layers(&dims, &mut self.held, x, n, n_past, head)
     }
 
+    /// Layer `l`'s attention half on `n` tokens' hidden states `x` (at positions `n_past..`):
+    /// `x` receives the residual after attention, `h` the FFN's norm of it.
+    pub fn run_attention(
+        &mut self,
+        l: usize,
+        x: &mut [f32],
+        h: &mut [f32],
+        n: usize,
+        n_past: usize,
+    ) -> Result<(), GpuError> {
+        let dims = self.dims.expect("attention only with supported shapes (checked at upload)");
+        let layer = &mut self.held[l - self.placement.first_layer];
+        self.dev.run_attention(&dims, layer, x, h, n, n_past)
+    }
+
     pub fn holds_output(&self) -> bool {
         self.output.is_some()
     }
@@ -267,6 +348,16 @@ impl GpuLayers {
     /// One line for the user, as llama.cpp's "offloaded 31/31 layers to GPU".
     pub fn summary(&self) -> String {
         let p = &self.placement;
+        if self.attention_only {
+            return format!(
+                "attention of {}/{} layers on GPU {} ({}): {:.1} MiB with the KV cache (f16); the FFN on the CPU",
+                p.n_layer - p.first_layer,
+                p.n_layer,
+                self.dev.ordinal,
+                self.dev.name,
+                self.bytes as f64 / (1 << 20) as f64
+            );
+        }
         let way = match &self.whole_layers_off {
             None => "whole layers, KV cache on the GPU (f16)".to_string(),
             Some(why) => format!("op by op ({why}), KV cache in host memory"),

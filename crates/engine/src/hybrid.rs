@@ -4,8 +4,10 @@
 //!
 //! The units are sift's sparse units: the input channels of the FFN's two selection sites, a
 //! channel of the FFN input (its gate and up columns) and a neuron of the GLU (its down column),
-//! in the pack's unit order. Everything else (attention, norms, the head) runs on the CPU as
-//! without a GPU. Per decoded token and FFN site:
+//! in the pack's unit order. Attention runs on the GPU too when it fits the budget (KAIROX's
+//! placement, [`place_attention`]: every layer's attention half and its KV cache first, the
+//! unit groups in what is left; [`crate::gpu::GpuLayers::upload_attention`]), else on the CPU;
+//! the head and the norms of the CPU's side run on the CPU. Per decoded token and FFN site:
 //! 1. the selector's active units are split by the groups the GPU holds ([`NeuronBalancer::plan`];
 //!    eager first queues its missing groups);
 //! 2. the GPU's share is queued on the critical stream (it waits for loads still on their way: an
@@ -46,6 +48,49 @@ pub fn auto_group(unit_bytes: usize, target: u64) -> usize {
 
 /// The sites whose units the GPU shares, in pool order within a layer.
 pub const HYBRID_SITES: [Site; 2] = [Site::FfnIn, Site::FfnMid];
+
+/// Where the hybrid decode runs attention (`--gpu-attention`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionPlacement {
+    /// On the GPU when every layer's attention half and its KV cache fit the GPU budget.
+    #[default]
+    Auto,
+    /// On the GPU, or an error.
+    Gpu,
+    /// On the CPU: the whole budget buys unit groups.
+    Cpu,
+}
+
+impl AttentionPlacement {
+    pub const NAMES: [&'static str; 3] = ["auto", "on", "off"];
+
+    pub fn parse(s: &str) -> Option<AttentionPlacement> {
+        match s {
+            "auto" => Some(AttentionPlacement::Auto),
+            "on" | "gpu" => Some(AttentionPlacement::Gpu),
+            "off" | "cpu" => Some(AttentionPlacement::Cpu),
+            _ => None,
+        }
+    }
+}
+
+/// KAIROX's placement: whether attention goes on the GPU (taking `attention` bytes, its KV
+/// cache counted in, of the `gpu_bytes` budget), and the bytes left for unit groups. Attention
+/// first because a GPU byte of it saves the CPU a byte read every token, where a byte of group
+/// slots holds about half a byte of a 4-bit model's columns (Q8_0) read only while active.
+pub fn place_attention(mode: AttentionPlacement, attention: u64, gpu_bytes: u64) -> Result<(bool, u64), String> {
+    let fits = attention <= gpu_bytes;
+    match mode {
+        AttentionPlacement::Cpu => Ok((false, gpu_bytes)),
+        AttentionPlacement::Auto if !fits => Ok((false, gpu_bytes)),
+        AttentionPlacement::Gpu if !fits => Err(format!(
+            "attention of every layer with its KV cache takes {:.1} MiB, more than the {:.1} MiB of --gpu-memory: raise --gpu-memory, lower the context (-c) or use --gpu-attention off",
+            attention as f64 / (1 << 20) as f64,
+            gpu_bytes as f64 / (1 << 20) as f64
+        )),
+        _ => Ok((true, gpu_bytes - attention)),
+    }
+}
 
 /// The hybrid tier's settings.
 #[derive(Clone, Debug)]
@@ -98,6 +143,8 @@ pub struct HybridReport {
     pub queue_ms: f64,
     pub cpu_ffn_ms: f64,
     pub gpu_wait_ms: f64,
+    /// The layers' attention halves on the GPU, round trips included (KAIROX's placement).
+    pub gpu_attention_ms: f64,
     pub other_ms: f64,
 }
 
@@ -117,15 +164,20 @@ pub struct HybridTier {
     token_ns: Vec<f64>,
     lambda: Vec<f32>,
     token_start: Option<Instant>,
-    /// Nanoseconds of queueing, the CPU's share and the GPU wait: summed over the tokens in
-    /// `token_ns`, and the current token's so far.
-    spent_ns: [f64; 3],
-    token_spent_ns: [f64; 3],
+    /// Nanoseconds of queueing, the CPU's share, the GPU wait and the GPU's attention: summed
+    /// over the tokens in `token_ns`, and the current token's so far.
+    spent_ns: [f64; 4],
+    token_spent_ns: [f64; 4],
     y: Vec<f32>,
     coef: Vec<f32>,
 }
 
 impl HybridTier {
+    /// A decode step's attention half ran on the GPU for `ns` nanoseconds.
+    pub(crate) fn spent_on_attention(&mut self, ns: f64) {
+        self.token_spent_ns[3] += ns;
+    }
+
     /// The pool of `site` in layer `l`, when the GPU shares it.
     pub fn pool_of(&self, l: usize, site: Site) -> Option<usize> {
         HYBRID_SITES.iter().position(|&s| s == site).map(|i| l * HYBRID_SITES.len() + i)
@@ -165,6 +217,7 @@ impl HybridTier {
             queue_ms: ms(self.spent_ns[0]),
             cpu_ffn_ms: ms(self.spent_ns[1]),
             gpu_wait_ms: ms(self.spent_ns[2]),
+            gpu_attention_ms: ms(self.spent_ns[3]),
             other_ms: ms((total - self.spent_ns.iter().sum::<f64>()).max(0.0)),
         }
     }
@@ -218,7 +271,7 @@ impl HybridTier {
             self.gpu.sync_loads()?;
             self.warm = true;
             self.token_start = Some(Instant::now());
-            self.token_spent_ns = [0.0; 3];
+            self.token_spent_ns = [0.0; 4];
         }
         Ok(())
     }
@@ -258,7 +311,7 @@ pub(crate) fn fill_table(
 impl Engine {
     /// Puts the hybrid tier on `dev`: column pools for the FFN sites of every layer, their host
     /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
-    pub fn attach_hybrid(&mut self, mut dev: GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
+    pub fn attach_hybrid(&mut self, dev: &mut GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
         if column_ops(&self.model).is_none() {
             return Err(HybridError::NoPack);
         }
@@ -326,8 +379,8 @@ impl Engine {
             token_ns: Vec::new(),
             lambda: Vec::new(),
             token_start: None,
-            spent_ns: [0.0; 3],
-            token_spent_ns: [0.0; 3],
+            spent_ns: [0.0; 4],
+            token_spent_ns: [0.0; 4],
             y: Vec::new(),
             coef: Vec::new(),
         });
@@ -417,6 +470,23 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Attention first when it fits (KAIROX), the rest to the groups; `on` insists, `off` never.
+    #[test]
+    fn attention_takes_its_bytes_first_when_it_fits() {
+        use AttentionPlacement::*;
+        assert_eq!(place_attention(Auto, 30, 100), Ok((true, 70)));
+        assert_eq!(place_attention(Auto, 100, 100), Ok((true, 0)));
+        assert_eq!(place_attention(Auto, 101, 100), Ok((false, 100)));
+        assert_eq!(place_attention(Gpu, 30, 100), Ok((true, 70)));
+        let err = place_attention(Gpu, 3 << 20, 2 << 20).unwrap_err();
+        assert!(err.contains("3.0 MiB") && err.contains("2.0 MiB") && err.contains("--gpu-attention off"), "{err}");
+        assert_eq!(place_attention(Cpu, 30, 100), Ok((false, 100)));
+        for name in AttentionPlacement::NAMES {
+            assert!(AttentionPlacement::parse(name).is_some());
+        }
+        assert_eq!(AttentionPlacement::parse("sometimes"), None);
+    }
 
     #[test]
     fn groups_follow_the_transfer_curve() {

@@ -75,9 +75,29 @@ struct Buffers {
     y: Vec<CudaSlice<f32>>,
 }
 
-/// What a captured decode step was captured for: the layers (by address), whether and for how
-/// many tokens the head ran. A step with the same key replays the graph.
-type GraphKey = (usize, usize, bool);
+/// What a captured decode step was captured for: the layers (by address) and their count,
+/// whether the head ran, whether only their attention halves ran. A step with the same key
+/// replays the graph.
+type GraphKey = (usize, usize, bool, bool);
+
+/// Device addresses of the activation buffers (`Device::pointers`).
+struct Pointers {
+    x: u64,
+    h: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    att: u64,
+    o: u64,
+    g: u64,
+    u: u64,
+    logits: u64,
+    pos: u64,
+}
+
+fn norm_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
 
 pub(crate) struct Device {
     ctx: Arc<CudaContext>,
@@ -265,20 +285,12 @@ impl Device {
         stream.synchronize().map_err(driver)
     }
 
-    /// See [`crate::GpuDevice::run_layers`] (shapes checked there).
-    pub(crate) fn run_layers(
-        &mut self,
-        d: &StackDims,
-        layers: &mut [GpuLayer],
-        x: &mut [f32],
-        n: usize,
-        pos0: usize,
-        mut head: Option<GpuHead<'_>>,
-    ) -> Result<(), GpuError> {
+    /// Every activation buffer holding a batch of `n` tokens (and `logits` head outputs); drops
+    /// the captured graphs when one was reallocated.
+    fn grow_buffers(&mut self, d: &StackDims, n: usize, logits: usize) -> Result<(), GpuError> {
         let stream = self.stream.clone();
         let (e, qd, kvd, ff) = (d.n_embd, d.n_head * d.head_dim, d.n_head_kv * d.head_dim, d.n_ff);
         let b = &mut self.buf;
-        let logits = head.as_ref().map_or(0, |h| h.n_logits * h.w.rows);
         let mut moved = false;
         for (buf, len) in [
             (&mut b.x, n * e),
@@ -298,27 +310,61 @@ impl Device {
         if moved {
             self.graphs.clear();
         }
-        let bx = self.buf.x.as_mut().expect("grown above");
-        stream.memcpy_htod(x, &mut bx.slice_mut(..n * e)).map_err(driver)?;
-        let bpos = self.buf.pos.as_mut().expect("grown above");
-        stream.memcpy_htod(&[pos0 as i32], &mut bpos.slice_mut(..1)).map_err(driver)?;
-        let n_logits = head.as_ref().map_or(0, |h| h.n_logits);
-        if n == 1 {
-            // A decode step: replay its graph, captured the first time.
-            let key: GraphKey = (layers.as_ptr() as usize, layers.len(), head.is_some());
-            if !self.graphs.iter().any(|(k, _)| *k == key) {
-                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
-                let queued = self.queue_layers(d, layers, n, head.as_ref());
-                let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
-                queued?;
-                let graph = graph?.ok_or_else(|| GpuError::Driver("an empty graph was captured".into()))?;
-                self.graphs.push((key, graph));
-            }
-            let (_, graph) = self.graphs.iter().find(|(k, _)| *k == key).expect("captured above");
-            graph.launch().map_err(driver)?;
-        } else {
-            self.queue_layers(d, layers, n, head.as_ref())?;
+        Ok(())
+    }
+
+    /// Copies `x` (`n` rows) and the first position in.
+    fn copy_in(&mut self, x: &[f32], pos0: usize) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let bx = self.buf.x.as_mut().expect("grown by grow_buffers");
+        stream.memcpy_htod(x, &mut bx.slice_mut(..x.len())).map_err(driver)?;
+        let bpos = self.buf.pos.as_mut().expect("grown by grow_buffers");
+        stream.memcpy_htod(&[pos0 as i32], &mut bpos.slice_mut(..1)).map_err(driver)
+    }
+
+    /// Runs what `queue` queues: a decode step (`n == 1`) as the graph captured for `key` the
+    /// first time, a batch directly.
+    fn launch_step(
+        &mut self,
+        n: usize,
+        key: GraphKey,
+        queue: &mut dyn FnMut(&mut Self) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        if n > 1 {
+            return queue(self);
         }
+        let stream = self.stream.clone();
+        if !self.graphs.iter().any(|(k, _)| *k == key) {
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
+            let queued = queue(self);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
+            queued?;
+            let graph = graph?.ok_or_else(|| GpuError::Driver("an empty graph was captured".into()))?;
+            self.graphs.push((key, graph));
+        }
+        let (_, graph) = self.graphs.iter().find(|(k, _)| *k == key).expect("captured above");
+        graph.launch().map_err(driver)
+    }
+
+    /// See [`crate::GpuDevice::run_layers`] (shapes checked there).
+    pub(crate) fn run_layers(
+        &mut self,
+        d: &StackDims,
+        layers: &mut [GpuLayer],
+        x: &mut [f32],
+        n: usize,
+        pos0: usize,
+        mut head: Option<GpuHead<'_>>,
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let e = d.n_embd;
+        let logits = head.as_ref().map_or(0, |h| h.n_logits * h.w.rows);
+        self.grow_buffers(d, n, logits)?;
+        self.copy_in(x, pos0)?;
+        let n_logits = head.as_ref().map_or(0, |h| h.n_logits);
+        let key: GraphKey = (layers.as_ptr() as usize, layers.len(), head.is_some(), false);
+        let head_ref = head.as_ref();
+        self.launch_step(n, key, &mut |dev| dev.queue_layers(d, layers, n, head_ref))?;
         match head.as_mut() {
             None => {
                 let bx = self.buf.x.as_ref().expect("grown above");
@@ -333,6 +379,56 @@ impl Device {
         stream.synchronize().map_err(driver)
     }
 
+    /// See [`crate::GpuDevice::run_attention`] (shapes checked there).
+    pub(crate) fn run_attention(
+        &mut self,
+        d: &StackDims,
+        layer: &mut GpuLayer,
+        x: &mut [f32],
+        h: &mut [f32],
+        n: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let e = d.n_embd;
+        self.grow_buffers(d, n, 0)?;
+        self.copy_in(x, pos0)?;
+        let key: GraphKey = (layer as *const GpuLayer as usize, 1, false, true);
+        self.launch_step(n, key, &mut |dev| {
+            let p = dev.pointers();
+            dev.queue_attention(d, layer, n, 0, &p)
+        })?;
+        let (bx, bh) = (self.buf.x.as_ref().expect("grown above"), self.buf.h.as_ref().expect("grown above"));
+        stream.memcpy_dtoh(&bx.slice(..n * e), x).map_err(driver)?;
+        stream.memcpy_dtoh(&bh.slice(..n * e), &mut h[..n * e]).map_err(driver)?;
+        stream.synchronize().map_err(driver)
+    }
+
+    /// The device addresses of the activation buffers (grown by `grow_buffers`). matvec_multi
+    /// and qkv_finish take several outputs and optional inputs, so kernels get raw pointers;
+    /// every buffer lives on `stream` and event tracking is off, so the guards `device_ptr`
+    /// returns do nothing.
+    fn pointers(&mut self) -> Pointers {
+        let stream = self.stream.clone();
+        let b = &mut self.buf;
+        let ptr = |s: &Option<CudaSlice<f32>>| s.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
+        let logits = b.logits.as_mut().expect("grown by grow_buffers").device_ptr_mut(&stream).0;
+        let pos = b.pos.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
+        Pointers {
+            x: ptr(&b.x),
+            h: ptr(&b.h),
+            q: ptr(&b.q),
+            k: ptr(&b.k),
+            v: ptr(&b.v),
+            att: ptr(&b.att),
+            o: ptr(&b.o),
+            g: ptr(&b.g),
+            u: ptr(&b.u),
+            logits,
+            pos,
+        }
+    }
+
     /// Queues every kernel of `n` tokens through `layers` (and the head): no copies, no
     /// allocations, no synchronisation, so that a decode step can be captured as a graph. Per
     /// layer: [add +] norm, q/k/v, biases + RoPE + cache store, attention, o, add + norm,
@@ -345,121 +441,12 @@ impl Device {
         head: Option<&GpuHead<'_>>,
     ) -> Result<(), GpuError> {
         let stream = self.stream.clone();
-        let e = d.n_embd;
-        let b = &mut self.buf;
-        let (
-            Some(bx),
-            Some(bh),
-            Some(bq),
-            Some(bk),
-            Some(bv),
-            Some(batt),
-            Some(bo),
-            Some(bg),
-            Some(bu),
-            Some(bl),
-            Some(bpos),
-        ) = (
-            &mut b.x,
-            &mut b.h,
-            &mut b.q,
-            &mut b.k,
-            &mut b.v,
-            &mut b.att,
-            &mut b.o,
-            &mut b.g,
-            &mut b.u,
-            &mut b.logits,
-            &b.pos,
-        )
-        else {
-            unreachable!("grown by run_layers")
-        };
-        let k = &self.layer;
-        let (e_i, eps) = (e as i32, d.eps);
-        let norm_cfg = |rows: usize| LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // Raw device pointers of the buffers: matvec_multi and qkv_finish take several outputs and
-        // optional inputs. Every buffer lives on `stream` and event tracking is off, so the
-        // guards `device_ptr` returns do nothing.
-        let ptr = |s: &CudaSlice<f32>| s.device_ptr(&stream).0;
-        let (x, h, q, kk, v, att, o, g, u, lg) = (
-            ptr(bx),
-            ptr(bh),
-            ptr(bq),
-            ptr(bk),
-            ptr(bv),
-            ptr(batt),
-            ptr(bo),
-            ptr(bg),
-            ptr(bu),
-            bl.device_ptr_mut(&stream).0,
-        );
-        let pos = bpos.device_ptr(&stream).0;
+        let p = self.pointers();
+        let (e_i, eps) = (d.n_embd as i32, d.eps);
         let mut add = 0i32;
         for l in layers.iter_mut() {
-            // Attention: the residual of the previous layer's down projection, then the norm.
-            let mut launch = stream.launch_builder(&k.add_norm);
-            launch.arg(&x).arg(&o).arg(&l.attn_norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&add);
-            // SAFETY: add_norm(float* x, const float* o, const float* w, float* out, int e, float
-            // eps, int add): n rows of e in x, o and h (grown by run_layers), e weights.
-            unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
-            self.multi(&[(&l.mats[0], q), (&l.mats[1], kk), (&l.mats[2], v)], h, None, n)?;
-            let bias = |b: &Option<crate::GpuVec>| b.as_ref().map_or(0, |b| b.data.device_ptr(&stream).0);
-            let (bqp, bkp, bvp) = (bias(&l.bq), bias(&l.bk), bias(&l.bv));
-            let (kc, vc) = (l.kv.k.device_ptr_mut(&stream).0, l.kv.v.device_ptr_mut(&stream).0);
-            let (n_i, nh, nkv, hd, rd, neox) =
-                (n as i32, d.n_head as i32, d.n_head_kv as i32, d.head_dim as i32, d.rope_dim as i32, d.neox as i32);
-            let mut launch = self.stream.launch_builder(&self.layer.qkv_finish);
-            launch.arg(&q).arg(&kk).arg(&v).arg(&bqp).arg(&bkp).arg(&bvp).arg(&kc).arg(&vc);
-            launch.arg(&n_i).arg(&nh).arg(&nkv).arg(&hd).arg(&rd).arg(&pos).arg(&d.theta_scale).arg(&neox);
-            // SAFETY: qkv_finish(float* q, float* k, const float* v, const float* bq, const float*
-            // bk, const float* bv, u16* kc, u16* vc, int n_tok, int n_head, int n_head_kv, int hd,
-            // int rope_dim, const int* pos, float theta_scale, int neox): one thread per (token,
-            // head) over n·(n_head + 2·n_head_kv); q, k, v hold n rows (grown by run_layers); the
-            // biases are the layer's (qd, kvd, kvd values) or null; the caches hold
-            // `positions` rows and *pos + n <= positions (checked in `GpuDevice::run_layers`).
-            unsafe { launch.launch(elementwise(n * (d.n_head + 2 * d.n_head_kv))) }.map_err(driver)?;
-            let scale = 1.0 / (d.head_dim as f32).sqrt();
-            let cfg = LaunchConfig {
-                grid_dim: (d.n_head as u32, n as u32, 1),
-                block_dim: (if n == 1 { ATTN_THREADS_DECODE } else { ATTN_THREADS_BATCH }, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let k = &self.layer;
-            let mut launch = stream.launch_builder(if n == 1 { &k.attention_rows } else { &k.attention });
-            launch.arg(&q).arg(&kc).arg(&vc).arg(&att).arg(&nh).arg(&nkv).arg(&hd).arg(&pos).arg(&scale);
-            // SAFETY: attention(const float* q, const u16* kc, const u16* vc, float* out, int
-            // n_head, int n_head_kv, int hd, const int* pos, float scale): block (h, t) reads q
-            // and writes out at row t·n_head + h (n·qd values each), and reads cache rows
-            // 0..=*pos + t, all written (this batch's by qkv_finish above); head_dim is a multiple
-            // of 32 up to 256 and n_head a multiple of n_head_kv (`StackDims::supported`).
-            unsafe { launch.launch(cfg) }.map_err(driver)?;
-            self.multi(&[(&l.mats[3], o)], att, None, n)?;
-            // Feed-forward.
-            let one = 1i32;
-            let k = &self.layer;
-            let mut launch = stream.launch_builder(&k.add_norm);
-            launch.arg(&x).arg(&o).arg(&l.ffn_norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&one);
-            // SAFETY: as the attention norm above.
-            unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
-            self.multi(&[(&l.mats[4], g), (&l.mats[5], u)], h, None, n)?;
-            if n == 1 {
-                // Decode: silu(gate)·up computed as down reads it (one launch fewer).
-                self.multi(&[(&l.mats[6], o)], g, Some(u), n)?;
-            } else {
-                // A batch: once per value, not once per row of down.
-                let total = (n * d.n_ff) as i64;
-                let mut launch = stream.launch_builder(&self.layer.silu_mul);
-                launch.arg(&g).arg(&u).arg(&total);
-                // SAFETY: silu_mul(float* g, const float* u, long long total) over n·n_ff values
-                // of each (grown by run_layers).
-                unsafe { launch.launch(elementwise(n * d.n_ff)) }.map_err(driver)?;
-                self.multi(&[(&l.mats[6], o)], g, None, n)?;
-            }
+            self.queue_attention(d, l, n, add, &p)?;
+            self.queue_ffn(d, l, n, &p)?;
             add = 1;
         }
         let k = &self.layer;
@@ -467,23 +454,99 @@ impl Device {
             Some(hd) => {
                 // The last layer's residual and the final norm over the last n_logits rows.
                 let first = (n - hd.n_logits) as u64;
-                let (xs, os) = (x + first * 4 * e as u64, o + first * 4 * e as u64);
+                let (xs, os) = (p.x + first * 4 * d.n_embd as u64, p.o + first * 4 * d.n_embd as u64);
                 let mut launch = stream.launch_builder(&k.add_norm);
-                launch.arg(&xs).arg(&os).arg(&hd.norm.data).arg(&h).arg(&e_i).arg(&eps).arg(&add);
-                // SAFETY: as the norms above, over the last n_logits of the n rows.
+                launch.arg(&xs).arg(&os).arg(&hd.norm.data).arg(&p.h).arg(&e_i).arg(&eps).arg(&add);
+                // SAFETY: as the norms in queue_attention, over the last n_logits of the n rows.
                 unsafe { launch.launch(norm_cfg(hd.n_logits)) }.map_err(driver)?;
-                self.multi(&[(hd.w, lg)], h, None, hd.n_logits)?;
+                self.multi(&[(hd.w, p.logits)], p.h, None, hd.n_logits)?;
             }
             None if add == 1 => {
-                let total = (n * e) as i64;
+                let total = (n * d.n_embd) as i64;
                 let mut launch = stream.launch_builder(&k.add_rows);
-                launch.arg(&x).arg(&o).arg(&total);
+                launch.arg(&p.x).arg(&p.o).arg(&total);
                 // SAFETY: add_rows(float* x, const float* o, long long total) over n·e values.
-                unsafe { launch.launch(elementwise(n * e)) }.map_err(driver)?;
+                unsafe { launch.launch(elementwise(n * d.n_embd)) }.map_err(driver)?;
             }
             None => {}
         }
         Ok(())
+    }
+
+    /// Queues a layer's attention half for `n` tokens: [the residual `x += o` of the previous
+    /// layer when `add`,] norm, q/k/v, biases + RoPE + cache store, attention, o, then `x += o`
+    /// and the FFN's norm into `h`. Uses `l.mats[0..4]` (q, k, v, o) only.
+    fn queue_attention(
+        &self,
+        d: &StackDims,
+        l: &mut GpuLayer,
+        n: usize,
+        add: i32,
+        p: &Pointers,
+    ) -> Result<(), GpuError> {
+        let stream = &self.stream;
+        let k = &self.layer;
+        let (e_i, eps) = (d.n_embd as i32, d.eps);
+        let mut launch = stream.launch_builder(&k.add_norm);
+        launch.arg(&p.x).arg(&p.o).arg(&l.attn_norm.data).arg(&p.h).arg(&e_i).arg(&eps).arg(&add);
+        // SAFETY: add_norm(float* x, const float* o, const float* w, float* out, int e, float
+        // eps, int add): n rows of e in x, o and h (grown by grow_buffers), e weights.
+        unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
+        self.multi(&[(&l.mats[0], p.q), (&l.mats[1], p.k), (&l.mats[2], p.v)], p.h, None, n)?;
+        let bias = |b: &Option<crate::GpuVec>| b.as_ref().map_or(0, |b| b.data.device_ptr(stream).0);
+        let (bqp, bkp, bvp) = (bias(&l.bq), bias(&l.bk), bias(&l.bv));
+        let (kc, vc) = (l.kv.k.device_ptr_mut(stream).0, l.kv.v.device_ptr_mut(stream).0);
+        let (n_i, nh, nkv, hd, rd, neox) =
+            (n as i32, d.n_head as i32, d.n_head_kv as i32, d.head_dim as i32, d.rope_dim as i32, d.neox as i32);
+        let mut launch = stream.launch_builder(&k.qkv_finish);
+        launch.arg(&p.q).arg(&p.k).arg(&p.v).arg(&bqp).arg(&bkp).arg(&bvp).arg(&kc).arg(&vc);
+        launch.arg(&n_i).arg(&nh).arg(&nkv).arg(&hd).arg(&rd).arg(&p.pos).arg(&d.theta_scale).arg(&neox);
+        // SAFETY: qkv_finish(float* q, float* k, const float* v, const float* bq, const float*
+        // bk, const float* bv, u16* kc, u16* vc, int n_tok, int n_head, int n_head_kv, int hd,
+        // int rope_dim, const int* pos, float theta_scale, int neox): one thread per (token,
+        // head) over n·(n_head + 2·n_head_kv); q, k, v hold n rows (grown by grow_buffers); the
+        // biases are the layer's (qd, kvd, kvd values) or null; the caches hold
+        // `positions` rows and *pos + n <= positions (checked in `GpuDevice::run_layers` and
+        // `GpuDevice::run_attention`).
+        unsafe { launch.launch(elementwise(n * (d.n_head + 2 * d.n_head_kv))) }.map_err(driver)?;
+        let scale = 1.0 / (d.head_dim as f32).sqrt();
+        let cfg = LaunchConfig {
+            grid_dim: (d.n_head as u32, n as u32, 1),
+            block_dim: (if n == 1 { ATTN_THREADS_DECODE } else { ATTN_THREADS_BATCH }, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(if n == 1 { &k.attention_rows } else { &k.attention });
+        launch.arg(&p.q).arg(&kc).arg(&vc).arg(&p.att).arg(&nh).arg(&nkv).arg(&hd).arg(&p.pos).arg(&scale);
+        // SAFETY: attention(const float* q, const u16* kc, const u16* vc, float* out, int
+        // n_head, int n_head_kv, int hd, const int* pos, float scale): block (h, t) reads q
+        // and writes out at row t·n_head + h (n·qd values each), and reads cache rows
+        // 0..=*pos + t, all written (this batch's by qkv_finish above); head_dim is a multiple
+        // of 32 up to 256 and n_head a multiple of n_head_kv (`StackDims::supported`).
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        self.multi(&[(&l.mats[3], p.o)], p.att, None, n)?;
+        let one = 1i32;
+        let mut launch = stream.launch_builder(&k.add_norm);
+        launch.arg(&p.x).arg(&p.o).arg(&l.ffn_norm.data).arg(&p.h).arg(&e_i).arg(&eps).arg(&one);
+        // SAFETY: as the attention norm above.
+        unsafe { launch.launch(norm_cfg(n)) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Queues a layer's SwiGLU feed-forward on `h` for `n` tokens into `o`.
+    fn queue_ffn(&self, d: &StackDims, l: &GpuLayer, n: usize, p: &Pointers) -> Result<(), GpuError> {
+        self.multi(&[(&l.mats[4], p.g), (&l.mats[5], p.u)], p.h, None, n)?;
+        if n == 1 {
+            // Decode: silu(gate)·up computed as down reads it (one launch fewer).
+            return self.multi(&[(&l.mats[6], p.o)], p.g, Some(p.u), n);
+        }
+        // A batch: once per value, not once per row of down.
+        let total = (n * d.n_ff) as i64;
+        let mut launch = self.stream.launch_builder(&self.layer.silu_mul);
+        launch.arg(&p.g).arg(&p.u).arg(&total);
+        // SAFETY: silu_mul(float* g, const float* u, long long total) over n·n_ff values of each
+        // (grown by grow_buffers).
+        unsafe { launch.launch(elementwise(n * d.n_ff)) }.map_err(driver)?;
+        self.multi(&[(&l.mats[6], p.o)], p.g, None, n)
     }
 
     /// Queues up to three products of one input in one launch (`matvec_multi`): each matrix

@@ -150,4 +150,43 @@ impl GpuDevice {
         #[cfg(not(feature = "cuda"))]
         unreachable!("a GpuDevice exists only in builds with the cuda feature")
     }
+
+    /// Runs the attention half of `layer` for `n` tokens (rows of `x`, at positions `pos0..`):
+    /// norm, q/k/v, RoPE, the layer's KV cache, attention, o, and the residual — `x` receives
+    /// `x + attention(x)` — then the FFN's norm of it into `h` (`n × n_embd`). KAIROX's placement
+    /// of the hybrid decode: attention on the GPU, the FFN split between the GPU and the CPU.
+    /// Needs only the layer's first four matrices (q, k, v, o).
+    pub fn run_attention(
+        &mut self,
+        dims: &StackDims,
+        layer: &mut GpuLayer,
+        x: &mut [f32],
+        h: &mut [f32],
+        n: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        dims.supported().map_err(|msg| GpuError::Shape { name: "attention".into(), msg })?;
+        let e = dims.n_embd;
+        if x.len() < n * e || h.len() < n * e {
+            return Err(GpuError::Shape {
+                name: "attention".into(),
+                msg: format!("{} inputs and {} outputs for {n} tokens of {e}", x.len(), h.len()),
+            });
+        }
+        if pos0 + n > layer.kv.positions {
+            return Err(GpuError::Shape {
+                name: "KV cache".into(),
+                msg: format!("positions {pos0}..{} past its {}", pos0 + n, layer.kv.positions),
+            });
+        }
+        if layer.mats.len() < 4 {
+            return Err(GpuError::Shape { name: "attention".into(), msg: "the layer holds no q, k, v, o".into() });
+        }
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.run_attention(dims, layer, &mut x[..n * e], h, n, pos0)
+        }
+        #[cfg(not(feature = "cuda"))]
+        unreachable!("a GpuDevice exists only in builds with the cuda feature")
+    }
 }

@@ -237,13 +237,36 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
             !engine.selector().is_dense(),
             "--gpu-policy splits the active units of a sparsity selector between the GPU and the CPU: add --sparsity (topk, threshold, ...) or use -ngl for dense layers"
         );
-        let dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-policy)")?;
+        let mut dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-policy)")?;
+        let attention = sift_engine::gpu::attention_bytes(model, engine.n_ctx());
+        let (on_gpu, group_bytes) = sift_engine::hybrid::place_attention(gpu.gpu_attention, attention, gpu_bytes)
+            .map_err(|e| anyhow::anyhow!("--gpu-attention: {e}"))?;
         let o = sift_engine::hybrid::HybridOptions {
             policy,
             group_size: gpu.gpu_group_size.map(|g| g as usize),
-            gpu_bytes,
+            gpu_bytes: group_bytes,
         };
-        engine.attach_hybrid(dev, &o).context("cannot set up hybrid decode")?;
+        engine.attach_hybrid(&mut dev, &o).context("cannot set up hybrid decode")?;
+        if on_gpu {
+            let layers = GpuLayers::upload_attention(&engine.model, dev, engine.n_ctx())
+                .context("cannot put the layers' attention on the GPU (--gpu-attention off runs it on the CPU)")?;
+            eprintln!("sift: {}", layers.summary());
+            engine.attach_gpu(layers);
+        } else {
+            eprintln!(
+                "sift: attention on the CPU{}",
+                if gpu.gpu_attention == sift_engine::hybrid::AttentionPlacement::Cpu {
+                    String::new()
+                } else {
+                    format!(
+                        " (with its KV cache for -c {} it takes {:.1} MiB, more than --gpu-memory's {:.1} MiB)",
+                        engine.n_ctx(),
+                        attention as f64 / (1 << 20) as f64,
+                        gpu_bytes as f64 / (1 << 20) as f64
+                    )
+                }
+            );
+        }
         eprintln!("sift: {}", engine.hybrid().expect("attached").summary());
         return Ok(());
     }

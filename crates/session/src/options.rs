@@ -352,6 +352,17 @@ pub struct GpuOptions {
     /// measured transfer curve (the smallest transfer reaching 80 % of its best bandwidth)
     #[arg(long = "gpu-group-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub gpu_group_size: Option<u32>,
+    /// Where the hybrid decode runs attention: auto (on the GPU when every layer's attention and
+    /// its KV cache for the context fit --gpu-memory, KAIROX's placement; the FFN's groups get
+    /// the rest), on (or an error), off (on the CPU)
+    #[arg(long = "gpu-attention", value_name = "auto|on|off", default_value = "auto", value_parser = parse_gpu_attention)]
+    pub gpu_attention: sift_engine::hybrid::AttentionPlacement,
+}
+
+fn parse_gpu_attention(s: &str) -> Result<sift_engine::hybrid::AttentionPlacement, String> {
+    use sift_engine::hybrid::AttentionPlacement;
+    AttentionPlacement::parse(s)
+        .ok_or_else(|| format!("unknown --gpu-attention '{s}': use one of {}", AttentionPlacement::NAMES.join(", ")))
 }
 
 fn parse_gpu_policy(s: &str) -> Result<sift_engine::balancer::BalancePolicy, String> {
