@@ -5,8 +5,8 @@ use crate::stack::{GpuHead, GpuLayer, StackDims};
 use crate::{GpuError, GpuJob, GpuMatrix};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    result, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use sift_quant::WeightType;
 use std::sync::Arc;
@@ -111,6 +111,10 @@ pub(crate) struct Device {
     graphs: Vec<(GraphKey, CudaGraph)>,
     /// The hybrid tier's column product (`crate::GpuColumns`).
     cols: CudaFunction,
+    /// The position in the device's `pos` (uploaded once per token, not once per layer).
+    pos_now: Option<usize>,
+    /// Page-locked staging of a decode step's attention half: `x` in, `x` and `h` out.
+    stage: Option<PinnedHostSlice<f32>>,
 }
 
 pub(crate) fn driver(e: cudarc::driver::DriverError) -> GpuError {
@@ -182,7 +186,17 @@ impl Device {
             silu_mul: f("silu_mul")?,
         };
         let cols = f("axpy_cols_q8")?;
-        Ok(Device { ctx, stream, matvec, layer, buf: Buffers::default(), graphs: Vec::new(), cols })
+        Ok(Device {
+            ctx,
+            stream,
+            matvec,
+            layer,
+            buf: Buffers::default(),
+            graphs: Vec::new(),
+            cols,
+            pos_now: None,
+            stage: None,
+        })
     }
 
     pub(crate) fn name(&self) -> String {
@@ -309,6 +323,7 @@ impl Device {
         moved |= grow(&stream, &mut b.pos, 1)?;
         if moved {
             self.graphs.clear();
+            self.pos_now = None;
         }
         Ok(())
     }
@@ -318,8 +333,18 @@ impl Device {
         let stream = self.stream.clone();
         let bx = self.buf.x.as_mut().expect("grown by grow_buffers");
         stream.memcpy_htod(x, &mut bx.slice_mut(..x.len())).map_err(driver)?;
+        self.set_pos(pos0)
+    }
+
+    /// The first position of the batch into the device's `pos`, unless it is there already.
+    fn set_pos(&mut self, pos0: usize) -> Result<(), GpuError> {
+        if self.pos_now == Some(pos0) {
+            return Ok(());
+        }
         let bpos = self.buf.pos.as_mut().expect("grown by grow_buffers");
-        stream.memcpy_htod(&[pos0 as i32], &mut bpos.slice_mut(..1)).map_err(driver)
+        self.stream.memcpy_htod(&[pos0 as i32], &mut bpos.slice_mut(..1)).map_err(driver)?;
+        self.pos_now = Some(pos0);
+        Ok(())
     }
 
     /// Runs what `queue` queues: a decode step (`n == 1`) as the graph captured for `key` the
@@ -392,16 +417,72 @@ impl Device {
         let stream = self.stream.clone();
         let e = d.n_embd;
         self.grow_buffers(d, n, 0)?;
-        self.copy_in(x, pos0)?;
         let key: GraphKey = (layer as *const GpuLayer as usize, 1, false, true);
-        self.launch_step(n, key, &mut |dev| {
+        let mut queue = |dev: &mut Self| {
             let p = dev.pointers();
             dev.queue_attention(d, layer, n, 0, &p)
-        })?;
+        };
+        if n == 1 {
+            // A decode step: its copies through page-locked staging, asynchronous, one wait.
+            let mut stage = match self.stage.take() {
+                Some(s) if s.len() >= 2 * e => s,
+                _ => crate::cuda_columns::pinned::<f32>(&self.ctx, 2 * e)?,
+            };
+            let run = self.attention_step(e, &mut stage, x, h, pos0, key, &mut queue);
+            if run.is_err() {
+                // Copies may still use the staging: let them end before it can be freed.
+                let _ = stream.synchronize();
+            }
+            self.stage = Some(stage);
+            return run;
+        }
+        self.copy_in(x, pos0)?;
+        self.launch_step(n, key, &mut queue)?;
         let (bx, bh) = (self.buf.x.as_ref().expect("grown above"), self.buf.h.as_ref().expect("grown above"));
         stream.memcpy_dtoh(&bx.slice(..n * e), x).map_err(driver)?;
         stream.memcpy_dtoh(&bh.slice(..n * e), &mut h[..n * e]).map_err(driver)?;
         stream.synchronize().map_err(driver)
+    }
+
+    /// One token's attention half with its copies through `stage` (page-locked, `2·e` values):
+    /// `x` in, the graph, `x` and `h` out, one synchronisation.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_step(
+        &mut self,
+        e: usize,
+        stage: &mut PinnedHostSlice<f32>,
+        x: &mut [f32],
+        h: &mut [f32],
+        pos0: usize,
+        key: GraphKey,
+        queue: &mut dyn FnMut(&mut Self) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        let stream = self.stream.clone();
+        let st = stream.cu_stream();
+        stage.as_mut_slice().map_err(driver)?[..e].copy_from_slice(&x[..e]);
+        let dx = self.buf.x.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
+        let dh = self.buf.h.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
+        self.ctx.bind_to_thread().map_err(driver)?;
+        // SAFETY: `stage` is page-locked, holds 2·e values and outlives the copies (the caller
+        // synchronises before it could be freed); `dx` and `dh` hold at least e values (grown by
+        // grow_buffers for one token).
+        unsafe { result::memcpy_htod_async(dx, &stage.as_slice().map_err(driver)?[..e], st) }.map_err(driver)?;
+        self.set_pos(pos0)?;
+        self.launch_step(1, key, queue)?;
+        {
+            let out = stage.as_mut_slice().map_err(driver)?;
+            let (sx, sh) = out.split_at_mut(e);
+            // SAFETY: as above; the copies are ordered after the graph on `stream`.
+            unsafe {
+                result::memcpy_dtoh_async(sx, dx, st).map_err(driver)?;
+                result::memcpy_dtoh_async(&mut sh[..e], dh, st).map_err(driver)?;
+            }
+        }
+        stream.synchronize().map_err(driver)?;
+        let out = stage.as_slice().map_err(driver)?;
+        x[..e].copy_from_slice(&out[..e]);
+        h[..e].copy_from_slice(&out[e..2 * e]);
+        Ok(())
     }
 
     /// The device addresses of the activation buffers (grown by `grow_buffers`). matvec_multi

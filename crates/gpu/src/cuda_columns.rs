@@ -28,18 +28,18 @@ pub(crate) struct Columns {
     /// Per pool: recorded on the critical stream after its last computation, and whether a load
     /// has yet to wait for it.
     used: Vec<(CudaEvent, bool)>,
-    h_idx: PinnedHostSlice<i32>,
-    h_coef: PinnedHostSlice<f32>,
+    /// A product's arguments, staged: its `n` column indices, then their `n` factors (as f32
+    /// bits), so that one copy takes both.
+    h_args: PinnedHostSlice<u32>,
     h_y: PinnedHostSlice<f32>,
-    d_idx: CudaSlice<i32>,
-    d_coef: CudaSlice<f32>,
+    d_args: CudaSlice<u32>,
     d_y: CudaSlice<f32>,
     done: CudaEvent,
     /// Outputs of the computation in flight.
     in_flight: Option<usize>,
 }
 
-fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(crate) fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     ctx: &Arc<CudaContext>,
     n: usize,
 ) -> Result<PinnedHostSlice<T>, GpuError> {
@@ -84,11 +84,9 @@ impl Columns {
             slots,
             loaded,
             used,
-            h_idx: pinned(&ctx, max_cols)?,
-            h_coef: pinned(&ctx, max_cols)?,
+            h_args: pinned(&ctx, 2 * max_cols)?,
             h_y: pinned(&ctx, max_out)?,
-            d_idx: critical.alloc_zeros::<i32>(max_cols).map_err(driver)?,
-            d_coef: critical.alloc_zeros::<f32>(max_cols).map_err(driver)?,
+            d_args: critical.alloc_zeros::<u32>(2 * max_cols).map_err(driver)?,
             d_y: critical.alloc_zeros::<f32>(max_out).map_err(driver)?,
             done: event()?,
             in_flight: None,
@@ -142,24 +140,23 @@ impl Columns {
             *pending = false;
         }
         // The staging buffers are free: the previous computation was finished (synchronised).
-        let hi = &mut self.h_idx.as_mut_slice().map_err(driver)?[..n];
-        for (h, &c) in hi.iter_mut().zip(idx) {
-            *h = c as i32;
+        let args = &mut self.h_args.as_mut_slice().map_err(driver)?[..2 * n];
+        for (a, &c) in args[..n].iter_mut().zip(idx) {
+            *a = c;
         }
-        self.h_coef.as_mut_slice().map_err(driver)?[..n].copy_from_slice(coef);
+        for (a, &f) in args[n..].iter_mut().zip(coef) {
+            *a = f.to_bits();
+        }
         let st = self.critical.cu_stream();
-        let (d_idx, d_coef, d_y) = (
-            self.d_idx.device_ptr(&self.critical).0,
-            self.d_coef.device_ptr(&self.critical).0,
-            self.d_y.device_ptr(&self.critical).0,
-        );
+        let (d_idx, d_y) = (self.d_args.device_ptr(&self.critical).0, self.d_y.device_ptr(&self.critical).0);
+        let d_coef = d_idx + 4 * n as u64;
         self.ctx.bind_to_thread().map_err(driver)?;
-        // SAFETY: the sources are the first `n` values of page-locked staging buffers sized for
-        // the largest pool (n <= slots·group_size, checked by the caller), untouched until
-        // `finish` has synchronised; the destinations hold as many values; `d_y` holds n_out.
+        // SAFETY: the source is the first 2n values of a page-locked staging buffer sized for
+        // twice the largest pool's columns (n <= slots·group_size, checked by the caller),
+        // untouched until `finish` has synchronised; `d_args` holds as many values; `d_y` holds
+        // n_out.
         unsafe {
-            result::memcpy_htod_async(d_idx, &self.h_idx.as_slice().map_err(driver)?[..n], st).map_err(driver)?;
-            result::memcpy_htod_async(d_coef, &self.h_coef.as_slice().map_err(driver)?[..n], st).map_err(driver)?;
+            result::memcpy_htod_async(d_idx, &self.h_args.as_slice().map_err(driver)?[..2 * n], st).map_err(driver)?;
             result::memset_d8_async(d_y, 0, s.n_out * 4, st).map_err(driver)?;
         }
         if n > 0 {
@@ -170,18 +167,13 @@ impl Columns {
             };
             let (cb, n_i, n_out) = (s.unit_bytes() as i64, n as i32, s.n_out as i32);
             let mut launch = self.critical.launch_builder(&self.kernel);
-            launch
-                .arg(&self.slots[pool])
-                .arg(&cb)
-                .arg(&self.d_idx)
-                .arg(&self.d_coef)
-                .arg(&n_i)
-                .arg(&self.d_y)
-                .arg(&n_out);
+            launch.arg(&self.slots[pool]).arg(&cb).arg(&d_idx).arg(&d_coef).arg(&n_i).arg(&self.d_y).arg(&n_out);
             // SAFETY: axpy_cols_q8(const u8* pool, long long col_bytes, const int* idx, const
             // float* coef, int n_active, float* y, int n_out): every index < slots·group_size
             // (checked by the caller), so each column read lies in the pool's slots of
-            // slots·group_size columns of `cb` bytes; n indices and factors, n_out outputs.
+            // slots·group_size columns of `cb` bytes; n indices then n factors in `d_args`
+            // (copied above; event tracking is off, so the raw addresses need no guard), n_out
+            // outputs.
             unsafe { launch.launch(cfg) }.map_err(driver)?;
         }
         // SAFETY: `h_y` is page-locked and holds at least n_out values; read only after `done`.
