@@ -98,6 +98,11 @@ pub fn layer_bytes(model: &Model, l: usize, kv_positions: usize) -> u64 {
     mats + 4 * vecs as u64 + GpuKv::bytes_for(kv_positions, model.config.n_embd_kv())
 }
 
+/// Device bytes of the final norm and the output head.
+pub fn head_bytes(model: &Model) -> u64 {
+    tensor_bytes(&model.output) + 4 * model.output_norm.len() as u64
+}
+
 /// The four matrices of a layer's attention half.
 const ATTENTION_OPS: [OpKind; 4] = [OpKind::Q, OpKind::K, OpKind::V, OpKind::O];
 
@@ -178,11 +183,17 @@ impl GpuLayers {
     /// Copies every layer's attention half to `dev` (q, k, v, o, norms, biases, a KV cache of
     /// `kv_positions`): KAIROX's placement for the hybrid decode, run by
     /// [`GpuLayers::run_attention`]. Fails when the GPU's attention does not take the model's
-    /// shapes.
-    pub fn upload_attention(model: &Model, dev: GpuDevice, kv_positions: usize) -> Result<GpuLayers, GpuError> {
+    /// shapes. With `head`, the final norm and the output head too (run by
+    /// [`GpuLayers::output_head`] on the CPU's final norm).
+    pub fn upload_attention(
+        model: &Model,
+        dev: GpuDevice,
+        kv_positions: usize,
+        head: bool,
+    ) -> Result<GpuLayers, GpuError> {
         let n_layer = model.layers.len();
-        let mut g =
-            Self::upload_ops(model, dev, GpuPlacement::from_layers(n_layer, n_layer), kv_positions, &ATTENTION_OPS)?;
+        let placement = GpuPlacement::from_layers(n_layer + head as usize, n_layer);
+        let mut g = Self::upload_ops(model, dev, placement, kv_positions, &ATTENTION_OPS)?;
         if let Some(why) = &g.whole_layers_off {
             return Err(GpuError::Shape {
                 name: "attention".into(),
@@ -190,7 +201,7 @@ impl GpuLayers {
             });
         }
         g.attention_only = true;
-        g.bytes = attention_bytes(model, kv_positions);
+        g.bytes = attention_bytes(model, kv_positions) + if head { head_bytes(model) } else { 0 };
         Ok(g)
     }
 
@@ -350,9 +361,10 @@ impl GpuLayers {
         let p = &self.placement;
         if self.attention_only {
             return format!(
-                "attention of {}/{} layers on GPU {} ({}): {:.1} MiB with the KV cache (f16); the FFN on the CPU",
+                "attention of {}/{} layers{} on GPU {} ({}): {:.1} MiB with the KV cache (f16)",
                 p.n_layer - p.first_layer,
                 p.n_layer,
+                if p.output { " and the output head" } else { "" },
                 self.dev.ordinal,
                 self.dev.name,
                 self.bytes as f64 / (1 << 20) as f64

@@ -5,9 +5,9 @@
 //! The units are sift's sparse units: the input channels of the FFN's two selection sites, a
 //! channel of the FFN input (its gate and up columns) and a neuron of the GLU (its down column),
 //! in the pack's unit order. Attention runs on the GPU too when it fits the budget (KAIROX's
-//! placement, [`place_attention`]: every layer's attention half and its KV cache first, the
-//! unit groups in what is left; [`crate::gpu::GpuLayers::upload_attention`]), else on the CPU;
-//! the head and the norms of the CPU's side run on the CPU. Per decoded token and FFN site:
+//! placement, [`place_attention`]: every layer's attention half and its KV cache first, then the
+//! output head if it fits, the unit groups in what is left;
+//! [`crate::gpu::GpuLayers::upload_attention`]), else on the CPU with the head. Per decoded token and FFN site:
 //! 1. the selector's active units are split by the groups the GPU holds ([`NeuronBalancer::plan`];
 //!    eager first queues its missing groups);
 //! 2. the GPU's share is queued on the critical stream (it waits for loads still on their way: an
@@ -74,21 +74,41 @@ impl AttentionPlacement {
     }
 }
 
+/// What [`place_attention`] put on the GPU, and the bytes left for unit groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DensePlacement {
+    pub attention: bool,
+    pub head: bool,
+    pub group_bytes: u64,
+}
+
 /// KAIROX's placement: whether attention goes on the GPU (taking `attention` bytes, its KV
-/// cache counted in, of the `gpu_bytes` budget), and the bytes left for unit groups. Attention
-/// first because a GPU byte of it saves the CPU a byte read every token, where a byte of group
-/// slots holds about half a byte of a 4-bit model's columns (Q8_0) read only while active.
-pub fn place_attention(mode: AttentionPlacement, attention: u64, gpu_bytes: u64) -> Result<(bool, u64), String> {
+/// cache counted in, of the `gpu_bytes` budget), then the output head (`head` bytes) when it fits
+/// in what is left, and the bytes left for unit groups. The dense parts first because a GPU byte
+/// of them saves the CPU a byte read every token, where a byte of group slots holds about half a
+/// byte of a 4-bit model's columns (Q8_0), read only while active.
+pub fn place_attention(
+    mode: AttentionPlacement,
+    attention: u64,
+    head: u64,
+    gpu_bytes: u64,
+) -> Result<DensePlacement, String> {
+    let none = DensePlacement { attention: false, head: false, group_bytes: gpu_bytes };
     let fits = attention <= gpu_bytes;
     match mode {
-        AttentionPlacement::Cpu => Ok((false, gpu_bytes)),
-        AttentionPlacement::Auto if !fits => Ok((false, gpu_bytes)),
+        AttentionPlacement::Cpu => Ok(none),
+        AttentionPlacement::Auto if !fits => Ok(none),
         AttentionPlacement::Gpu if !fits => Err(format!(
             "attention of every layer with its KV cache takes {:.1} MiB, more than the {:.1} MiB of --gpu-memory: raise --gpu-memory, lower the context (-c) or use --gpu-attention off",
             attention as f64 / (1 << 20) as f64,
             gpu_bytes as f64 / (1 << 20) as f64
         )),
-        _ => Ok((true, gpu_bytes - attention)),
+        _ => {
+            let left = gpu_bytes - attention;
+            let with_head = head <= left;
+            let group_bytes = if with_head { left - head } else { left };
+            Ok(DensePlacement { attention: true, head: with_head, group_bytes })
+        }
     }
 }
 
@@ -475,13 +495,16 @@ mod tests {
     #[test]
     fn attention_takes_its_bytes_first_when_it_fits() {
         use AttentionPlacement::*;
-        assert_eq!(place_attention(Auto, 30, 100), Ok((true, 70)));
-        assert_eq!(place_attention(Auto, 100, 100), Ok((true, 0)));
-        assert_eq!(place_attention(Auto, 101, 100), Ok((false, 100)));
-        assert_eq!(place_attention(Gpu, 30, 100), Ok((true, 70)));
-        let err = place_attention(Gpu, 3 << 20, 2 << 20).unwrap_err();
+        let p = |attention, head, group_bytes| DensePlacement { attention, head, group_bytes };
+        assert_eq!(place_attention(Auto, 30, 80, 100), Ok(p(true, false, 70)));
+        assert_eq!(place_attention(Auto, 30, 20, 100), Ok(p(true, true, 50)));
+        assert_eq!(place_attention(Auto, 30, 70, 100), Ok(p(true, true, 0)));
+        assert_eq!(place_attention(Auto, 100, 0, 100), Ok(p(true, true, 0)));
+        assert_eq!(place_attention(Auto, 101, 1, 100), Ok(p(false, false, 100)));
+        assert_eq!(place_attention(Gpu, 30, 90, 100), Ok(p(true, false, 70)));
+        let err = place_attention(Gpu, 3 << 20, 0, 2 << 20).unwrap_err();
         assert!(err.contains("3.0 MiB") && err.contains("2.0 MiB") && err.contains("--gpu-attention off"), "{err}");
-        assert_eq!(place_attention(Cpu, 30, 100), Ok((false, 100)));
+        assert_eq!(place_attention(Cpu, 30, 20, 100), Ok(p(false, false, 100)));
         for name in AttentionPlacement::NAMES {
             assert!(AttentionPlacement::parse(name).is_some());
         }

@@ -255,8 +255,8 @@ impl Selector for EveryOtherFfn {
 }
 
 /// KAIROX's placement (`--gpu-attention on`): every layer's attention half on the GPU over the
-/// GPU's KV cache (prompt and decode steps), the FFN split between the GPU's column pools and the
-/// CPU. For every policy, a WikiText-2 prompt and 24 teacher-forced steps give the CPU's greedy
+/// GPU's KV cache (prompt and decode steps), for every other policy the output head too, the FFN
+/// split between the GPU's column pools and the CPU. For every policy, a WikiText-2 prompt and 24 teacher-forced steps give the CPU's greedy
 /// choices (at most 3 of the 24 differ) and logits within 5 % of their spread: the GPU's
 /// attention multiplies f32 activations where the CPU rounds them to 8 bits, as `-ngl` does
 /// (97.7 % of greedy choices over 128 positions above), on top of the Q8_0 columns (measured on
@@ -281,14 +281,17 @@ fn hybrid_decode_with_attention_on_the_gpu_gives_the_cpu_logits() {
         e
     };
     let want = decode_logits(&mut engine(), prompt, forced);
-    for name in BalancePolicy::NAMES {
+    for (i, name) in BalancePolicy::NAMES.iter().enumerate() {
         let o =
             HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: Some(16), gpu_bytes: 24 << 20 };
         let mut e = engine();
         let mut dev = GpuDevice::open(0).unwrap();
         e.attach_hybrid(&mut dev, &o).unwrap();
-        let layers = GpuLayers::upload_attention(&e.model, dev, e.n_ctx()).unwrap();
+        // Every other policy with the output head on the GPU too.
+        let head = i % 2 == 1;
+        let layers = GpuLayers::upload_attention(&e.model, dev, e.n_ctx(), head).unwrap();
         assert!(layers.attention_only() && !layers.holds(0) && !layers.whole_layers());
+        assert_eq!(layers.holds_output(), head);
         eprintln!("{}; {}", layers.summary(), e.hybrid().unwrap().summary());
         e.attach_gpu(layers);
         for round in 0..2 {

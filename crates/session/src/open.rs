@@ -239,16 +239,17 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
         );
         let mut dev = sift_gpu::GpuDevice::open(gpu.main_gpu).context("cannot use the GPU (--gpu-policy)")?;
         let attention = sift_engine::gpu::attention_bytes(model, engine.n_ctx());
-        let (on_gpu, group_bytes) = sift_engine::hybrid::place_attention(gpu.gpu_attention, attention, gpu_bytes)
+        let head = sift_engine::gpu::head_bytes(model);
+        let dense = sift_engine::hybrid::place_attention(gpu.gpu_attention, attention, head, gpu_bytes)
             .map_err(|e| anyhow::anyhow!("--gpu-attention: {e}"))?;
         let o = sift_engine::hybrid::HybridOptions {
             policy,
             group_size: gpu.gpu_group_size.map(|g| g as usize),
-            gpu_bytes: group_bytes,
+            gpu_bytes: dense.group_bytes,
         };
         engine.attach_hybrid(&mut dev, &o).context("cannot set up hybrid decode")?;
-        if on_gpu {
-            let layers = GpuLayers::upload_attention(&engine.model, dev, engine.n_ctx())
+        if dense.attention {
+            let layers = GpuLayers::upload_attention(&engine.model, dev, engine.n_ctx(), dense.head)
                 .context("cannot put the layers' attention on the GPU (--gpu-attention off runs it on the CPU)")?;
             eprintln!("sift: {}", layers.summary());
             engine.attach_gpu(layers);
