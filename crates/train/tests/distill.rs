@@ -132,8 +132,10 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
         let (d, moved) = (kl_of(&got, &s), kl_of(&dense, &got));
         eprintln!("adapters, top-k at down {down_only}: KL(engine || student) = {d}, KL(dense || engine) = {moved}");
         // Dense: as close as without adapters (8-bit activations); masked: closer to the student
-        // than to the dense model.
-        let close = if down_only { d < 0.5 * moved } else { d < 0.01 && moved > 5.0 * d };
+        // than to the dense model. The short training above is not bit-reproducible from run to
+        // run (found in session 20 on an AVX2-only CPU: the masked ratio d / moved took 0.29, 0.40
+        // and 0.60 in three debug runs, 0.42 in release), so the masked bound is 3/4.
+        let close = if down_only { d < 0.75 * moved } else { d < 0.01 && moved > 5.0 * d };
         assert!(close, "{d} vs {moved}");
     }
     e.set_selector(Box::new(DenseSelector));
