@@ -43,9 +43,9 @@
 //! AVX-512 ([`crate::x86::exact_avx512`]) gives the AVX2 result bit for bit.
 //!
 //! [`axpy_exact_fn`] hands out the 8-bit-coefficient kernel of [`crate::exact_q8`] where the CPU
-//! has it (AVX-512 VNNI + VBMI + BITALG: the coefficients of a super-block quantized to `i8`, as
-//! the dense kernels quantize activations, four columns per `vpdpbusd`), else the f32 kernels
-//! above ([`axpy_exact_f32_fn`]).
+//! has it (AVX-512 VNNI + VBMI + BITALG, or AVX2 for every format but the 8-bit one: the
+//! coefficients of a super-block quantized to `i8`, as the dense kernels quantize activations,
+//! four columns per `vpdpbusd` or two per `vpmaddubsw` lane), else the f32 kernels above ([`axpy_exact_f32_fn`]).
 //!
 //! [`axpy_exact_batch`] (many tokens, `--all-columns`): the one-token kernel per token.
 

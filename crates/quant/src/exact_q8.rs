@@ -6,7 +6,8 @@
 //! decode's ~28). Here the coefficients of a *group* (the active inputs of one source
 //! super-block) are quantized to `i8` with one scale, as the dense kernels quantize activations to
 //! Q8, and the VNNI kernel ([`crate::x86::exact_vnni`]) multiplies four columns' integers by their
-//! four coefficients and sums them in one `vpdpbusd`. The weights stay the source's, value for
+//! four coefficients and sums them in one `vpdpbusd` (AVX2: two columns per `vpmaddubsw` lane,
+//! [`crate::x86::exact_q8_avx2`]). The weights stay the source's, value for
 //! value; the coefficients carry the same 8-bit rounding the dense path's activations carry
 //! (per 256 inputs for the K-quants, as Q8_K; per 32 for the legacy formats, as Q8_0).
 //!
@@ -150,12 +151,21 @@ pub fn axpy_exact_q8_scalar(
     }
 }
 
-/// The SIMD 8-bit-coefficient kernel for `fmt` at or below `isa`, if this CPU has one (AVX-512
-/// VNNI with VBMI and BITALG).
+/// The SIMD 8-bit-coefficient kernel for `fmt` at or below `isa`, if this CPU has one: AVX-512
+/// VNNI with VBMI and BITALG, else AVX2 (not for the 8-bit format, whose products would saturate
+/// AVX2's `vpmaddubsw`: the f32 kernel serves it there).
 pub fn axpy_exact_q8_fn(fmt: ExactFormat, isa: Isa) -> Option<ExactAxpyFn> {
     #[cfg(target_arch = "x86_64")]
-    if isa.min(Isa::detect()) >= Isa::Avx512Vnni {
-        return crate::x86::exact_vnni::vnni_axpy_fn(fmt);
+    {
+        let isa = isa.min(Isa::detect());
+        if isa >= Isa::Avx512Vnni {
+            if let Some(f) = crate::x86::exact_vnni::vnni_axpy_fn(fmt) {
+                return Some(f);
+            }
+        }
+        if isa >= Isa::Avx2 {
+            return crate::x86::exact_q8_avx2::avx2_q8_axpy_fn(fmt);
+        }
     }
     let _ = (fmt, isa);
     None

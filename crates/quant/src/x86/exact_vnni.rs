@@ -45,9 +45,9 @@
 //! lies within a column and `y` is as long as the pieces need. The 5- and 6-bit chunks are read
 //! with masked loads of exactly `chunk_bytes`. Prefetches are hints computed with `wrapping_add`.
 
+use super::exact_plan::{Group, Pass, Plan, Quad, Run, PLAN};
 use super::has_avx512;
-use crate::exact::{check_axpy_exact, piece_offset, runs, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales, RUN_BREAK};
-use crate::exact_q8::{groups, quantize_group};
+use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -326,135 +326,6 @@ fn rows_in_order(a: [__m512i; 4]) -> [__m512i; 4] {
         _mm512_shuffle_i32x4::<0x88>(t1, t3),
         _mm512_shuffle_i32x4::<0xDD>(t1, t3),
     ]
-}
-
-/// A quad: its four column pointers (a padded quad repeats a column), its four coefficients and
-/// its run (an index into [`Plan::runs`]).
-#[derive(Clone, Copy)]
-struct Quad {
-    ptrs: [*const u8; 4],
-    cq: i32,
-    run: usize,
-}
-
-/// One run: its quads `q0..q1`, `ΣC`, and where its sub-scales start in the scale plane.
-#[derive(Clone, Copy)]
-struct Run {
-    q0: usize,
-    q1: usize,
-    sum_c: i32,
-    sub_at: usize,
-}
-
-/// A pass over the output chunks: quads `q0..q1` of group `group`.
-#[derive(Clone, Copy)]
-struct Pass {
-    q0: usize,
-    q1: usize,
-    group: usize,
-    /// The group's first pass (its sums start from zero) / last pass (it adds them to `y`).
-    first: bool,
-    last: bool,
-}
-
-/// One group: its coefficients' scale, its super-block record, where its piece's outputs start.
-#[derive(Clone, Copy)]
-struct Group {
-    s: f32,
-    base: usize,
-    y_off: usize,
-    /// `ΣC` of its (only) run, for the legacy formats' offset term.
-    sum_c: i32,
-    /// Its runs (indices into [`Plan::runs`]).
-    run0: usize,
-    run1: usize,
-}
-
-/// Quads per pass: each pass streams through `4 · PASS_QUADS` columns at once (and prefetches as
-/// many), few enough for the TLB and the hardware prefetchers (module docs); a group's integer sums are kept
-/// between its passes (exact, so the passes change nothing in the result).
-const PASS_QUADS: usize = 8;
-
-/// A call's work laid out before any column is read, and the integer sums kept between passes.
-#[derive(Default)]
-struct Plan {
-    quads: Vec<Quad>,
-    runs: Vec<Run>,
-    passes: Vec<Pass>,
-    groups: Vec<Group>,
-    /// Per output chunk: a run's partial sums (32), the group's `acc` (32) and `M` (32).
-    sums: Vec<i32>,
-}
-
-thread_local! {
-    static PLAN: std::cell::RefCell<Plan> = std::cell::RefCell::new(Plan::default());
-}
-
-impl Plan {
-    /// Groups, runs, quads and passes of a call (arguments checked, see the module docs).
-    fn build(&mut self, m: &ExactMatrix<'_>, idx: &[u32], units: &[u32], coef: &[f32], y_len: usize, width: usize) {
-        let f = m.fmt;
-        let n_out = m.n_out;
-        let rec = f.scale_record_bytes(n_out);
-        let f16s = if f.has_offset { 4 } else { 2 };
-        let sub_stride = if f.has_offset { 2 * n_out } else { n_out };
-        let cb = m.col_bytes();
-        let cols = m.cols.as_ptr();
-        self.quads.clear();
-        self.runs.clear();
-        self.passes.clear();
-        self.groups.clear();
-        let mut c8 = [0i8; RUN_BREAK];
-        for (g0, g1) in groups(units, &f) {
-            let s = quantize_group(&coef[g0..g1], &mut c8[..g1 - g0]);
-            let base = (units[g0] as usize / f.super_block) * rec;
-            let q_start = self.quads.len();
-            let run_start = self.runs.len();
-            let mut sum_c_first = 0;
-            for (r0, r1) in runs(&units[g0..g1], f.sub_block) {
-                let q0 = self.quads.len();
-                let mut sum_c = 0i32;
-                for i in (r0..r1).step_by(4) {
-                    let mut ptrs = [cols; 4];
-                    let mut cq = [0u8; 4];
-                    for (j, p) in ptrs.iter_mut().enumerate() {
-                        // Padding repeats the run's last column with a zero coefficient; `idx`
-                        // entries name whole columns (checked), so the pointers lie within `m.cols`.
-                        *p = cols.wrapping_add(idx[g0 + (i + j).min(r1 - 1)] as usize * cb);
-                        if i + j < r1 {
-                            cq[j] = c8[i + j] as u8;
-                            sum_c += c8[i + j] as i32;
-                        }
-                    }
-                    self.quads.push(Quad { ptrs, cq: i32::from_le_bytes(cq), run: self.runs.len() });
-                }
-                let u = units[g0 + r0] as usize;
-                let sub_at = base + f16s * n_out + ((u % f.super_block) / f.sub_block) * sub_stride;
-                if q0 == q_start {
-                    sum_c_first = sum_c;
-                }
-                self.runs.push(Run { q0, q1: self.quads.len(), sum_c, sub_at });
-            }
-            let group = self.groups.len();
-            let (run0, run1) = (run_start, self.runs.len());
-            self.groups.push(Group { s, base, y_off: piece_offset(g0, y_len, width), sum_c: sum_c_first, run0, run1 });
-            // Passes of whole runs, up to PASS_QUADS quads; a longer run is cut into passes of
-            // PASS_QUADS (its partial sums kept between them).
-            let q_end = self.quads.len();
-            let mut p0 = q_start;
-            for r in &self.runs[run_start..] {
-                if r.q1 - p0 > PASS_QUADS && r.q0 > p0 {
-                    self.passes.push(Pass { q0: p0, q1: r.q0, group, first: p0 == q_start, last: false });
-                    p0 = r.q0;
-                }
-                while r.q1 - p0 > PASS_QUADS {
-                    self.passes.push(Pass { q0: p0, q1: p0 + PASS_QUADS, group, first: p0 == q_start, last: false });
-                    p0 += PASS_QUADS;
-                }
-            }
-            self.passes.push(Pass { q0: p0, q1: q_end, group, first: p0 == q_start, last: true });
-        }
-    }
 }
 
 /// The loop of the module docs.

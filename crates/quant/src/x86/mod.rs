@@ -18,7 +18,7 @@
 //! | Q4_K packed 16 rows ([`crate::packed_q4k_x16`]) | (8 rows instead) | [`packed_q4k_x16`] |
 //! | Q5_0 packed 16 rows ([`crate::packed_q5_0`]) | (plain layout kept) | [`packed_q5_0`] |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
-//! | exact column kernels | [`exact`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`], many tokens [`exact_vnni_tokens`] |
+//! | exact column kernels | [`exact`]; 8-bit coefficients: [`exact_q8_avx2`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`], many tokens [`exact_vnni_tokens`] (both laid out by [`exact_plan`]) |
 //! | activation quantizers (Q8_0, Q8_1, Q8_K) | [`quantize`] | (the AVX2 ones) |
 //!
 //! Shared by the non-K block kernels: [`block_dot`] (the `block_dot!` loop every one of them runs,
@@ -49,6 +49,8 @@ pub mod block_dot;
 pub mod columns;
 pub mod exact;
 pub mod exact_avx512;
+pub mod exact_plan;
+pub mod exact_q8_avx2;
 pub mod exact_vnni;
 pub mod exact_vnni_tokens;
 pub mod float;
