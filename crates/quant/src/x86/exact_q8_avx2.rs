@@ -170,13 +170,23 @@ unsafe fn load_quad<const BITS: u8>(p: &[*const u8; 4], off: usize, t: &Planes) 
         )
     };
     let m = _mm256_set1_epi8(15);
+    if BITS == 4 {
+        // Unpack first, then split the nibbles: two unpacks instead of four.
+        let (lo, hi) = (_mm256_unpacklo_epi8(ab, cd), _mm256_unpackhi_epi8(ab, cd));
+        return [
+            _mm256_and_si256(lo, m),
+            _mm256_and_si256(hi, m),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(lo), m),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(hi), m),
+        ];
+    }
     let mut v = [
         _mm256_and_si256(ab, m),
         _mm256_and_si256(cd, m),
         _mm256_and_si256(_mm256_srli_epi16::<4>(ab), m),
         _mm256_and_si256(_mm256_srli_epi16::<4>(cd), m),
     ];
-    if BITS > 4 {
+    {
         for (plane, add) in [(0, 16), (1, 32)].into_iter().take(BITS as usize - 4) {
             let a = _mm256_set1_epi8(add);
             for (k, x) in v.iter_mut().enumerate() {
