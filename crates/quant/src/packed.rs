@@ -233,7 +233,7 @@ pub fn gemm_q4k_x8_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; GEMM_TOKEN
 /// Whether Q4_K matrices are packed 16 rows to a group ([`crate::packed_q4k_x16`]) rather than 8
 /// ([`BlockQ4Kx8`]) on `isa`: where the AVX-512 VNNI kernels run.
 pub fn q4k_x16(isa: crate::Isa) -> bool {
-    crate::packed_q5_0::worth_packing(isa)
+    cfg!(target_arch = "x86_64") && isa >= crate::Isa::Avx512Vnni && isa.is_supported()
 }
 
 /// Rows per interleaved group of `ty`'s repacked layout on this CPU ([`crate::Isa::detect`]):
@@ -250,7 +250,7 @@ pub fn group_rows(ty: crate::WeightType) -> Option<usize> {
 
 /// Whether sift repacks a `ty` matrix of `rows × cols` at load on this CPU: whole groups of rows
 /// and whole blocks per row, and a kernel that is faster on the packed layout (Q4_K on every CPU;
-/// Q5_0 where the AVX-512 VNNI kernels run).
+/// Q5_0 where the AVX2 or AVX-512 VNNI kernels run).
 pub fn repacks(ty: crate::WeightType, rows: usize, cols: usize) -> bool {
     let Some(g) = group_rows(ty) else { return false };
     let cols_ok = match ty {

@@ -1,5 +1,5 @@
 //! Q5_0 weights repacked at load into groups of 16 interleaved rows (issue 17), for the
-//! AVX-512 VNNI kernels in [`crate::x86::packed_q5_0`]: one 64-byte load of quants then holds the
+//! AVX-512 VNNI (and AVX2) kernels in [`crate::x86::packed_q5_0`]: one 64-byte load of quants then holds the
 //! same four value positions of all 16 rows, one `vpdpbusd` against a 4-byte broadcast of one
 //! token's activations gives 16 rows' partial sums, and the block's integer sums end in the lanes
 //! where its scales apply — one convert and one multiply-add per block, token and 16 rows, where
@@ -235,8 +235,8 @@ pub fn gemv_q5_0_x16_on(isa: crate::Isa, n: usize, w: &[u8], a: &[u8], out: &mut
 }
 
 /// Every group of 16 rows in `w` times four activation rows: `out[16·k + r][t]` is bit for bit
-/// [`gemv_q5_0_x16`]'s row `16·k + r` for `a[t]` (AVX-512 VNNI unpacks the weights once for the
-/// four tokens; elsewhere one [`gemv_q5_0_x16_on`] per token). The shape of
+/// [`gemv_q5_0_x16`]'s row `16·k + r` for `a[t]` (AVX-512 VNNI and AVX2 unpack the weights once
+/// for the four tokens; elsewhere one [`gemv_q5_0_x16_on`] per token). The shape of
 /// [`crate::Dot4RowsFn`]'s output, so batches take the same path as plain rows.
 ///
 /// # Panics
@@ -255,8 +255,8 @@ pub fn gemm_q5_0_x16_on(isa: crate::Isa, n: usize, w: &[u8], a: [&[u8]; 4], out:
     }
 }
 
-/// Whether sift repacks Q5_0 matrices on `isa`: only where the VNNI kernels run them (elsewhere
-/// the plain layout's kernels are faster than the packed reference).
+/// Whether sift repacks Q5_0 matrices on `isa`: where the AVX2 or AVX-512 VNNI kernels run them
+/// (elsewhere the plain layout's kernels are faster than the packed reference).
 pub fn worth_packing(isa: crate::Isa) -> bool {
-    cfg!(target_arch = "x86_64") && isa >= crate::Isa::Avx512Vnni && isa.is_supported()
+    cfg!(target_arch = "x86_64") && isa >= crate::Isa::Avx2 && isa.is_supported()
 }

@@ -16,7 +16,7 @@
 //! | Q4_K, Q5_K, Q6_K | [`k_quants`] | [`k_quants`] |
 //! | Q4_K packed 8 rows ([`crate::packed`]) | [`packed`] | [`packed`] |
 //! | Q4_K packed 16 rows ([`crate::packed_q4k_x16`]) | (8 rows instead) | [`packed_q4k_x16`] |
-//! | Q5_0 packed 16 rows ([`crate::packed_q5_0`]) | (plain layout kept) | [`packed_q5_0`] |
+//! | Q5_0 packed 16 rows ([`crate::packed_q5_0`]) | [`packed_q5_0`] | [`packed_q5_0`] |
 //! | column (input-sparse) kernels | [`columns`] | [`columns`] |
 //! | exact column kernels | [`exact`]; 8-bit coefficients: [`exact_q8_avx2`] | [`exact_avx512`]; 8-bit coefficients: [`exact_vnni`], many tokens [`exact_vnni_tokens`] (both laid out by [`exact_plan`]) |
 //! | activation quantizers (Q8_0, Q8_1, Q8_K) | [`quantize`] | (the AVX2 ones) |
