@@ -212,7 +212,8 @@ fn with_prep<R>(len: usize, f: impl FnOnce(&mut [i32], &mut [f32]) -> R) -> R {
 /// As the reference.
 pub fn gemv(isa: Isa, n: usize, w: &[u8], a: &[u8], out: &mut [f32]) -> bool {
     let vnni = isa >= Isa::Avx512Vnni && isa.is_supported();
-    if !vnni && !(isa >= Isa::Avx2 && Isa::Avx2.is_supported()) {
+    let avx2 = isa >= Isa::Avx2 && Isa::Avx2.is_supported();
+    if !(vnni || avx2) {
         return false;
     }
     let (nb, groups) = check(n, w, a);
@@ -247,7 +248,8 @@ pub fn gemv(isa: Isa, n: usize, w: &[u8], a: &[u8], out: &mut [f32]) -> bool {
 /// As the reference, for each token.
 pub fn gemm(isa: Isa, n: usize, w: &[u8], a: [&[u8]; 4], out: &mut [[f32; 4]]) -> bool {
     let vnni = isa >= Isa::Avx512Vnni && isa.is_supported();
-    if !vnni && !(isa >= Isa::Avx2 && Isa::Avx2.is_supported()) {
+    let avx2 = isa >= Isa::Avx2 && Isa::Avx2.is_supported();
+    if !(vnni || avx2) {
         return false;
     }
     let (nb, groups) = check(n, w, a[0]);
