@@ -302,7 +302,7 @@ pub struct MemoryOptions {
     pub no_mmap: bool,
     /// Without --memory: keep the weights' own layout instead of repacking them at load into
     /// interleaved row groups for the group kernels (llama.cpp's --no-repack): Q4_K 16 rows with
-    /// AVX-512 VNNI (else 8), Q5_0 16 rows with AVX-512 VNNI. Same bytes; the repacked matrices are
+    /// AVX-512 VNNI (else 8), Q5_0 16 rows with AVX2 or AVX-512 VNNI. Same bytes; the repacked matrices are
     /// the process's own memory, the rest of a mapped file stays mapped
     #[arg(long = "no-repack")]
     pub no_repack: bool,
