@@ -7,6 +7,7 @@
 
 use crate::exact::{piece_offset, runs, ExactMatrix, RUN_BREAK};
 use crate::exact_q8::{groups, quantize_group};
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
 
 /// A quad: its four column pointers (a padded quad repeats a column), its four coefficients and
 /// its run (an index into [`Plan::runs`]).
@@ -141,6 +142,57 @@ impl Plan {
                 }
             }
             self.passes.push(Pass { q0: p0, q1: q_end, group, first: p0 == q_start, last: true });
+        }
+    }
+}
+
+/// While a pass reads output chunk `ch` (the `ci`-th of the call, `kb` bytes per column chunk),
+/// prefetches what the next pass `nx` will read there, one pass ahead: its columns into L2 (`T1`)
+/// a cache line at a time (into L1, or not at all, measured 10-40 % slower on the VNNI and AVX2
+/// kernels alike), its runs' sub-scale (and sub-offset) bytes every other chunk, and, when `nx`
+/// ends its group, the group's f16 scales (and offsets). Hints that never fault: every address
+/// lies within checked columns and records, computed with `wrapping_add`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn prefetch_next_pass<const SUB: u8, const OFF: bool>(
+    quads: &[Quad],
+    runs: &[Run],
+    groups: &[Group],
+    nx: Pass,
+    scales: *const u8,
+    n_out: usize,
+    kb: usize,
+    ci: usize,
+    ch: usize,
+) {
+    let line_step = (64 / kb).max(1);
+    if ci.is_multiple_of(line_step) {
+        for qd in &quads[nx.q0..nx.q1] {
+            for p in qd.ptrs {
+                // SAFETY: a prefetch is a hint; SSE is part of x86-64.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ch * kb) as *const i8) };
+            }
+        }
+    }
+    let hint = |p: *const u8| {
+        // SAFETY: as above.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+    };
+    if SUB != 0 && ci.is_multiple_of(2) {
+        for r in &runs[quads[nx.q0].run..=quads[nx.q1 - 1].run] {
+            if r.q1 <= nx.q1 {
+                hint(scales.wrapping_add(r.sub_at + 32 * ch));
+                if OFF {
+                    hint(scales.wrapping_add(r.sub_at + n_out + 32 * ch));
+                }
+            }
+        }
+    }
+    if nx.last {
+        let nb = groups[nx.group].base;
+        hint(scales.wrapping_add(nb + 64 * ch));
+        if OFF {
+            hint(scales.wrapping_add(nb + 2 * n_out + 64 * ch));
         }
     }
 }

@@ -35,7 +35,7 @@
 //! reads within one column chunk (`chunk_bytes`: 16, 20 or 24 bytes; the planes through a 16-byte
 //! load that ends at the chunk's end). Prefetches are hints computed with `wrapping_add`.
 
-use super::exact_plan::{Plan, PLAN};
+use super::exact_plan::{prefetch_next_pass, Plan, PLAN};
 use super::has_avx2;
 use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
@@ -272,7 +272,6 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
     let kb = f.chunk_bytes();
     let scales = m.scales.as_ptr();
     let yp = y.as_mut_ptr();
-    let line_step = (64 / kb).max(1);
     let planes = Planes::load::<BITS>();
     let zero = f.zero as i32;
     let flush = flush_quads(BITS);
@@ -283,36 +282,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
         let next = passes.get(pi + 1).copied();
         for (ci, ch) in chunks.clone().enumerate() {
             if let Some(nx) = next {
-                // The next pass's columns (into L2) and the scales it will apply, one pass ahead
-                // (hints that never fault: addresses within checked columns and records).
-                if ci % line_step == 0 {
-                    // Into L2 (`T1`): into L1, or this pass's own columns a few lines ahead, or
-                    // none measured up to 40 % slower on matrices read from memory (module docs).
-                    for qd in &quads[nx.q0..nx.q1] {
-                        for p in qd.ptrs {
-                            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ch * kb) as *const i8);
-                        }
-                    }
-                }
-                if SUB != 0 && ci % 2 == 0 {
-                    for r in &runs[quads[nx.q0].run..=quads[nx.q1 - 1].run] {
-                        if r.q1 <= nx.q1 {
-                            _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r.sub_at + 32 * ch) as *const i8);
-                            if OFF {
-                                _mm_prefetch::<_MM_HINT_T0>(
-                                    scales.wrapping_add(r.sub_at + n_out + 32 * ch) as *const i8
-                                );
-                            }
-                        }
-                    }
-                }
-                if nx.last {
-                    let nb = groups[nx.group].base;
-                    _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 64 * ch) as *const i8);
-                    if OFF {
-                        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 2 * n_out + 64 * ch) as *const i8);
-                    }
-                }
+                prefetch_next_pass::<SUB, OFF>(quads, runs, groups, nx, scales, n_out, kb, ci, ch);
             }
             // SAFETY: `ci < chunks.len()`: the chunk's 96 sums lie within `sums`.
             let (tp, ap) = unsafe { (sp.add(96 * ci), sp.add(96 * ci + 32)) };

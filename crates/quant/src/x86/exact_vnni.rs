@@ -45,7 +45,7 @@
 //! lies within a column and `y` is as long as the pieces need. The 5- and 6-bit chunks are read
 //! with masked loads of exactly `chunk_bytes`. Prefetches are hints computed with `wrapping_add`.
 
-use super::exact_plan::{Group, Pass, Plan, Quad, Run, PLAN};
+use super::exact_plan::{prefetch_next_pass, Group, Pass, Plan, Quad, Run, PLAN};
 use super::has_avx512;
 use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
@@ -371,7 +371,6 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
     let kb = f.chunk_bytes();
     let scales = m.scales.as_ptr();
     let yp = y.as_mut_ptr();
-    let line_step = (64 / kb).max(1);
     let tables = Tables::load();
     let zero = f.zero as i32;
     let Plan { quads, runs, passes, groups, sums } = plan;
@@ -389,35 +388,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
             let ch = chunks.start + ci;
             for (ci, ch) in (ci..ci + step).zip(ch..) {
                 if let Some(nx) = next {
-                    // The next pass's columns and the scales it will apply, one pass ahead (hints
-                    // that never fault: addresses within checked columns and records).
-                    if ci % line_step == 0 {
-                        // Into L2 (`T1`): into L1 or not at all measured 10-40 % slower (module docs).
-                        for qd in &quads[nx.q0..nx.q1] {
-                            for p in qd.ptrs {
-                                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ch * kb) as *const i8);
-                            }
-                        }
-                    }
-                    if SUB != 0 && ci % 2 == 0 {
-                        for r in &runs[quads[nx.q0].run..=quads[nx.q1 - 1].run] {
-                            if r.q1 <= nx.q1 {
-                                _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(r.sub_at + 32 * ch) as *const i8);
-                                if OFF {
-                                    _mm_prefetch::<_MM_HINT_T0>(
-                                        scales.wrapping_add(r.sub_at + n_out + 32 * ch) as *const i8
-                                    );
-                                }
-                            }
-                        }
-                    }
-                    if nx.last {
-                        let nb = groups[nx.group].base;
-                        _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 64 * ch) as *const i8);
-                        if OFF {
-                            _mm_prefetch::<_MM_HINT_T0>(scales.wrapping_add(nb + 2 * n_out + 64 * ch) as *const i8);
-                        }
-                    }
+                    prefetch_next_pass::<SUB, OFF>(quads, runs, groups, nx, scales, n_out, kb, ci, ch);
                 }
             }
             if step == 4 {
