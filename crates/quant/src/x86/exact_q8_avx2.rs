@@ -35,7 +35,7 @@
 //! reads within one column chunk (`chunk_bytes`: 16, 20 or 24 bytes; the planes through a 16-byte
 //! load that ends at the chunk's end). Prefetches are hints computed with `wrapping_add`.
 
-use super::exact_plan::{prefetch_next_pass, Plan, PLAN};
+use super::exact_plan::{chunk_bytes, prefetch_next_pass, Plan, PLAN};
 use super::has_avx2;
 use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubScales};
 use std::arch::x86_64::*;
@@ -76,16 +76,6 @@ fn wrapper<const BITS: u8, const SUB: u8, const OFF: bool>(
     // SAFETY: the arguments passed `check_axpy_exact` and `avx2_q8_axpy_fn` checked the features
     // (module docs).
     unsafe { axpy_q8_avx2::<BITS, SUB, OFF>(m, idx, units, coef, chunks, y) }
-}
-
-/// Bytes of one column chunk of `bits`-bit integers ([`ExactFormat::chunk_bytes`]).
-const fn chunk_bytes(bits: u8) -> usize {
-    match bits {
-        4 => 16,
-        5 => 20,
-        6 => 24,
-        _ => 32,
-    }
 }
 
 /// Quads whose 16-bit sums can be added before they must be widened (module docs).
@@ -269,7 +259,8 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
 ) {
     let f = m.fmt;
     let n_out = m.n_out;
-    let kb = f.chunk_bytes();
+    let kb = chunk_bytes(BITS);
+    debug_assert_eq!(kb, f.chunk_bytes());
     let scales = m.scales.as_ptr();
     let yp = y.as_mut_ptr();
     let planes = Planes::load::<BITS>();
@@ -282,7 +273,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
         let next = passes.get(pi + 1).copied();
         for (ci, ch) in chunks.clone().enumerate() {
             if let Some(nx) = next {
-                prefetch_next_pass::<SUB, OFF>(quads, runs, groups, nx, scales, n_out, kb, ci, ch);
+                prefetch_next_pass::<BITS, SUB, OFF>(quads, runs, groups, nx, scales, n_out, ci, ch);
             }
             // SAFETY: `ci < chunks.len()`: the chunk's 96 sums lie within `sums`.
             let (tp, ap) = unsafe { (sp.add(96 * ci), sp.add(96 * ci + 32)) };

@@ -368,7 +368,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
 ) {
     let f = m.fmt;
     let n_out = m.n_out;
-    let kb = f.chunk_bytes();
+    let kb = super::exact_plan::chunk_bytes(BITS);
     let scales = m.scales.as_ptr();
     let yp = y.as_mut_ptr();
     let tables = Tables::load();
@@ -388,7 +388,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
             let ch = chunks.start + ci;
             for (ci, ch) in (ci..ci + step).zip(ch..) {
                 if let Some(nx) = next {
-                    prefetch_next_pass::<SUB, OFF>(quads, runs, groups, nx, scales, n_out, kb, ci, ch);
+                    prefetch_next_pass::<BITS, SUB, OFF>(quads, runs, groups, nx, scales, n_out, ci, ch);
                 }
             }
             if step == 4 {
