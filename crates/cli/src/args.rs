@@ -470,7 +470,9 @@ pub struct PackArgs {
     #[arg(short = 'o', long = "output")]
     pub out: Option<PathBuf>,
     /// Column format: auto (the GGUF's own values, exact; float sources re-quantized to Q8_0),
-    /// or re-quantize every op to Q4_1, Q5_0 or Q8_0 (lossy, for comparison)
+    /// wide (the same, 5/6-bit sources stored one byte per value: faster sparse decoding from
+    /// memory on CPUs without AVX-512 VNNI, more bytes to read under --memory), or re-quantize
+    /// every op to Q4_1, Q5_0 or Q8_0 (lossy, for comparison)
     #[arg(long = "col-type", default_value = "auto")]
     pub col_type: String,
     /// Also write cross-layer interleaved records of N layers for preloading under --memory

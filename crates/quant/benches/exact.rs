@@ -32,6 +32,8 @@ const CASES: &[(WeightType, usize, usize, bool, &str)] = &[
     (WeightType::Q4_K, 8960, 1536, true, "Qwen-1.5B ffn_up, mem"),
     (WeightType::Q4_K, 8960, 1536, false, "Qwen-1.5B ffn_up, cache"),
     (WeightType::Q6_K, 1536, 8960, true, "Qwen-1.5B ffn_down, mem"),
+    (WeightType::Q6_K, 1536, 8960, true, "Qwen-1.5B ffn_down, wide layout, mem"),
+    (WeightType::Q5_0, 4864, 896, false, "Qwen-0.5B ffn_up, wide layout"),
     (WeightType::Q4_1, 8192, 8192, true, "mem"),
 ];
 
@@ -62,7 +64,8 @@ fn main() {
         if filter.as_deref().is_some_and(|f| !label.contains(f)) {
             continue;
         }
-        let fmt = ExactFormat::of(src).unwrap();
+        // "wide layout" cases: the 5/6-bit integers in bytes (`ExactFormat::wide`).
+        let fmt = if what.contains("wide") { ExactFormat::wide(src) } else { ExactFormat::of(src) }.unwrap();
         let req = match fmt.bits {
             4 => ColType::Q4_1,
             8 => ColType::Q8_0,
@@ -169,7 +172,8 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
         if filter.is_some_and(|f| !label.contains(f)) {
             continue;
         }
-        let fmt = ExactFormat::of(src).unwrap();
+        // "wide layout" cases: the 5/6-bit integers in bytes (`ExactFormat::wide`).
+        let fmt = if what.contains("wide") { ExactFormat::wide(src) } else { ExactFormat::of(src) }.unwrap();
         let mut rows = Vec::new();
         for _ in 0..o {
             let x: Vec<f32> = (0..i).map(|_| rng.random_range(-1.0f32..1.0)).collect();

@@ -30,6 +30,12 @@
 //! same bytes, reordered); the K-quants' 6-bit packed sub-scales become bytes (Q4_K: 4.625 bits
 //! per weight instead of 4.5).
 //!
+//! The 5- and 6-bit sources also have a *wide* layout ([`ExactFormat::wide`], `sift pack
+//! --col-type wide`, `"exact8:Q6_K"` in a pack): the same integers one per byte, as the 8-bit
+//! format stores them, and the same scale plane. Every kernel gives the narrow layout's result
+//! on it bit for bit; on AVX2 the 8-bit-coefficient kernel skips the bit planes, which are ~40 %
+//! of a Q6_K column product there.
+//!
 //! # Kernels
 //!
 //! [`ExactAxpyFn`] (one token): `y[k] += Σ_i coef[i] · W[32·chunks.start + k][units[i]]`, the
@@ -116,9 +122,40 @@ impl ExactFormat {
         })
     }
 
-    /// The name written in a pack's table of contents (`"exact:Q4_K"`).
+    /// The *wide* exact layout of a 5- or 6-bit source (Q5_0, Q5_K, Q6_K): the same integers and
+    /// scales, one byte per value (32 bytes per chunk instead of 20 / 24). It reads 1.6x / 1.33x
+    /// the bytes and saves the column kernels the bit-plane arithmetic: on a CPU without AVX-512
+    /// (no bit-to-mask instructions) that arithmetic is most of a 5/6-bit column product's work,
+    /// so the wide layout is the faster one there ([`wide_is_faster`]). `None` for other sources.
+    pub fn wide(src: WeightType) -> Option<ExactFormat> {
+        let f = ExactFormat::of(src)?;
+        matches!(f.bits, 5 | 6).then_some(ExactFormat { bits: 8, ..f })
+    }
+
+    /// Whether this is a [`wide`](Self::wide) layout (8-bit storage of a narrower source).
+    pub fn is_wide(&self) -> bool {
+        self.bits == 8 && self.src != WeightType::Q8_0
+    }
+
+    /// The largest stored integer: `2^b − 1` for the source's `b` bits (a wide layout stores
+    /// narrower integers in bytes).
+    pub fn q_max(&self) -> u8 {
+        match self.src {
+            WeightType::Q5_0 | WeightType::Q5_K => 31,
+            WeightType::Q6_K => 63,
+            WeightType::Q8_0 => 255,
+            _ => 15,
+        }
+    }
+
+    /// The name written in a pack's table of contents (`"exact:Q4_K"`, `"exact8:Q6_K"` for a
+    /// wide layout).
     pub fn name(&self) -> String {
-        format!("exact:{}", self.src.name())
+        if self.is_wide() {
+            format!("exact8:{}", self.src.name())
+        } else {
+            format!("exact:{}", self.src.name())
+        }
     }
 
     /// Bytes of 32 values of one column.
@@ -559,6 +596,18 @@ pub fn axpy_exact_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
     crate::exact_q8::axpy_exact_q8_fn(fmt, isa).unwrap_or_else(|| axpy_exact_f32_fn(fmt, isa))
 }
 
+/// Whether this CPU computes [wide](ExactFormat::wide) 5/6-bit columns faster than the narrow
+/// ones: without AVX-512 VNNI + VBMI + BITALG (whose kernel turns bit planes into masks in one
+/// instruction), the AVX2 kernel spends ~40 % of a Q6_K column product on its bit planes
+/// (`cargo bench -p sift-quant --bench exact`), more than the wide layout's extra bytes cost.
+pub fn wide_is_faster() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() >= Isa::Avx512Vnni && crate::x86::exact_vnni::has_vnni_vbmi() {
+        return false;
+    }
+    Isa::detect() >= Isa::Avx2
+}
+
 /// The fastest f32-coefficient [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU (the
 /// kernels of the module docs: AVX-512, AVX2 or the scalar reference).
 pub fn axpy_exact_f32_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
@@ -634,6 +683,9 @@ impl ColFormat {
 
     /// The format named `name` (as [`Self::name`] writes it).
     pub fn from_name(name: &str) -> Option<ColFormat> {
+        if let Some(src) = name.strip_prefix("exact8:") {
+            return WeightType::from_name(src).and_then(ExactFormat::wide).map(ColFormat::Exact);
+        }
         match name.strip_prefix("exact:") {
             Some(src) => WeightType::from_name(src).and_then(ExactFormat::of).map(ColFormat::Exact),
             None => ColType::from_name(name).map(ColFormat::Requant),

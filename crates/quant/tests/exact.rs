@@ -25,7 +25,14 @@ use sift_quant::exact_q8::{
     axpy_exact_q8_fn, axpy_exact_q8_scalar, axpy_exact_tokens_fn, axpy_exact_tokens_q8_scalar, check_axpy_exact_tokens,
     group_scales, quantize_group, ExactAxpyTokensFn,
 };
-use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, ExactAxpyFn, Isa, WeightType};
+use sift_quant::{axpy_exact_batch, axpy_exact_fn, scalar, ColFormat, ExactAxpyFn, Isa, WeightType};
+
+/// Every source format with an exact layout, each in its own layout and, for the 5- and 6-bit
+/// ones, also in the wide one ([`ExactFormat::wide`]).
+fn formats() -> Vec<ExactFormat> {
+    let narrow = FORMATS.map(|t| ExactFormat::of(t).unwrap());
+    narrow.into_iter().chain(FORMATS.into_iter().filter_map(ExactFormat::wide)).collect()
+}
 
 const FORMATS: [WeightType; 7] = [
     WeightType::Q4_0,
@@ -50,8 +57,10 @@ impl Rng {
     }
 }
 
-/// A random `n_out × n_in` tensor in `t`, its dequantized rows, and its exact columns.
-fn tensor(t: WeightType, n_out: usize, n_in: usize, seed: u64) -> (Vec<f32>, Vec<u8>, Vec<u8>) {
+/// A random `n_out × n_in` tensor in `f`'s source format, its dequantized rows, and its exact
+/// columns in layout `f`.
+fn tensor(f: ExactFormat, n_out: usize, n_in: usize, seed: u64) -> (Vec<f32>, Vec<u8>, Vec<u8>) {
+    let t = f.src;
     let mut rng = Rng(seed);
     let mut rows = Vec::new();
     for r in 0..n_out {
@@ -66,17 +75,16 @@ fn tensor(t: WeightType, n_out: usize, n_in: usize, seed: u64) -> (Vec<f32>, Vec
     for r in 0..n_out {
         t.dequantize_row(&rows[r * rb..(r + 1) * rb], &mut dense[r * n_in..(r + 1) * n_in]);
     }
-    let f = ExactFormat::of(t).unwrap();
     let (cols, scales) = f.transpose(&rows, n_out, n_in);
     (dense, cols, scales)
 }
 
 #[test]
 fn columns_hold_the_source_weights_bit_for_bit() {
-    for t in FORMATS {
-        let f = ExactFormat::of(t).unwrap();
+    for f in formats() {
+        let t = f.name();
         let (n_out, n_in) = (96, 512);
-        let (dense, cols, scales) = tensor(t, n_out, n_in, 7);
+        let (dense, cols, scales) = tensor(f, n_out, n_in, 7);
         assert_eq!(cols.len(), f.col_bytes(n_out) * n_in);
         assert_eq!(scales.len(), f.scale_bytes(n_out, n_in));
         let cb = f.col_bytes(n_out);
@@ -104,6 +112,46 @@ fn exact_sizes_match_the_source() {
     assert_eq!(bpw(WeightType::Q4_K), 4.625);
     assert_eq!(bpw(WeightType::Q5_K), 5.625);
     assert_eq!(bpw(WeightType::Q6_K), 6.5625);
+}
+
+#[test]
+fn wide_layouts_give_the_narrow_results_bit_for_bit() {
+    // The same integers and scales in bytes: every kernel gives what it gives on the narrow layout.
+    let mut rng = Rng(57);
+    for t in [WeightType::Q5_0, WeightType::Q5_K, WeightType::Q6_K] {
+        let (narrow, wide) = (ExactFormat::of(t).unwrap(), ExactFormat::wide(t).unwrap());
+        assert!(wide.is_wide() && !narrow.is_wide() && wide.q_max() == narrow.q_max());
+        assert_eq!(wide.col_bytes(64), 64);
+        assert_eq!(ColFormat::from_name(&wide.name()), Some(ColFormat::Exact(wide)), "{}", wide.name());
+        let (n_out, n_in) = (160, 512);
+        let (_, nc, ns) = tensor(narrow, n_out, n_in, 8);
+        let (_, wc, ws) = tensor(wide, n_out, n_in, 8);
+        assert_eq!(ns, ws, "{t:?}: the scale planes differ");
+        let units: Vec<u32> = (0..n_in as u32).filter(|_| !rng.next().is_multiple_of(3)).collect();
+        let coef: Vec<f32> = units.iter().map(|_| rng.f() * 2.0).collect();
+        let isas = Isa::available();
+        for ((name, kn, _), (_, kw, _)) in all_kernels(narrow, &isas).into_iter().zip(all_kernels(wide, &isas)) {
+            let (mut a, mut b) = (vec![0.5f32; n_out], vec![0.5f32; n_out]);
+            kn(
+                &ExactMatrix { fmt: narrow, n_out, n_in, cols: &nc, scales: &ns },
+                &units,
+                &units,
+                &coef,
+                0..n_out / 32,
+                &mut a,
+            );
+            kw(
+                &ExactMatrix { fmt: wide, n_out, n_in, cols: &wc, scales: &ws },
+                &units,
+                &units,
+                &coef,
+                0..n_out / 32,
+                &mut b,
+            );
+            let same = a.iter().zip(&b).all(|(x, z)| x.to_bits() == z.to_bits());
+            assert!(same, "{t:?} {name}: the wide layout's result differs");
+        }
+    }
 }
 
 /// Per-output bound scale `S_k` for the kernels (module docs).
@@ -185,10 +233,10 @@ fn all_kernels(f: ExactFormat, isas: &[Isa]) -> Vec<(String, ExactAxpyFn, bool)>
 #[test]
 fn kernels_agree_with_f64_sums() {
     let isas: Vec<Isa> = Isa::available();
-    for t in FORMATS {
-        let f = ExactFormat::of(t).unwrap();
+    for f in formats() {
+        let t = f.name();
         for &(n_out, n_in) in &[(32usize, 256usize), (128, 512), (896, 768)] {
-            let (dense, cols, scales) = tensor(t, n_out, n_in, n_out as u64 * 31 + n_in as u64);
+            let (dense, cols, scales) = tensor(f, n_out, n_in, n_out as u64 * 31 + n_in as u64);
             let cb = f.col_bytes(n_out);
             // The same columns in a "cache": slot p holds column perm[p].
             let perm: Vec<usize> = (0..n_in).map(|c| (c * 7 + 3) % n_in).collect();
@@ -251,10 +299,10 @@ fn avx512_gives_the_avx2_result_bit_for_bit() {
         return;
     }
     let mut rng = Rng(11);
-    for t in FORMATS {
-        let f = ExactFormat::of(t).unwrap();
+    for f in formats() {
+        let t = f.name();
         let (n_out, n_in) = (96, 1024);
-        let (_, cols, scales) = tensor(t, n_out, n_in, 9);
+        let (_, cols, scales) = tensor(f, n_out, n_in, 9);
         let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
         for keep in [1, 2, 5, 64] {
             // Runs of every length, up to whole sub-blocks and more than one group of columns.
@@ -274,10 +322,15 @@ fn avx512_gives_the_avx2_result_bit_for_bit() {
 
 #[test]
 fn batch_kernel_agrees_with_the_one_token_kernel() {
-    for t in [WeightType::Q4_1, WeightType::Q4_K, WeightType::Q6_K, WeightType::Q5_0] {
-        let f = ExactFormat::of(t).unwrap();
+    let wide_q6k = ExactFormat::wide(WeightType::Q6_K).unwrap();
+    for f in [WeightType::Q4_1, WeightType::Q4_K, WeightType::Q6_K, WeightType::Q5_0]
+        .map(|t| ExactFormat::of(t).unwrap())
+        .into_iter()
+        .chain([wide_q6k])
+    {
+        let t = f.name();
         let (n_out, n_in, n_tok) = (128, 512, 5);
-        let (_, cols, scales) = tensor(t, n_out, n_in, 5);
+        let (_, cols, scales) = tensor(f, n_out, n_in, 5);
         let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
         let mut rng = Rng(3);
         let x: Vec<f32> = (0..n_tok * n_in).map(|_| if rng.next().is_multiple_of(3) { rng.f() } else { 0.0 }).collect();
@@ -303,7 +356,7 @@ fn bad_arguments_are_refused_before_anything_is_written() {
     let t = WeightType::Q4_K;
     let f = ExactFormat::of(t).unwrap();
     let (n_out, n_in) = (64, 256);
-    let (_, cols, scales) = tensor(t, n_out, n_in, 1);
+    let (_, cols, scales) = tensor(f, n_out, n_in, 1);
     let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
     let ok = check_axpy_exact(&m, &[0], &[0], &[1.0], &(0..2), 64);
     assert!(ok.is_ok());
@@ -335,10 +388,10 @@ fn bad_arguments_are_refused_before_anything_is_written() {
 #[test]
 fn one_call_over_pieces_gives_one_call_per_piece() {
     let mut rng = Rng(31);
-    for t in FORMATS {
-        let f = ExactFormat::of(t).unwrap();
+    for f in formats() {
+        let t = f.name();
         let (n_out, n_in) = (96, 1024);
-        let (_, cols, scales) = tensor(t, n_out, n_in, 17);
+        let (_, cols, scales) = tensor(f, n_out, n_in, 17);
         let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
         // Runs that cross piece boundaries (consecutive units), and a last piece that is short.
         let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 8 < 5).take(3 * RUN_BREAK + 17).collect();
@@ -375,16 +428,16 @@ fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
         return;
     }
     let mut rng = Rng(23);
-    for (isa, t) in isas.iter().flat_map(|&i| FORMATS.into_iter().map(move |t| (i, t))) {
-        let f = ExactFormat::of(t).unwrap();
+    for (isa, f) in isas.iter().flat_map(|&i| formats().into_iter().map(move |f| (i, f))) {
+        let t = f.name();
         // Every format has one, but AVX2 has none for the 8-bit format (its products would
         // saturate `vpmaddubsw`; the f32 kernel serves it).
         let Some(simd) = axpy_exact_q8_fn(f, isa) else {
-            assert!(f.bits == 8 && isa < Isa::Avx512Vnni, "{t:?}: no 8-bit-coefficient kernel on {isa:?}");
+            assert!(f.q_max() == 255 && isa < Isa::Avx512Vnni, "{t:?}: no 8-bit-coefficient kernel on {isa:?}");
             continue;
         };
         for &(n_out, n_in) in &[(32usize, 256usize), (96, 1024), (640, 512)] {
-            let (_, cols, scales) = tensor(t, n_out, n_in, 3 + n_out as u64);
+            let (_, cols, scales) = tensor(f, n_out, n_in, 3 + n_out as u64);
             let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
             let mut sets: Vec<Vec<u32>> = [1u64, 2, 5, 13, 32, 64]
                 .iter()
@@ -430,7 +483,7 @@ fn q8_coefficients_keep_a_nan_visible() {
     assert!(quantize_group(&[1.0, f32::NAN, 2.0], &mut c8).is_nan());
     let t = WeightType::Q4_K;
     let f = ExactFormat::of(t).unwrap();
-    let (_, cols, scales) = tensor(t, 64, 256, 2);
+    let (_, cols, scales) = tensor(f, 64, 256, 2);
     let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
     for (name, k, _) in all_kernels(f, &Isa::available()) {
         let mut y = vec![0f32; 64];
@@ -442,12 +495,12 @@ fn q8_coefficients_keep_a_nan_visible() {
 #[test]
 fn tokens_kernel_gives_the_one_token_kernel_per_token_bit_for_bit() {
     let mut rng = Rng(41);
-    for t in FORMATS {
-        let f = ExactFormat::of(t).unwrap();
+    for f in formats() {
+        let t = f.name();
         let fast = axpy_exact_tokens_fn(f, Isa::detect());
         let one = axpy_exact_fn(f, Isa::detect());
         for &(n_out, n_in) in &[(64usize, 512usize), (160, 1024)] {
-            let (_, cols, scales) = tensor(t, n_out, n_in, 77 + n_out as u64);
+            let (_, cols, scales) = tensor(f, n_out, n_in, 77 + n_out as u64);
             let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
             let mut sets: Vec<Vec<u32>> = [3u64, 32, 60]
                 .iter()
@@ -495,7 +548,7 @@ fn tokens_kernel_gives_the_one_token_kernel_per_token_bit_for_bit() {
 fn tokens_kernel_refuses_bad_arguments_before_writing() {
     let t = WeightType::Q4_K;
     let f = ExactFormat::of(t).unwrap();
-    let (_, cols, scales) = tensor(t, 64, 256, 1);
+    let (_, cols, scales) = tensor(f, 64, 256, 1);
     let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
     // (units, coef length, tokens, y length, y stride, the message).
     type Case<'a> = (&'a [u32], usize, usize, usize, usize, &'a str);

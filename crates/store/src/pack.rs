@@ -85,29 +85,39 @@ pub enum PackError {
 /// How column formats are chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ColPolicy {
-    /// Exact columns for every quantized source format; float sources re-quantized to Q8_0.
+    /// Exact columns for every quantized source format, at the source's own bits; float sources
+    /// re-quantized to Q8_0.
     #[default]
     Auto,
+    /// Exact columns, 5- and 6-bit sources in the wide layout ([`ExactFormat::wide`]: their
+    /// integers in bytes, 1.6x / 1.33x the bytes, no bit planes to unpack): faster for sparse
+    /// decoding from memory on CPUs without AVX-512 VNNI
+    /// ([`sift_quant::exact::wide_is_faster`]), slower under a `--memory` budget, where the
+    /// columns come from disk and a byte read costs more than the bit planes.
+    Wide,
     /// Re-quantize every op to one format (lossy: a second rounding; kept for comparison).
     Fixed(ColType),
 }
 
 impl ColPolicy {
+    /// `auto`, `wide`, or a re-quantized format's name (`Q4_1`, `Q5_0`, `Q8_0`).
     pub fn parse(s: &str) -> Option<ColPolicy> {
-        if s == "auto" {
-            Some(ColPolicy::Auto)
-        } else {
-            ColType::from_name(s).map(ColPolicy::Fixed)
+        match s {
+            "auto" => Some(ColPolicy::Auto),
+            "wide" => Some(ColPolicy::Wide),
+            _ => ColType::from_name(s).map(ColPolicy::Fixed),
         }
     }
 
     fn choose(self, w: &QTensor) -> ColFormat {
-        match self {
-            ColPolicy::Fixed(t) => ColFormat::Requant(t),
-            ColPolicy::Auto => match ExactFormat::of(w.ty) {
-                Some(f) if f.fits(w.rows, w.cols) => ColFormat::Exact(f),
-                _ => ColFormat::Requant(ColType::Q8_0),
-            },
+        let exact = match self {
+            ColPolicy::Fixed(t) => return ColFormat::Requant(t),
+            ColPolicy::Auto => ExactFormat::of(w.ty),
+            ColPolicy::Wide => ExactFormat::wide(w.ty).or_else(|| ExactFormat::of(w.ty)),
+        };
+        match exact {
+            Some(f) if f.fits(w.rows, w.cols) => ColFormat::Exact(f),
+            _ => ColFormat::Requant(ColType::Q8_0),
         }
     }
 }

@@ -39,6 +39,9 @@ pub(crate) fn avx2_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
         (4, SubScales::Unsigned, true) => wrapper::<4, 1, true>,
         (5, SubScales::Unsigned, true) => wrapper::<5, 1, true>,
         (6, SubScales::Signed, false) => wrapper::<6, 2, false>,
+        // The wide layouts of Q5_K and Q6_K (Q5_0's is the 8-bit legacy case above).
+        (8, SubScales::Unsigned, true) => wrapper::<8, 1, true>,
+        (8, SubScales::Signed, false) => wrapper::<8, 2, false>,
         _ => return None,
     })
 }

@@ -18,7 +18,11 @@
 //! by row in order (`vpmovsxwd` of each lane, added): every word gains at most `2 · 127 · q_max`
 //! per quad (`|C| ≤ 127`, `q ≤ 15 / 31 / 63`), so 8 / 4 / 2 quads ([`flush_quads`]) stay below
 //! 2¹⁵ for 4 / 5 / 6 bits, and `vpmaddubsw`'s own pair sums (at most 16,002) never saturate. The
-//! 8-bit format would saturate them (255 · 127 · 2 > 2¹⁵): it keeps the f32 kernel.
+//! 8-bit format would saturate them (255 · 127 · 2 > 2¹⁵): it keeps the f32 kernel. The wide
+//! layouts of 5- and 6-bit sources ([`ExactFormat::wide`]: their integers in bytes, byte `k` =
+//! row `k`) take the same path with two more loads and no nibble or plane work at all (4 loads,
+//! 4 unpacks, 4 `vpmaddubsw` and 4 adds per quad, against ~60 operations for the 6-bit planes),
+//! flushed as their source's bits.
 //!
 //! Per run the sums get the zero point and the integer sub-scales (`vpmulld`), per group the f16
 //! scales are converted and applied once, as in the VNNI kernel; the plan, the passes, the
@@ -32,8 +36,8 @@
 //! features, which first runs [`check_axpy_exact`]: every `idx` names a whole column of `m.cols`,
 //! every unit is below `n_in` (so its super-block record lies within the scale plane, whose length
 //! is checked), `chunks` lies within a column and `y` is as long as the pieces need. Every load
-//! reads within one column chunk (`chunk_bytes`: 16, 20 or 24 bytes; the planes through a 16-byte
-//! load that ends at the chunk's end). Prefetches are hints computed with `wrapping_add`.
+//! reads within one column chunk (`chunk_bytes`: 16, 20, 24 or 32 bytes; the planes through a
+//! 16-byte load that ends at the chunk's end). Prefetches are hints computed with `wrapping_add`.
 
 use super::exact_plan::{chunk_bytes, prefetch_next_pass, Plan, PLAN};
 use super::has_avx2;
@@ -47,6 +51,9 @@ pub(crate) fn avx2_q8_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
     if !has_avx2() {
         return None;
     }
+    if flush_quads(fmt.q_max()) == 0 {
+        return None;
+    }
     Some(match (fmt.bits, fmt.sub_scales, fmt.has_offset) {
         (4, SubScales::None, false) => wrapper::<4, 0, false>,
         (4, SubScales::None, true) => wrapper::<4, 0, true>,
@@ -54,6 +61,10 @@ pub(crate) fn avx2_q8_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
         (4, SubScales::Unsigned, true) => wrapper::<4, 1, true>,
         (5, SubScales::Unsigned, true) => wrapper::<5, 1, true>,
         (6, SubScales::Signed, false) => wrapper::<6, 2, false>,
+        // The wide layouts ([`ExactFormat::wide`]): Q5_0, Q5_K, Q6_K integers in bytes.
+        (8, SubScales::None, false) => wrapper::<8, 0, false>,
+        (8, SubScales::Unsigned, true) => wrapper::<8, 1, true>,
+        (8, SubScales::Signed, false) => wrapper::<8, 2, false>,
         _ => return None,
     })
 }
@@ -78,13 +89,11 @@ fn wrapper<const BITS: u8, const SUB: u8, const OFF: bool>(
     unsafe { axpy_q8_avx2::<BITS, SUB, OFF>(m, idx, units, coef, chunks, y) }
 }
 
-/// Quads whose 16-bit sums can be added before they must be widened (module docs).
-const fn flush_quads(bits: u8) -> usize {
-    match bits {
-        4 => 8,
-        5 => 4,
-        _ => 2,
-    }
+/// Quads whose 16-bit sums can be added before they must be widened, for integers up to `q_max`
+/// (module docs): each quad adds at most `2 · 127 · q_max` to a word, which must stay below 2¹⁵
+/// (8 / 4 / 2 quads for 4 / 5 / 6 bits; none for Q8_0's 255, whose pairs alone would saturate).
+const fn flush_quads(q_max: u8) -> usize {
+    32767 / (2 * 127 * q_max as usize)
 }
 
 /// Byte `j` of each lane: the plane byte holding row `j`'s bit (`hi`: row `16 + j`'s), for a
@@ -159,6 +168,22 @@ unsafe fn load_quad<const BITS: u8>(p: &[*const u8; 4], off: usize, t: &Planes) 
             if BITS > 4 { [l2(0, 1, kb - 16), l2(2, 3, kb - 16)] } else { [_mm256_setzero_si256(); 2] },
         )
     };
+    if BITS == 8 {
+        // A wide layout: byte `k` is row `k`; `[a | b]` and `[c | d]` of rows 0..16, then 16..32.
+        // SAFETY: 16-byte loads at `p[j] + off + 16`, within the 32-byte chunk.
+        let (ab1, cd1) = unsafe {
+            let l2 = |x: usize, y: usize| {
+                _mm256_loadu2_m128i(p[y].add(off + 16) as *const __m128i, p[x].add(off + 16) as *const __m128i)
+            };
+            (l2(0, 1), l2(2, 3))
+        };
+        return [
+            _mm256_unpacklo_epi8(ab, cd),
+            _mm256_unpackhi_epi8(ab, cd),
+            _mm256_unpacklo_epi8(ab1, cd1),
+            _mm256_unpackhi_epi8(ab1, cd1),
+        ];
+    }
     let m = _mm256_set1_epi8(15);
     if BITS == 4 {
         // Unpack first, then split the nibbles: two unpacks instead of four.
@@ -265,7 +290,8 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
     let yp = y.as_mut_ptr();
     let planes = Planes::load::<BITS>();
     let zero = f.zero as i32;
-    let flush = flush_quads(BITS);
+    let flush = flush_quads(f.q_max());
+    debug_assert!(flush > 0);
     let Plan { quads, runs, passes, groups, sums } = plan;
     let sp = sums.as_mut_ptr();
     for (pi, pass) in passes.iter().enumerate() {

@@ -52,7 +52,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// AVX-512 VNNI ([`has_avx512`]) plus VBMI (byte permutes) and BITALG (bit shuffles).
-pub(super) fn has_vnni_vbmi() -> bool {
+pub(crate) fn has_vnni_vbmi() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512bitalg")
 }
 
@@ -69,6 +69,9 @@ pub(crate) fn vnni_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
         (4, SubScales::Unsigned, true) => wrapper::<4, 1, true>,
         (5, SubScales::Unsigned, true) => wrapper::<5, 1, true>,
         (6, SubScales::Signed, false) => wrapper::<6, 2, false>,
+        // The wide layouts of Q5_K and Q6_K (Q5_0's is the 8-bit legacy case above).
+        (8, SubScales::Unsigned, true) => wrapper::<8, 1, true>,
+        (8, SubScales::Signed, false) => wrapper::<8, 2, false>,
         _ => return None,
     })
 }
