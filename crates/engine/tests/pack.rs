@@ -306,3 +306,58 @@ fn a_pack_refers_to_its_gguf_and_refuses_a_changed_moved_or_truncated_one() {
     std::fs::write(moved.join("m.gguf"), &bytes).unwrap();
     assert!(open_model(&moved.join("m.sift")).is_ok());
 }
+
+#[test]
+fn wide_columns_give_the_narrow_results_on_real_weights() {
+    // SmolLM2 has no 5- or 6-bit tensors: its layer-5 ffn_down (576 × 1536, Q4_1), dequantized
+    // and quantized again to Q5_0 / Q5_K / Q6_K (as llama-quantize would from the f32 values),
+    // transposed into the narrow and the wide layout.
+    use sift_quant::exact::axpy_exact_f32_fn;
+    use sift_quant::{axpy_exact_fn, scalar, ExactFormat, ExactMatrix, Isa, WeightType};
+    let model = open_model(&gguf()).unwrap();
+    let w = model.layers[5].op(OpKind::Down);
+    let (n_out, n_in) = (w.rows, w.cols);
+    let mut f32_rows = vec![0f32; n_out * n_in];
+    for (r, row) in f32_rows.chunks_exact_mut(n_in).enumerate() {
+        w.ty.dequantize_row(model.row(w, r), row);
+    }
+    // Top-K 0.5 of a deterministic input (half the channels, ascending).
+    let x: Vec<f32> = (0..n_in).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+    let mut order: Vec<u32> = (0..n_in as u32).collect();
+    order.sort_by(|&a, &b| x[b as usize].abs().total_cmp(&x[a as usize].abs()));
+    let mut units = order[..n_in / 2].to_vec();
+    units.sort_unstable();
+    let coef: Vec<f32> = units.iter().map(|&u| x[u as usize]).collect();
+    for t in [WeightType::Q5_0, WeightType::Q5_K, WeightType::Q6_K] {
+        let rows: Vec<u8> = f32_rows.chunks_exact(n_in).flat_map(|r| scalar::quantize_row(t, r)).collect();
+        let (narrow, wide) = (ExactFormat::of(t).unwrap(), ExactFormat::wide(t).unwrap());
+        let (nc, ns) = narrow.transpose(&rows, n_out, n_in);
+        let (wc, ws) = wide.transpose(&rows, n_out, n_in);
+        assert_eq!(ns, ws, "{t:?}: the scale planes differ");
+        assert_eq!(wc.len(), nc.len() / narrow.chunk_bytes() * 32, "{t:?}: one byte per value");
+        // The same values, column by column.
+        let (mut a, mut b) = (vec![0f32; n_out], vec![0f32; n_out]);
+        for c in (0..n_in).step_by(97) {
+            narrow.dequantize_col(&nc[c * narrow.col_bytes(n_out)..][..narrow.col_bytes(n_out)], &ns, c, &mut a);
+            wide.dequantize_col(&wc[c * wide.col_bytes(n_out)..][..wide.col_bytes(n_out)], &ws, c, &mut b);
+            assert_eq!(a, b, "{t:?} column {c}");
+        }
+        // Every kernel this CPU runs, bit for bit the narrow layout's result.
+        let nm = ExactMatrix { fmt: narrow, n_out, n_in, cols: &nc, scales: &ns };
+        let wm = ExactMatrix { fmt: wide, n_out, n_in, cols: &wc, scales: &ws };
+        for isa in Isa::available() {
+            let kernels = [
+                ("fastest", axpy_exact_fn(narrow, isa), axpy_exact_fn(wide, isa)),
+                ("f32", axpy_exact_f32_fn(narrow, isa), axpy_exact_f32_fn(wide, isa)),
+            ];
+            for (name, kn, kw) in kernels {
+                let (mut yn, mut yw) = (vec![0f32; n_out], vec![0f32; n_out]);
+                kn(&nm, &units, &units, &coef, 0..n_out / 32, &mut yn);
+                kw(&wm, &units, &units, &coef, 0..n_out / 32, &mut yw);
+                assert!(yn.iter().any(|&v| v != 0.0), "{t:?} {isa:?} {name}: nothing computed");
+                let same = yn.iter().zip(&yw).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{t:?} {isa:?} {name}: the wide layout's product differs");
+            }
+        }
+    }
+}
