@@ -542,15 +542,19 @@ pub const RUN_BREAK: usize = 128;
 /// Runs of consecutive entries of `units` in the same sub-block, also cut at list positions
 /// that are multiples of [`RUN_BREAK`]: `(start, end)` into the lists.
 pub(crate) fn runs(units: &[u32], sub_block: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    // Every block size is a power of two (16, 32, 256): a shift, not a division per entry (the
+    // divisions were ~45 % of the column kernels' planning on AVX2).
+    assert!(sub_block.is_power_of_two(), "block size {sub_block} is not a power of two");
+    let shift = sub_block.trailing_zeros();
     let mut i = 0;
     std::iter::from_fn(move || {
         if i >= units.len() {
             return None;
         }
-        let g = units[i] as usize / sub_block;
+        let g = units[i] >> shift;
         let start = i;
         let end = ((start / RUN_BREAK + 1) * RUN_BREAK).min(units.len());
-        while i < end && units[i] as usize / sub_block == g {
+        while i < end && units[i] >> shift == g {
             i += 1;
         }
         Some((start, i))

@@ -89,6 +89,8 @@ impl Plan {
         let sub_stride = if f.has_offset { 2 * n_out } else { n_out };
         let cb = m.col_bytes();
         let cols = m.cols.as_ptr();
+        // Block sizes are powers of two (`runs` checks): shifts, not divisions.
+        let (sb_shift, sub_shift) = (f.super_block.trailing_zeros(), f.sub_block.trailing_zeros());
         self.quads.clear();
         self.runs.clear();
         self.passes.clear();
@@ -96,7 +98,7 @@ impl Plan {
         let mut c8 = [0i8; RUN_BREAK];
         for (g0, g1) in groups(units, &f) {
             let s = quantize_group(&coef[g0..g1], &mut c8[..g1 - g0]);
-            let base = (units[g0] as usize / f.super_block) * rec;
+            let base = (units[g0] as usize >> sb_shift) * rec;
             let q_start = self.quads.len();
             let run_start = self.runs.len();
             let mut sum_c_first = 0;
@@ -118,7 +120,7 @@ impl Plan {
                     self.quads.push(Quad { ptrs, cq: i32::from_le_bytes(cq), run: self.runs.len() });
                 }
                 let u = units[g0 + r0] as usize;
-                let sub_at = base + f16s * n_out + ((u % f.super_block) / f.sub_block) * sub_stride;
+                let sub_at = base + f16s * n_out + ((u & (f.super_block - 1)) >> sub_shift) * sub_stride;
                 if q0 == q_start {
                     sum_c_first = sum_c;
                 }
