@@ -115,6 +115,17 @@ fn exact_sizes_match_the_source() {
 }
 
 #[test]
+fn wide_layouts_exist_only_for_5_and_6_bit_sources() {
+    for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q4_K, WeightType::Q8_0, WeightType::F16] {
+        assert_eq!(ExactFormat::wide(t), None, "{t:?}");
+        // A pack naming one is refused (its table of contents fails to parse, naming the format).
+        assert_eq!(ColFormat::from_name(&format!("exact8:{}", t.name())), None, "{t:?}");
+    }
+    assert_eq!(ExactFormat::of(WeightType::Q8_0).unwrap().name(), "exact:Q8_0");
+    assert_eq!(ExactFormat::wide(WeightType::Q6_K).unwrap().name(), "exact8:Q6_K");
+}
+
+#[test]
 fn wide_layouts_give_the_narrow_results_bit_for_bit() {
     // The same integers and scales in bytes: every kernel gives what it gives on the narrow layout.
     let mut rng = Rng(57);
@@ -123,6 +134,7 @@ fn wide_layouts_give_the_narrow_results_bit_for_bit() {
         assert!(wide.is_wide() && !narrow.is_wide() && wide.q_max() == narrow.q_max());
         assert_eq!(wide.col_bytes(64), 64);
         assert_eq!(ColFormat::from_name(&wide.name()), Some(ColFormat::Exact(wide)), "{}", wide.name());
+        assert_eq!(ColFormat::from_name(&narrow.name()), Some(ColFormat::Exact(narrow)), "{}", narrow.name());
         let (n_out, n_in) = (160, 512);
         let (_, nc, ns) = tensor(narrow, n_out, n_in, 8);
         let (_, wc, ws) = tensor(wide, n_out, n_in, 8);
