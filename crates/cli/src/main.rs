@@ -17,6 +17,7 @@ mod pack;
 mod perplexity;
 mod plan;
 mod probe;
+mod probe_engine;
 mod serve;
 mod session;
 mod simulate;

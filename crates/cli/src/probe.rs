@@ -34,7 +34,8 @@ pub struct ProbeArgs {
     #[arg(long, conflicts_with_all = ["output", "quick"])]
     pub list: bool,
     /// Measure the GPU instead (host-to-device transfers by size, device bandwidth, a hybrid
-    /// product's round trip) and print them as JSON (written to -o when given)
+    /// product's round trip, and, when -m's model exists, the engine's own costs from short
+    /// decodes of its pack) and print them as JSON (written to -o when given)
     #[arg(long, conflicts_with_all = ["show", "list"])]
     pub gpu: bool,
     /// The GPU to measure (-mg)
@@ -67,6 +68,34 @@ fn probe_gpu(a: &ProbeArgs) -> anyhow::Result<()> {
     let mut v = serde_json::to_value(&p)?;
     v["host_read_bw"] = serde_json::json!(host_read_bw);
     v["host_threads"] = serde_json::json!(threads);
+    // The engine's own costs, from short decodes of the model's pack: what lets `sift simulate
+    // --gpu FILE` replay sift's hybrid decode rather than KAIROX's design.
+    if a.model.exists() {
+        drop(dev);
+        let pack = crate::session::column_file(&a.model, None)?;
+        let model = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
+        let head_gpu_ns = sift_engine::gpu::head_bytes(&model) as f64 / p.device_bw * 1e9 + p.round_trip_ns;
+        drop(model);
+        let costs = crate::probe_engine::calibrate(&pack, threads, head_gpu_ns, p.round_trip_ns)?;
+        eprintln!(
+            "sift: engine costs ({}): attention {:.1} us a layer on the GPU, {:.1} on the CPU; a GPU share {:.1} us to queue, {:.1} us to come back; the CPU {:.2} ns per output value; dense layers {:.1} us on the GPU, {:.1} on the CPU",
+            pack.display(),
+            costs.attention_gpu_ns / 1e3,
+            costs.attention_cpu_ns / 1e3,
+            costs.gpu_queue_ns / 1e3,
+            costs.gpu_result_ns / 1e3,
+            costs.cpu_value_ns,
+            costs.dense_gpu_layer_ns / 1e3,
+            costs.dense_cpu_layer_ns / 1e3
+        );
+        v["engine"] = serde_json::to_value(&costs)?;
+        v["engine_model"] = serde_json::json!(pack.display().to_string());
+    } else {
+        eprintln!(
+            "sift: no model at '{}': the profile holds the transfers only (pass -m MODEL for the engine's costs)",
+            a.model.display()
+        );
+    }
     let json = serde_json::to_string_pretty(&v)?;
     match &a.output {
         Some(o) => sift_output::write(o, &[], (json + "\n").as_bytes())?,

@@ -40,9 +40,14 @@ pub struct SimulateArgs {
         default_value = "oracle,layers,static,eager,lru,tam,tam-adaptive"
     )]
     pub gpu_policy: Vec<String>,
-    /// With --gpu: neurons per group (the unit of transfer)
-    #[arg(long = "group-size", default_value_t = 16)]
-    pub group_size: usize,
+    /// With --gpu: neurons per group (the unit of transfer); default 16, or with a profile that
+    /// holds the engine's costs, the engine's own choice (from the transfer curve)
+    #[arg(long = "group-size", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub group_size: Option<u32>,
+    /// With --gpu and the engine's costs: where attention runs (auto, on, off; as
+    /// --gpu-attention of generate)
+    #[arg(long = "gpu-attention", value_name = "auto|on|off", default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub gpu_attention: String,
     /// Cache policies, comma-separated: lfu, lru, tam, static, belady, none
     #[arg(long = "policy", value_delimiter = ',', default_value = "lfu")]
     pub policy: Vec<String>,

@@ -420,7 +420,11 @@ impl Engine {
             }
         }
         if n_logits > 0 && !logits_done {
+            let t = std::time::Instant::now();
             self.output_head(n, n_logits)?;
+            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+                hy.spent_on_head(t.elapsed().as_nanos() as f64);
+            }
         }
         if n_logits > 0 && !all_finite(&self.s.logits[..n_logits * self.model.config.n_vocab]) {
             return Err(non_finite("the output head".into(), self.n_past));
@@ -465,6 +469,7 @@ impl Engine {
             }
         } else {
             // Attention.
+            let t = std::time::Instant::now();
             let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
             self.site(l, n, Site::AttnIn)?;
@@ -473,6 +478,9 @@ impl Engine {
             vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
             let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
+            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+                hy.spent_on_cpu_attention(t.elapsed().as_nanos() as f64);
+            }
         }
         // Feed-forward (SwiGLU).
         // A sparse prompt block's FFN (under a memory budget too: its rows and columns come

@@ -26,7 +26,8 @@ use crate::forward::{Engine, EvalError};
 use crate::pool::SharedMut;
 use crate::source::{column_ops, site_col_ops};
 use crate::sparse::ColOp;
-use sift_gpu::{ColumnPoolSpec, GpuColumns, GpuDevice, GpuError};
+pub use sift_gpu::ColumnPoolSpec;
+use sift_gpu::{GpuColumns, GpuDevice, GpuError};
 use sift_quant::ColType;
 use sift_sparsity::Site;
 use std::time::Instant;
@@ -165,7 +166,21 @@ pub struct HybridReport {
     pub gpu_wait_ms: f64,
     /// The layers' attention halves on the GPU, round trips included (KAIROX's placement).
     pub gpu_attention_ms: f64,
+    /// The layers' attention halves on the CPU (when attention is not on the GPU).
+    pub cpu_attention_ms: f64,
+    /// The output head (norm and product, on the GPU or the CPU as placed).
+    pub head_ms: f64,
     pub other_ms: f64,
+    /// Where the dense parts ran: attention and the output head on the GPU.
+    pub attention_on_gpu: bool,
+    pub head_on_gpu: bool,
+    /// Per token: FFN site products, those that queued work on the GPU, those with a CPU share,
+    /// and the output values the CPU's share computed (active units on the CPU times their columns' length): what
+    /// `sift probe --gpu -m PACK` calibrates the simulator's costs from.
+    pub sites_per_token: f64,
+    pub gpu_products_per_token: f64,
+    pub cpu_sites_per_token: f64,
+    pub cpu_values_per_token: f64,
 }
 
 /// The GPU's column pools, the balancer and the run's figures.
@@ -184,18 +199,43 @@ pub struct HybridTier {
     token_ns: Vec<f64>,
     lambda: Vec<f32>,
     token_start: Option<Instant>,
-    /// Nanoseconds of queueing, the CPU's share, the GPU wait and the GPU's attention: summed
-    /// over the tokens in `token_ns`, and the current token's so far.
-    spent_ns: [f64; 4],
-    token_spent_ns: [f64; 4],
+    /// Nanoseconds of queueing, the CPU's share, the GPU wait, the GPU's attention, the CPU's
+    /// attention and the head: summed over the tokens in `token_ns`, and the current token's so
+    /// far.
+    spent_ns: [f64; SPENT],
+    token_spent_ns: [f64; SPENT],
+    /// Site products, those that queued GPU work, those with a CPU share, and the CPU's output
+    /// values: over the tokens in `token_ns`, and the current token's so far.
+    counts: [u64; 4],
+    token_counts: [u64; 4],
+    /// Where the dense parts run (set by the session after placing them).
+    pub attention_on_gpu: bool,
+    pub head_on_gpu: bool,
     y: Vec<f32>,
     coef: Vec<f32>,
 }
 
+/// Parts of a token [`HybridTier`] times: queueing, the CPU's FFN share, the GPU wait, attention
+/// on the GPU, attention on the CPU, the output head.
+const SPENT: usize = 6;
+const ATTENTION_GPU: usize = 3;
+const ATTENTION_CPU: usize = 4;
+const HEAD: usize = 5;
+
 impl HybridTier {
     /// A decode step's attention half ran on the GPU for `ns` nanoseconds.
     pub(crate) fn spent_on_attention(&mut self, ns: f64) {
-        self.token_spent_ns[3] += ns;
+        self.token_spent_ns[ATTENTION_GPU] += ns;
+    }
+
+    /// A decode step's attention half ran on the CPU for `ns` nanoseconds.
+    pub(crate) fn spent_on_cpu_attention(&mut self, ns: f64) {
+        self.token_spent_ns[ATTENTION_CPU] += ns;
+    }
+
+    /// A decode step's output head took `ns` nanoseconds.
+    pub(crate) fn spent_on_head(&mut self, ns: f64) {
+        self.token_spent_ns[HEAD] += ns;
     }
 
     /// The pool of `site` in layer `l`, when the GPU shares it.
@@ -237,8 +277,16 @@ impl HybridTier {
             queue_ms: ms(self.spent_ns[0]),
             cpu_ffn_ms: ms(self.spent_ns[1]),
             gpu_wait_ms: ms(self.spent_ns[2]),
-            gpu_attention_ms: ms(self.spent_ns[3]),
+            gpu_attention_ms: ms(self.spent_ns[ATTENTION_GPU]),
+            cpu_attention_ms: ms(self.spent_ns[ATTENTION_CPU]),
+            head_ms: ms(self.spent_ns[HEAD]),
             other_ms: ms((total - self.spent_ns.iter().sum::<f64>()).max(0.0)),
+            attention_on_gpu: self.attention_on_gpu,
+            head_on_gpu: self.head_on_gpu,
+            sites_per_token: self.counts[0] as f64 / n,
+            gpu_products_per_token: self.counts[1] as f64 / n,
+            cpu_sites_per_token: self.counts[2] as f64 / n,
+            cpu_values_per_token: self.counts[3] as f64 / n,
         }
     }
 
@@ -275,6 +323,9 @@ impl HybridTier {
             for (s, t) in self.spent_ns.iter_mut().zip(&mut self.token_spent_ns) {
                 *s += std::mem::take(t);
             }
+            for (c, t) in self.counts.iter_mut().zip(&mut self.token_counts) {
+                *c += std::mem::take(t);
+            }
             if let BalancePolicy::TamAdaptive { .. } = self.opts.policy {
                 self.lambda.push(self.balancer.mean_lambda());
             }
@@ -291,7 +342,8 @@ impl HybridTier {
             self.gpu.sync_loads()?;
             self.warm = true;
             self.token_start = Some(Instant::now());
-            self.token_spent_ns = [0.0; 4];
+            self.token_spent_ns = [0.0; SPENT];
+            self.token_counts = [0; 4];
         }
         Ok(())
     }
@@ -328,6 +380,45 @@ pub(crate) fn fill_table(
     });
 }
 
+/// The hybrid tier's pools of a model: per (layer, site) in [`HYBRID_SITES`] order, its shape
+/// and group slots, and its units' positions in the pack's unit order.
+#[derive(Clone, Debug)]
+pub struct PoolLayout {
+    pub specs: Vec<ColumnPoolSpec>,
+    pub positions: Vec<Vec<u32>>,
+}
+
+/// The pools [`Engine::attach_hybrid`] makes for `model` (a pack; `None` for a GGUF): groups of
+/// `group_size` units, or per site the most whose Q8_0 bytes stay within `knee` bytes (see
+/// [`auto_group`]); slots for the same share of every pool's groups, as many as `gpu_bytes`
+/// buys. The simulator (`sift simulate --gpu`) lays its pools out with this too.
+pub fn pool_layout(
+    model: &sift_model::Model,
+    group_size: Option<usize>,
+    gpu_bytes: u64,
+    knee: u64,
+) -> Option<PoolLayout> {
+    let cols = column_ops(model)?;
+    let mut specs = Vec::new();
+    let mut positions: Vec<Vec<u32>> = Vec::new();
+    for layer in &cols {
+        for site in HYBRID_SITES {
+            let ops = site_col_ops(layer, site);
+            let n_units = ops[0].n_in;
+            let n_out: usize = ops.iter().map(|op| op.n_out).sum();
+            positions.push(ops[0].positions.as_ref().map_or_else(|| (0..n_units as u32).collect(), |p| p.to_vec()));
+            let gs = group_size.unwrap_or_else(|| auto_group(n_out / 32 * 34, knee)).max(1);
+            specs.push(ColumnPoolSpec { n_out, group_size: gs, n_groups: n_units.div_ceil(gs), slots: 0 });
+        }
+    }
+    let table: u64 = specs.iter().map(|s| s.table_bytes()).sum();
+    let share = (gpu_bytes as f64 / table.max(1) as f64).min(1.0);
+    for s in &mut specs {
+        s.slots = ((s.n_groups as f64 * share).floor() as usize).min(s.n_groups);
+    }
+    Some(PoolLayout { specs, positions })
+}
+
 impl Engine {
     /// Puts the hybrid tier on `dev`: column pools for the FFN sites of every layer, their host
     /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
@@ -357,23 +448,8 @@ impl Engine {
         pools: &mut dyn FnMut(Vec<ColumnPoolSpec>, &mut dyn FnMut(usize, &mut [u8])) -> Result<GpuColumns, GpuError>,
     ) -> Result<(), HybridError> {
         let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
-        let mut specs = Vec::new();
-        let mut positions: Vec<Vec<u32>> = Vec::new();
-        for layer in &cols {
-            for site in HYBRID_SITES {
-                let ops = site_col_ops(layer, site);
-                let n_units = ops[0].n_in;
-                let n_out: usize = ops.iter().map(|op| op.n_out).sum();
-                positions.push(ops[0].positions.as_ref().map_or_else(|| (0..n_units as u32).collect(), |p| p.to_vec()));
-                let gs = o.group_size.unwrap_or_else(|| auto_group(n_out / 32 * 34, knee)).max(1);
-                specs.push(ColumnPoolSpec { n_out, group_size: gs, n_groups: n_units.div_ceil(gs), slots: 0 });
-            }
-        }
-        let table: u64 = specs.iter().map(|s| s.table_bytes()).sum();
-        let share = (o.gpu_bytes as f64 / table.max(1) as f64).min(1.0);
-        for s in &mut specs {
-            s.slots = ((s.n_groups as f64 * share).floor() as usize).min(s.n_groups);
-        }
+        let PoolLayout { specs, positions } =
+            pool_layout(&self.model, o.group_size, o.gpu_bytes, knee).ok_or(HybridError::NoPack)?;
         let slots: Vec<usize> = specs.iter().map(|s| s.slots).collect();
         let sizes: Vec<usize> = specs.iter().map(|s| s.group_size).collect();
         let file = self.model.pack_bytes();
@@ -399,8 +475,12 @@ impl Engine {
             token_ns: Vec::new(),
             lambda: Vec::new(),
             token_start: None,
-            spent_ns: [0.0; 4],
-            token_spent_ns: [0.0; 4],
+            spent_ns: [0.0; SPENT],
+            token_spent_ns: [0.0; SPENT],
+            counts: [0; 4],
+            token_counts: [0; 4],
+            attention_on_gpu: false,
+            head_on_gpu: false,
             y: Vec::new(),
             coef: Vec::new(),
         });
@@ -409,6 +489,10 @@ impl Engine {
 
     pub fn hybrid(&self) -> Option<&HybridTier> {
         self.hybrid.as_ref()
+    }
+
+    pub fn hybrid_mut(&mut self) -> Option<&mut HybridTier> {
+        self.hybrid.as_mut()
     }
 
     /// One decoded token's products of an FFN site the GPU shares (see the module docs): the
@@ -481,6 +565,11 @@ impl Engine {
         hy.units += active.len() as u64;
         hy.gpu_units += plan.gpu.len() as u64;
         hy.products += 1;
+        let values = (plan.cpu_units.len() * hy.gpu.specs[p].n_out) as u64;
+        let on_cpu = !plan.cpu_units.is_empty() as u64;
+        for (c, v) in hy.token_counts.iter_mut().zip([1, on_gpu as u64, on_cpu, values]) {
+            *c += v;
+        }
         hy.stalled += stall as u64;
         self.s.active = active;
         Ok(())

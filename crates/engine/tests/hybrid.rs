@@ -125,8 +125,22 @@ fn emulated_hybrid_decode_gives_the_cpu_logits_for_every_policy() {
             assert!(r.cpu_share < 0.8, "{name}: the GPU's share is {:.1} % only", 100.0 * (1.0 - r.cpu_share));
             // The breakdown of a token's time adds up to the tokens' mean, and the CPU's share
             // (half the units or more) takes part of it.
-            let parts = r.queue_ms + r.cpu_ffn_ms + r.gpu_wait_ms + r.other_ms;
+            let parts = r.queue_ms
+                + r.cpu_ffn_ms
+                + r.gpu_wait_ms
+                + r.cpu_attention_ms
+                + r.head_ms
+                + r.gpu_attention_ms
+                + r.other_ms;
             assert!(r.cpu_ffn_ms > 0.0 && r.other_ms > 0.0, "{name}: breakdown {r:?}");
+            // Attention and the head ran on the CPU (nothing placed them on the GPU) and took time.
+            assert!(!r.attention_on_gpu && !r.head_on_gpu && r.gpu_attention_ms == 0.0, "{name}: {r:?}");
+            assert!(r.cpu_attention_ms > 0.0 && r.head_ms > 0.0, "{name}: breakdown {r:?}");
+            // Every token asks both FFN sites of every layer; the CPU computed some units' columns.
+            let n_layer = e.model.config.n_layer as f64;
+            assert_eq!(r.sites_per_token, 2.0 * n_layer, "{name}: site products per token");
+            assert!(r.gpu_products_per_token > 0.0 && r.gpu_products_per_token <= r.sites_per_token, "{name}: {r:?}");
+            assert!(r.cpu_values_per_token > 0.0, "{name}: {r:?}");
             assert!(
                 parts >= r.p50_ms * 0.5 && parts <= r.p99_ms * 1.01,
                 "{name}: parts {parts} ms against p50 {} / p99 {}",

@@ -273,6 +273,9 @@ fn attach_gpu(engine: &mut Engine, gpu: &GpuOptions) -> anyhow::Result<()> {
             gpu_bytes: dense.group_bytes,
         };
         engine.attach_hybrid(&mut dev, &o).context("cannot set up hybrid decode")?;
+        if let Some(h) = engine.hybrid_mut() {
+            (h.attention_on_gpu, h.head_on_gpu) = (dense.attention, dense.attention && dense.head);
+        }
         if dense.attention {
             let layers = GpuLayers::upload_attention(&engine.model, dev, engine.n_ctx(), dense.head)
                 .context("cannot put the layers' attention on the GPU (--gpu-attention off runs it on the CPU)")?;

@@ -56,6 +56,10 @@ pub struct GpuProfile {
     pub cpu_layer_ns: f64,
     /// Merging the CPU's partial FFN output into the GPU's, per layer with CPU work, ns.
     pub merge_ns: f64,
+    /// What sift's own operations take on this machine (`sift probe --gpu -m PACK`): with them
+    /// `sift simulate --gpu` replays the engine's hybrid decode
+    /// ([`crate::hybrid_engine`]) instead of KAIROX's design.
+    pub engine: Option<crate::hybrid_engine::EngineCosts>,
 }
 
 /// Bytes of one neuron in KAIROX Table 2's rows (fp16 rows of 4096 and 5120 values).
@@ -81,6 +85,7 @@ impl GpuProfile {
                 cpu_bw: 30.0 * GB,
                 cpu_layer_ns: 10_000.0,
                 merge_ns: 10_000.0,
+                engine: None,
             }),
             "rtx4090-pcie4" => Some(GpuProfile {
                 name: name.into(),
@@ -90,6 +95,7 @@ impl GpuProfile {
                 cpu_bw: 50.0 * GB,
                 cpu_layer_ns: 8_000.0,
                 merge_ns: 8_000.0,
+                engine: None,
             }),
             _ => None,
         }
@@ -109,6 +115,7 @@ impl GpuProfile {
             device_bw: f64,
             round_trip_ns: f64,
             host_read_bw: Option<f64>,
+            engine: Option<crate::hybrid_engine::EngineCosts>,
         }
         let p: Probe = serde_json::from_str(json).map_err(|e| format!("not a `sift probe --gpu` file: {e}"))?;
         let host = p.host_read_bw.ok_or(
@@ -122,6 +129,9 @@ impl GpuProfile {
         if ![p.device_bw, p.round_trip_ns, host].into_iter().all(positive) {
             return Err("device_bw, round_trip_ns and host_read_bw must be positive numbers".into());
         }
+        if let Some(e) = &p.engine {
+            e.check()?;
+        }
         Ok(GpuProfile {
             name: p.name,
             gpu_bw: p.device_bw,
@@ -130,6 +140,7 @@ impl GpuProfile {
             cpu_bw: 0.5 * host,
             cpu_layer_ns: 8_000.0,
             merge_ns: p.round_trip_ns,
+            engine: p.engine,
         })
     }
 
@@ -584,6 +595,7 @@ mod tests {
             cpu_bw: 1e8,
             cpu_layer_ns: 0.0,
             merge_ns: 0.0,
+            engine: None,
         }
     }
 

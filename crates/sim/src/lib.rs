@@ -13,6 +13,9 @@
 //!   best bandwidth, or the compute) and a run's telemetry beside it.
 //! - [`hybrid`]: KAIROX's GPU–CPU hybrid decode simulated: neuron groups on a GPU under each
 //!   balancing policy (static, eager, LRU, TAM, adaptive TAM, the oracle bound), on a GPU profile.
+//! - [`hybrid_engine`]: sift's own hybrid decode replayed through the engine's balancer, each
+//!   step at the engine's measured costs (`sift probe --gpu -m PACK`): what checks the
+//!   simulator against real GPU runs.
 //! - [`grouping`]: unit orders for the column file from a trace (hottest units first).
 //! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
 //!   memory budget.
@@ -20,6 +23,7 @@
 pub mod bound;
 pub mod grouping;
 pub mod hybrid;
+pub mod hybrid_engine;
 pub mod planner;
 pub mod probe;
 pub mod profile;

@@ -85,6 +85,45 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert_eq!(runs[3]["lambda"].as_array().unwrap().len(), 12, "λ after each decoded token");
     let o = sift(&["simulate", "--trace", trace.to_str().unwrap(), "-m", p, "--gpu", "no-such-gpu"]);
     assert!(!o.status.success() && text(&o.stderr).contains("rtx4090-pcie4"), "{}", text(&o.stderr));
+    // A measured profile with the engine's costs (`sift probe --gpu -m PACK`): sift's own hybrid
+    // decode replayed, its dense parts placed as the engine places them.
+    let mut prof = serde_json::json!({
+        "name": "a GPU", "device_bw": 3.0e12, "round_trip_ns": 17000.0, "host_read_bw": 5.0e10,
+        "h2d": [[4096, 1.6e9], [65536, 1.67e10], [1048576, 4.78e10], [16777216, 5.43e10]],
+        "engine": {"attention_gpu_ns": 70000.0, "attention_cpu_ns": 40000.0, "site_ns": 2000.0,
+            "gpu_queue_ns": 12000.0, "gpu_result_ns": 15000.0, "cpu_site_ns": 5000.0, "cpu_value_ns": 0.02,
+            "layer_ns": 20000.0, "head_gpu_ns": 30000.0, "head_cpu_ns": 500000.0, "dense_gpu_layer_ns": 60000.0,
+            "dense_cpu_layer_ns": 80000.0, "dense_round_trip_ns": 17000.0}
+    });
+    let profile = dir.path().join("gpu.json");
+    std::fs::write(&profile, prof.to_string()).unwrap();
+    let gpu_sim = |extra: &[&str]| {
+        let mut args =
+            vec!["simulate", "--trace", trace.to_str().unwrap(), "-m", p, "--gpu", profile.to_str().unwrap()];
+        args.extend_from_slice(&["-c", "256", "--gpu-memory", "10%,75%", "-o", "json"]);
+        args.extend_from_slice(extra);
+        sift(&args)
+    };
+    let o = gpu_sim(&["--gpu-policy", "layers,static,tam-adaptive,oracle"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("oracle bound belongs to KAIROX"), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), 6, "{v}");
+    assert!(runs[0]["placed"].as_str().unwrap().ends_with("of 30 layers"), "{v}");
+    assert_eq!(runs[1]["reloads_per_token"], 0.0, "{v}");
+    // At 75 % attention (with its KV cache for -c 256) goes to the GPU first; at 10 % it does not.
+    assert!(!runs[1]["placed"].as_str().unwrap().contains("attention"), "{v}");
+    assert!(runs[4]["placed"].as_str().unwrap().starts_with("attention"), "{v}");
+    assert_eq!(runs[5]["lambda"].as_array().unwrap().len(), 12, "λ after each decoded token");
+    let o = gpu_sim(&["--gpu-policy", "static", "--gpu-attention", "off"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!v[1]["placed"].as_str().unwrap().contains("attention"), "{v}");
+    // A damaged profile is refused, naming what to do.
+    prof["engine"]["cpu_value_ns"] = serde_json::json!(-1.0);
+    std::fs::write(&profile, prof.to_string()).unwrap();
+    let o = gpu_sim(&[]);
+    assert!(!o.status.success() && text(&o.stderr).contains("sift probe --gpu -m PACK"), "{}", text(&o.stderr));
     // The planner: settings and the predicted speed, within the budget.
     let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "-o", "json"]);
     assert!(o.status.success(), "{}", text(&o.stderr));

@@ -1,0 +1,165 @@
+//! The engine's hybrid decode simulated on the real SmolLM2-135M pack: with costs chosen so that
+//! a token's time can be counted by hand, the simulated time is that count — every unit on the
+//! CPU, every unit on the GPU, and llama.cpp's layer split; placements follow the engine's own
+//! pools and budget split.
+
+use sift_engine::balancer::BalancePolicy;
+use sift_engine::hybrid::AttentionPlacement;
+use sift_sim::hybrid::GpuProfile;
+use sift_sim::hybrid_engine::{simulate_engine, EngineCosts, EngineRun, FfnActivity};
+use sift_store::{pack_model, PackOptions};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn model() -> &'static sift_model::Model {
+    static MODEL: OnceLock<(tempfile::TempDir, sift_model::Model)> = OnceLock::new();
+    &MODEL
+        .get_or_init(|| {
+            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            assert!(src.exists(), "{} missing: run scripts/fetch-model.sh first", src.display());
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("smol.sift");
+            pack_model(&src, &out, &PackOptions::default(), |_| {}).unwrap();
+            let m = sift_store::open_model(&out).unwrap();
+            (dir, m)
+        })
+        .1
+}
+
+fn zero_costs() -> EngineCosts {
+    EngineCosts {
+        attention_gpu_ns: 0.0,
+        attention_cpu_ns: 0.0,
+        site_ns: 0.0,
+        gpu_queue_ns: 0.0,
+        gpu_result_ns: 0.0,
+        cpu_site_ns: 0.0,
+        cpu_value_ns: 0.0,
+        layer_ns: 0.0,
+        head_gpu_ns: 0.0,
+        head_cpu_ns: 0.0,
+        dense_gpu_layer_ns: 0.0,
+        dense_cpu_layer_ns: 0.0,
+        dense_round_trip_ns: 0.0,
+    }
+}
+
+/// The H200's measured transfer curve (docs/results/issue20-h200-s20/gpu-probe.json, rounded).
+fn gpu() -> GpuProfile {
+    let mut g = GpuProfile::builtin("rtx4090-pcie4").unwrap();
+    g.pcie = vec![(4096, 1.6e9), (65536, 16.7e9), (1 << 20, 47.8e9), (16 << 20, 54.3e9)];
+    g
+}
+
+/// Every other unit of both FFN sites active, in every layer, for `n` tokens.
+fn every_other(n: usize) -> FfnActivity {
+    let c = &model().config;
+    let half = |k: usize| Some((0..k as u32).filter(|u| u % 2 == 0).collect::<Vec<_>>());
+    (0..n).map(|_| (0..c.n_layer).map(|_| [half(c.n_embd), half(c.n_ff)]).collect()).collect()
+}
+
+fn run(policy: Option<BalancePolicy>, gpu_bytes: u64, attention: AttentionPlacement) -> EngineRun {
+    EngineRun { policy, gpu_bytes, attention, n_ctx: 1024, group_size: None }
+}
+
+#[test]
+fn every_unit_on_the_cpu_costs_its_columns() {
+    let c = &model().config;
+    let mut costs = zero_costs();
+    (costs.cpu_value_ns, costs.cpu_site_ns, costs.attention_cpu_ns, costs.layer_ns, costs.head_cpu_ns) =
+        (1.0, 100.0, 1000.0, 10.0, 5e5);
+    let act = every_other(20);
+    let (r, placed) =
+        simulate_engine(&act, model(), &gpu(), &costs, &run(Some(BalancePolicy::Static), 0, AttentionPlacement::Cpu))
+            .unwrap();
+    assert!(!placed.attention && !placed.head && placed.gpu_share == 0.0, "{placed:?}");
+    // Per layer: the FFN input's 288 channels times gate and up (2 x 1536 values), the GLU's 768
+    // neurons times down (576 values), two sites' fixed cost, attention and the rest.
+    let values = (c.n_embd / 2 * 2 * c.n_ff + c.n_ff / 2 * c.n_embd) as f64;
+    let want = c.n_layer as f64 * (values + 200.0 + 1000.0 + 10.0) + 5e5;
+    assert!((r.p50_ns - want).abs() < 1e-6 * want && (r.p99_ns - want).abs() < 1e-6 * want, "{} vs {want}", r.p50_ns);
+    assert_eq!(r.cpu_share, 1.0);
+    assert_eq!(r.reloads_per_token, 0.0);
+}
+
+#[test]
+fn every_unit_on_the_gpu_costs_its_round_trips() {
+    let c = &model().config;
+    let mut costs = zero_costs();
+    (costs.attention_gpu_ns, costs.site_ns, costs.gpu_queue_ns, costs.gpu_result_ns, costs.head_gpu_ns) =
+        (50_000.0, 1_000.0, 10_000.0, 15_000.0, 20_000.0);
+    costs.cpu_value_ns = 1.0;
+    // A budget far above the model: attention, the head and every group on the GPU; static's
+    // warm start holds every group (each has active units), so nothing is left to the CPU.
+    for policy in ["static", "tam", "tam-adaptive", "lru", "eager"] {
+        let p = BalancePolicy::parse(policy).unwrap();
+        let (r, placed) = simulate_engine(
+            &every_other(24),
+            model(),
+            &gpu(),
+            &costs,
+            &run(Some(p), 8 << 30, AttentionPlacement::Auto),
+        )
+        .unwrap();
+        assert!(placed.attention && placed.head && placed.gpu_share == 1.0, "{policy}: {placed:?}");
+        let want = c.n_layer as f64 * (50_000.0 + 2.0 * (1_000.0 + 10_000.0 + 15_000.0)) + 20_000.0;
+        assert!((r.p50_ns - want).abs() < 1e-6 * want, "{policy}: {} vs {want}", r.p50_ns);
+        assert_eq!(r.cpu_share, 0.0, "{policy}");
+        assert_eq!(r.reloads_per_token, 0.0, "{policy}: every group was placed by the warm start");
+    }
+}
+
+#[test]
+fn a_partial_budget_splits_units_and_tam_moves_groups() {
+    let mut costs = zero_costs();
+    (costs.cpu_value_ns, costs.gpu_result_ns) = (1.0, 10_000.0);
+    // Activity that drifts: the first half of the tokens uses the low half of the units, the
+    // rest the high half; static keeps what the first tokens used, TAM follows.
+    let c = &model().config;
+    let side = |k: usize, hi: bool| Some((0..k as u32).filter(|&u| (u as usize >= k / 2) == hi).collect::<Vec<_>>());
+    let act: FfnActivity =
+        (0..64).map(|t| (0..c.n_layer).map(|_| [side(c.n_embd, t >= 32), side(c.n_ff, t >= 32)]).collect()).collect();
+    let budget = 20 << 20;
+    let sim = |p: &str| {
+        simulate_engine(
+            &act,
+            model(),
+            &gpu(),
+            &costs,
+            &run(Some(BalancePolicy::parse(p).unwrap()), budget, AttentionPlacement::Cpu),
+        )
+        .unwrap()
+        .0
+    };
+    let (st, tam) = (sim("static"), sim("tam"));
+    assert!(st.cpu_share > 0.0 && st.cpu_share < 1.0, "static CPU share {}", st.cpu_share);
+    assert_eq!(st.reloads_per_token, 0.0);
+    assert!(tam.reloads_per_token > 0.0, "TAM loads groups as the activity drifts");
+    assert!(tam.cpu_share < st.cpu_share, "TAM {} against static {}", tam.cpu_share, st.cpu_share);
+    assert!(tam.tok_s > st.tok_s, "TAM {} against static {} tok/s", tam.tok_s, st.tok_s);
+}
+
+#[test]
+fn the_layer_split_runs_whole_layers_on_each_side() {
+    let c = &model().config;
+    let mut costs = zero_costs();
+    (costs.dense_cpu_layer_ns, costs.dense_gpu_layer_ns, costs.dense_round_trip_ns) = (80_000.0, 30_000.0, 20_000.0);
+    (costs.head_cpu_ns, costs.head_gpu_ns) = (600_000.0, 10_000.0);
+    let n = c.n_layer as f64;
+    let all = simulate_engine(&every_other(4), model(), &gpu(), &costs, &run(None, 8 << 30, AttentionPlacement::Auto))
+        .unwrap();
+    assert_eq!(all.1.gpu_layers, c.n_layer);
+    assert!(all.1.head);
+    assert!((all.0.p50_ns - (n * 30_000.0 + 10_000.0 + 20_000.0)).abs() < 1e-3);
+    let none =
+        simulate_engine(&every_other(4), model(), &gpu(), &costs, &run(None, 0, AttentionPlacement::Auto)).unwrap();
+    assert_eq!(none.1.gpu_layers, 0);
+    assert!((none.0.p50_ns - (n * 80_000.0 + 600_000.0)).abs() < 1e-3);
+    // Half the model's bytes: some layers on each side, the head on the CPU.
+    let half =
+        simulate_engine(&every_other(4), model(), &gpu(), &costs, &run(None, 50 << 20, AttentionPlacement::Auto))
+            .unwrap();
+    let k = half.1.gpu_layers as f64;
+    assert!(k > 0.0 && k < n && !half.1.head, "{:?}", half.1);
+    assert!((half.0.p50_ns - ((n - k) * 80_000.0 + k * 30_000.0 + 600_000.0 + 20_000.0)).abs() < 1e-3);
+}
