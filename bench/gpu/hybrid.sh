@@ -12,7 +12,8 @@
 #              25/50/75 % of the model (Top-K 0.5, and a calibrated threshold at 0.5), 256 tokens
 #              on two prompts; then, once llama.cpp is built, `llama-bench -ngl N` and
 #              `sift bench -ngl N` in turn. BREAKDOWN=1: a few hybrid runs for the time split of
-#              a token only; NOBENCH=1: the tests only.
+#              a token only; NOBENCH=1: the tests only; VALIDATE=1: the simulator against the
+#              engine (below).
 set -u
 stage=$1
 dir=$2
@@ -76,6 +77,45 @@ if [ -n "${BREAKDOWN:-}" ]; then
                 grep -E 'eval time|hybrid ' | grep -v 'prompt eval'
         done
     done 2>&1 | tee "$OUT"/breakdown.log
+    exit 0
+fi
+# VALIDATE=1: the simulator against the engine (issue 20): the GPU tests, `sift probe --gpu -m
+# PACK` (the transfer curve and the engine's costs from five short calibration decodes), a CPU
+# trace of the first prompt, `sift simulate --gpu` of it for every budget x policy, and the same
+# runs for real; bench/gpu/validate.py puts predictions beside measurements.
+if [ -n "${VALIDATE:-}" ]; then
+    echo "== GPU tests ($(($(date +%s) - t0)) s)"
+    timeout 120 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|agree' | cut -c1-200 | tail -12
+    head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
+    echo "== probe and calibration ($(($(date +%s) - t0)) s)"
+    $pin $S probe --gpu -m $P -t $T -o "$OUT"/gpu-probe.json 2>&1 | grep -v 'host to device' | tail -9
+    echo "== trace and simulation ($(($(date +%s) - t0)) s)"
+    $pin $S trace -m $P -p "$(cat /tmp/p1.txt)" -n $N --temp 0 --ignore-eos --sparsity topk --ratio 0.5 -c 1024 -t $T -o /tmp/p1.trace 2>&1 | tail -1
+    for a in auto off; do
+        $S simulate --trace /tmp/p1.trace -m $P --gpu "$OUT"/gpu-probe.json --gpu-memory ${BUDGETS_CSV:-25%,50%,75%} -c 1024 \
+            --gpu-attention $a --gpu-policy layers,static,eager,lru,tam,tam-adaptive -o json > "$OUT"/sim-$a.json 2> /tmp/sim.err ||
+            cat /tmp/sim.err
+    done
+    echo "== runs ($(($(date +%s) - t0)) s)"
+    vrun() { # label, args...
+        local label=$1; shift
+        printf '== %s | %s\n' "$label" "$*" >> "$OUT"/validate.log
+        $pin $S generate -m $P -p "$(cat /tmp/p1.txt)" -n $N -c 1024 --temp 0 --ignore-eos -t $T "$@" 2>&1 >/dev/null |
+            grep -E 'eval time|hybrid|error|offloaded|attention' | grep -v 'prompt eval' >> "$OUT"/validate.log
+    }
+    for B in ${BUDGETS:-25% 50% 75%}; do
+        vrun "layers $B auto" --gpu-memory $B
+        for pol in static eager lru tam tam-adaptive; do
+            vrun "$pol $B auto" --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol
+        done
+        for pol in static tam-adaptive; do
+            vrun "$pol $B off" --sparsity topk --ratio 0.5 --gpu-memory $B --gpu-policy $pol --gpu-attention off
+        done
+        echo "   $B done ($(($(date +%s) - t0)) s)"
+    done
+    vrun "cpu-topk - -" --sparsity topk --ratio 0.5
+    python3 bench/gpu/validate.py "$OUT"/validate.log "$OUT"/sim-auto.json "$OUT"/sim-off.json | tee "$OUT"/validate.md
+    echo "== done ($(($(date +%s) - t0)) s)"
     exit 0
 fi
 # ATTENTION=1: KAIROX's placement (attention on the GPU, --gpu-attention) against the FFN-only
