@@ -42,7 +42,7 @@ for p0 in "$keep"/*.part00; do
 done
 (cd "$keep" && sha256sum -c sums) || { echo "a joined file does not match its sum" >&2; exit 1; }
 for z in "$keep"/*.gz; do [ -e "${z%.gz}" ] || gzip -dc "$z" > "${z%.gz}"; done
-chmod +x "$keep"/sift "$keep"/gputest 2>/dev/null
+chmod +x "$keep"/sift "$keep"/gputest "$keep"/sift-old 2>/dev/null
 S=$keep/sift
 MODEL=${MODEL:-SmolLM2-135M-Instruct.Q4_1.gguf}
 M=models/$MODEL
@@ -87,8 +87,12 @@ if [ -n "${VALIDATE:-}" ]; then
     echo "== GPU tests ($(($(date +%s) - t0)) s)"
     timeout 120 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|agree' | cut -c1-200 | tail -12
     head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
+    # A failed test leaves the earlier binary (sift-old, when it came) for the measurements.
+    if ! grep -q '^test result: ok' "$OUT"/engine.log && [ -x "$keep"/sift-old ]; then
+        echo "the GPU tests failed: measuring with sift-old"; S=$keep/sift-old
+    fi
     echo "== probe and calibration ($(($(date +%s) - t0)) s)"
-    $pin $S probe --gpu -m $P -t $T -o "$OUT"/gpu-probe.json 2>&1 | grep -v 'host to device' | tail -9
+    $pin $S probe --gpu -m $P -t $T -o "$OUT"/gpu-probe.json 2>&1 | grep -v 'host to device' | tail -12
     echo "== trace and simulation ($(($(date +%s) - t0)) s)"
     $pin $S trace -m $P -p "$(cat /tmp/p1.txt)" -n $N --temp 0 --ignore-eos --sparsity topk --ratio 0.5 -c 1024 -t $T -o /tmp/p1.trace 2>&1 | tail -1
     for a in auto off; do
@@ -115,6 +119,20 @@ if [ -n "${VALIDATE:-}" ]; then
     done
     vrun "cpu-topk - -" --sparsity topk --ratio 0.5
     python3 bench/gpu/validate.py "$OUT"/validate.log "$OUT"/sim-auto.json "$OUT"/sim-off.json | tee "$OUT"/validate.md
+    # AB=1 with sift-old beside sift: the two binaries alternately on a few configurations.
+    if [ -n "${AB:-}" ] && [ -x "$keep"/sift-old ] && [ "$S" != "$keep"/sift-old ]; then
+        echo "== A/B: sift-old against sift ($(($(date +%s) - t0)) s)"
+        for args in "--gpu-memory 25% --gpu-policy static" "--gpu-memory 50% --gpu-policy static" \
+            "--gpu-memory 50% --gpu-policy tam-adaptive" "--gpu-memory 75% --gpu-policy static"; do
+            for round in 1 2; do
+                for b in sift-old sift; do
+                    r=$($pin "$keep"/$b generate -m $P -p "$(cat /tmp/p1.txt)" -n $N -c 1024 --temp 0 --ignore-eos -t $T \
+                        --sparsity topk --ratio 0.5 $args 2>&1 >/dev/null | grep -E 'eval time|hybrid ' | grep -v 'prompt eval')
+                    echo "$b | $args | round $round | $(echo "$r" | grep -oE '[0-9.]+ tokens per second') | $(echo "$r" | grep -oE 'per token [0-9.]+ ms queueing.*' | cut -c1-260)"
+                done
+            done
+        done | tee "$OUT"/ab.log
+    fi
     echo "== done ($(($(date +%s) - t0)) s)"
     exit 0
 fi

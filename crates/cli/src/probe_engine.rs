@@ -1,9 +1,10 @@
 //! `sift probe --gpu -m MODEL`: what the engine's own operations cost on this GPU machine, for
 //! `sift simulate --gpu FILE` to replay the engine's hybrid decode
-//! (`sift_sim::hybrid_engine`). Five short greedy decodes of the model's pack, each opened as
-//! `sift generate` would open it: hybrid decode (Top-K 0.5, `static`) with attention and every
-//! group on the GPU, with attention on the CPU at two budgets, and dense on the CPU and with
-//! every layer on the GPU (`-ngl 99`); their `hybrid` reports and times per token give the costs
+//! (`sift_sim::hybrid_engine`). Six short greedy decodes of the model's pack, each opened as
+//! `sift generate` would open it: hybrid decode (Top-K 0.5, `static`) with attention and the
+//! head on the GPU and every unit on the CPU, with attention and every group on the GPU, with
+//! attention on the CPU at two budgets, and dense on the CPU and with every layer on the GPU
+//! (`-ngl 99`); their `hybrid` reports and times per token give the costs
 //! ([`EngineCosts::calibrate`]).
 
 use anyhow::Context;
@@ -23,7 +24,7 @@ series Judge John Deed in 2002. In 2004 Boulter landed a role as Craig in the ep
 television series The Long Firm; he starred alongside actors Mark Strong and Derek Jacobi.";
 
 /// Decoded tokens per calibration run.
-const TOKENS: usize = 64;
+const TOKENS: usize = 128;
 /// The context the runs hold (as the benchmark runs' `-c 1024`).
 const N_CTX: usize = 1024;
 
@@ -57,7 +58,15 @@ fn decode(pack: &Path, threads: usize, flags: &[&str]) -> anyhow::Result<(f64, O
 /// `round_trip_ns` from the transfer probe fill in the head on the GPU where no run placed it.
 pub fn calibrate(pack: &Path, threads: usize, head_gpu_ns: f64, round_trip_ns: f64) -> anyhow::Result<EngineCosts> {
     let hybrid = ["--sparsity", "topk", "--ratio", "0.5", "--gpu-policy", "static"];
-    let configs: [(&str, &[&str]); 3] = [
+    // Attention and the head on the GPU with no room for a group: every unit on the CPU.
+    let model = sift_store::open_model(pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
+    let dense_only = format!(
+        "{}K",
+        (sift_engine::gpu::attention_bytes(&model, N_CTX) + sift_engine::gpu::head_bytes(&model)) / 1024 + 64
+    );
+    drop(model);
+    let configs: [(&str, &[&str]); 4] = [
+        ("attention and the head on the GPU, no group", &["--gpu-memory", &dense_only, "--gpu-attention", "on"]),
         // Far above the model's slots (Q8_0 columns take about twice a 4-bit model's bytes):
         // only what the groups need is allocated.
         ("attention and every group on the GPU", &["--gpu-memory", "16G", "--gpu-attention", "on"]),

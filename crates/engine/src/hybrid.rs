@@ -504,6 +504,22 @@ impl Engine {
         if l == 0 && site == HYBRID_SITES[0] {
             hy.begin_token()?;
         }
+        if hy.gpu.specs[p].slots == 0 {
+            // No slot on the GPU (the budget went to attention and the head): every unit on
+            // the CPU, with nothing to plan, queue or wait for.
+            let t0 = Instant::now();
+            let n = self.s.active.len();
+            self.project_local(l, 1, site, true)?;
+            let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+            hy.token_spent_ns[1] += t0.elapsed().as_nanos() as f64;
+            let values = (n * hy.gpu.specs[p].n_out) as u64;
+            for (c, v) in hy.token_counts.iter_mut().zip([1, 0, (n > 0) as u64, values]) {
+                *c += v;
+            }
+            hy.units += n as u64;
+            hy.products += 1;
+            return Ok(());
+        }
         let tq = Instant::now();
         let active = std::mem::take(&mut self.s.active);
         let plan: SitePlan = hy.balancer.plan(p, &active);

@@ -180,3 +180,24 @@ fn emulated_hybrid_topk_stays_within_the_cpu_kernels_own_spread() {
         assert!(r.reloads_per_token > 0.0, "{name}: no loads while decoding");
     }
 }
+
+/// A budget with no room for a group: every unit on the CPU through the pack's columns, as the
+/// plain engine computes them — the same logits to the bit, nothing queued for the GPU.
+#[test]
+fn emulated_hybrid_without_slots_is_the_cpu_path() {
+    let s = setup();
+    let mut cpu = Engine::new(sift_store::open_model(&s.pack).unwrap(), &opts());
+    topk_half(&mut cpu);
+    let want = decode_logits(&mut cpu, &s.prompt, &s.forced);
+    for name in ["static", "tam-adaptive"] {
+        let mut e = Engine::new(sift_store::open_model(&s.pack).unwrap(), &opts());
+        topk_half(&mut e);
+        let o = HybridOptions { policy: BalancePolicy::parse(name).unwrap(), group_size: Some(16), gpu_bytes: 0 };
+        e.attach_hybrid_emulated(&o).unwrap();
+        let got = decode_logits(&mut e, &s.prompt, &s.forced);
+        assert_eq!(got, want, "{name}: logits differ from the CPU's");
+        let r = e.hybrid().unwrap().report();
+        assert_eq!((r.cpu_share, r.gpu_products_per_token, r.queue_ms), (1.0, 0.0, 0.0), "{name}: {r:?}");
+        assert!(r.cpu_ffn_ms > 0.0 && r.cpu_values_per_token > 0.0, "{name}: {r:?}");
+    }
+}
