@@ -426,11 +426,7 @@ impl Device {
             // A decode step: its copies through page-locked staging, asynchronous, one wait.
             let mut stage = match self.stage.take() {
                 Some(s) if s.len() >= 2 * e => s,
-                _ => {
-                    // The graphs copy through the staging: a new one needs new graphs.
-                    self.graphs.clear();
-                    crate::cuda_columns::pinned::<f32>(&self.ctx, 2 * e)?
-                }
+                _ => crate::cuda_columns::pinned::<f32>(&self.ctx, 2 * e)?,
             };
             let run = self.attention_step(e, &mut stage, x, h, pos0, key, &mut queue);
             if run.is_err() {
@@ -449,8 +445,7 @@ impl Device {
     }
 
     /// One token's attention half with its copies through `stage` (page-locked, `2·e` values):
-    /// `x` in, the kernels, `x` and `h` out — all three copies inside the step's graph, so that
-    /// a layer costs one launch and one synchronisation.
+    /// `x` in, the graph, `x` and `h` out, one synchronisation.
     #[allow(clippy::too_many_arguments)]
     fn attention_step(
         &mut self,
@@ -467,26 +462,22 @@ impl Device {
         stage.as_mut_slice().map_err(driver)?[..e].copy_from_slice(&x[..e]);
         let dx = self.buf.x.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
         let dh = self.buf.h.as_ref().expect("grown by grow_buffers").device_ptr(&stream).0;
-        self.set_pos(pos0)?;
-        let staged = stage.as_mut_slice().map_err(driver)?;
         self.ctx.bind_to_thread().map_err(driver)?;
-        let mut step = |dev: &mut Self| -> Result<(), GpuError> {
-            // SAFETY: `staged` is page-locked (so the copies can be captured in the graph and
-            // replayed), holds 2·e values and stays allocated while the graphs that copy
-            // through it exist (a new staging clears them, `run_attention`); `dx` and `dh` hold
-            // at least e values (grown by grow_buffers for one token; growing clears the
-            // graphs too); the caller synchronises before reading `staged`.
-            unsafe { result::memcpy_htod_async(dx, &staged[..e], st) }.map_err(driver)?;
-            queue(dev)?;
-            let (sx, sh) = staged.split_at_mut(e);
-            // SAFETY: as above; the copies are ordered after the kernels on `stream`.
+        // SAFETY: `stage` is page-locked, holds 2·e values and outlives the copies (the caller
+        // synchronises before it could be freed); `dx` and `dh` hold at least e values (grown by
+        // grow_buffers for one token).
+        unsafe { result::memcpy_htod_async(dx, &stage.as_slice().map_err(driver)?[..e], st) }.map_err(driver)?;
+        self.set_pos(pos0)?;
+        self.launch_step(1, key, queue)?;
+        {
+            let out = stage.as_mut_slice().map_err(driver)?;
+            let (sx, sh) = out.split_at_mut(e);
+            // SAFETY: as above; the copies are ordered after the graph on `stream`.
             unsafe {
                 result::memcpy_dtoh_async(sx, dx, st).map_err(driver)?;
                 result::memcpy_dtoh_async(&mut sh[..e], dh, st).map_err(driver)?;
             }
-            Ok(())
-        };
-        self.launch_step(1, key, &mut step)?;
+        }
         stream.synchronize().map_err(driver)?;
         let out = stage.as_slice().map_err(driver)?;
         x[..e].copy_from_slice(&out[..e]);

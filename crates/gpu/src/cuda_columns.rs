@@ -1,7 +1,6 @@
-//! The CUDA side of [`crate::GpuColumns`]: two streams, pinned host tables, raw asynchronous
-//! copies for the loads (cudarc's safe copies take whole host slices; a load copies one group of
-//! a table), and the `axpy_cols_q8` kernel, which reads a product's arguments from page-locked
-//! memory and writes its outputs there: a product is one launch and one event.
+//! The CUDA side of [`crate::GpuColumns`]: two streams, pinned host tables and staging, raw
+//! asynchronous copies (cudarc's safe copies take whole host slices; loads copy one group of a
+//! table), and the `axpy_cols_q8` kernel.
 
 use crate::columns::ColumnPoolSpec;
 use crate::cuda::{driver, Device};
@@ -15,20 +14,6 @@ use std::sync::Arc;
 /// Active columns per chunk of the kernel's grid (`COL_CHUNK` in kernels.cu).
 const COL_CHUNK: u32 = 64;
 const THREADS: u32 = 256;
-const _: () = assert!(THREADS >= COL_CHUNK, "a block stages its chunk's arguments one per thread");
-
-/// The device address of page-locked host memory `p` (the kernel reads and writes it over the
-/// bus).
-fn device_address<T>(ctx: &Arc<CudaContext>, p: &mut [T]) -> Result<u64, GpuError> {
-    ctx.bind_to_thread().map_err(driver)?;
-    let mut d: cudarc::driver::sys::CUdeviceptr = 0;
-    // SAFETY: `p` was allocated by cuMemHostAlloc (page-locked, `pinned`), which maps it into
-    // the device's address space; the call only writes `d`.
-    unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut d, p.as_mut_ptr().cast(), 0) }
-        .result()
-        .map_err(driver)?;
-    Ok(d)
-}
 
 pub(crate) struct Columns {
     ctx: Arc<CudaContext>,
@@ -40,16 +25,15 @@ pub(crate) struct Columns {
     /// Per pool: recorded on the reload stream after its last load, and whether a computation
     /// has yet to wait for it.
     loaded: Vec<(CudaEvent, bool)>,
-    /// A product's arguments: its `n` column indices, then their `n` factors (as f32 bits), in
-    /// page-locked memory the kernel reads over the bus (`args_dev`: its device address), and
-    /// its outputs, which the kernel's last block writes there (`y_dev`).
+    /// Per pool: recorded on the critical stream after its last computation, and whether a load
+    /// has yet to wait for it.
+    used: Vec<(CudaEvent, bool)>,
+    /// A product's arguments, staged: its `n` column indices, then their `n` factors (as f32
+    /// bits), so that one copy takes both.
     h_args: PinnedHostSlice<u32>,
     h_y: PinnedHostSlice<f32>,
-    args_dev: u64,
-    y_dev: u64,
-    /// The kernel's sums and its count of finished blocks, zero between products.
+    d_args: CudaSlice<u32>,
     d_y: CudaSlice<f32>,
-    d_count: CudaSlice<u32>,
     done: CudaEvent,
     /// Outputs of the computation in flight.
     in_flight: Option<usize>,
@@ -92,24 +76,18 @@ impl Columns {
         let max_out = specs.iter().map(|s| s.n_out).max().unwrap_or(0).max(1);
         let event = || ctx.new_event(None).map_err(driver);
         let loaded = specs.iter().map(|_| Ok((event()?, false))).collect::<Result<Vec<_>, GpuError>>()?;
-        let d_y = critical.alloc_zeros::<f32>(max_out).map_err(driver)?;
-        let d_count = critical.alloc_zeros::<u32>(1).map_err(driver)?;
+        let used = specs.iter().map(|_| Ok((event()?, false))).collect::<Result<Vec<_>, GpuError>>()?;
         critical.synchronize().map_err(driver)?;
-        let mut h_args = pinned::<u32>(&ctx, 2 * max_cols)?;
-        let mut h_y = pinned::<f32>(&ctx, max_out)?;
-        let args_dev = device_address(&ctx, h_args.as_mut_slice().map_err(driver)?)?;
-        let y_dev = device_address(&ctx, h_y.as_mut_slice().map_err(driver)?)?;
         Ok(Columns {
             kernel: dev.cols_kernel().clone(),
             tables,
             slots,
             loaded,
-            h_args,
-            h_y,
-            args_dev,
-            y_dev,
-            d_y,
-            d_count,
+            used,
+            h_args: pinned(&ctx, 2 * max_cols)?,
+            h_y: pinned(&ctx, max_out)?,
+            d_args: critical.alloc_zeros::<u32>(2 * max_cols).map_err(driver)?,
+            d_y: critical.alloc_zeros::<f32>(max_out).map_err(driver)?,
             done: event()?,
             in_flight: None,
             critical,
@@ -120,10 +98,11 @@ impl Columns {
 
     pub(crate) fn load(&mut self, s: &ColumnPoolSpec, pool: usize, group: usize, slot: usize) -> Result<(), GpuError> {
         let gb = s.group_bytes();
-        // A slot may be read by the computation in flight: loads come between computations
-        // (each one finished, i.e. synchronised, before the next load), so none has to wait.
-        if self.in_flight.is_some() {
-            return Err(GpuError::Driver("a group load while a column computation is in flight".into()));
+        let (used, wait) = &mut self.used[pool];
+        if *wait {
+            // The slot may be read by the pool's last computation: overwrite it after that.
+            self.reload.wait(used).map_err(driver)?;
+            *wait = false;
         }
         let src = &self.tables[pool].as_slice().map_err(driver)?[group * gb..(group + 1) * gb];
         let dst = self.slots[pool].device_ptr(&self.reload).0 + (slot * gb) as u64;
@@ -168,31 +147,43 @@ impl Columns {
         for (a, &f) in args[n..].iter_mut().zip(coef) {
             *a = f.to_bits();
         }
-        if n == 0 {
-            self.h_y.as_mut_slice().map_err(driver)?[..s.n_out].fill(0.0);
-        } else {
+        let st = self.critical.cu_stream();
+        let (d_idx, d_y) = (self.d_args.device_ptr(&self.critical).0, self.d_y.device_ptr(&self.critical).0);
+        let d_coef = d_idx + 4 * n as u64;
+        self.ctx.bind_to_thread().map_err(driver)?;
+        // SAFETY: the source is the first 2n values of a page-locked staging buffer sized for
+        // twice the largest pool's columns (n <= slots·group_size, checked by the caller),
+        // untouched until `finish` has synchronised; `d_args` holds as many values; `d_y` holds
+        // n_out.
+        unsafe {
+            result::memcpy_htod_async(d_idx, &self.h_args.as_slice().map_err(driver)?[..2 * n], st).map_err(driver)?;
+            result::memset_d8_async(d_y, 0, s.n_out * 4, st).map_err(driver)?;
+        }
+        if n > 0 {
             let cfg = LaunchConfig {
                 grid_dim: ((s.n_out as u32).div_ceil(THREADS), (n as u32).div_ceil(COL_CHUNK), 1),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             let (cb, n_i, n_out) = (s.unit_bytes() as i64, n as i32, s.n_out as i32);
-            let (d_idx, d_coef) = (self.args_dev, self.args_dev + 4 * n as u64);
-            self.ctx.bind_to_thread().map_err(driver)?;
             let mut launch = self.critical.launch_builder(&self.kernel);
-            launch.arg(&self.slots[pool]).arg(&cb).arg(&d_idx).arg(&d_coef).arg(&n_i);
-            launch.arg(&self.d_y).arg(&self.d_count).arg(&self.y_dev).arg(&n_out);
+            launch.arg(&self.slots[pool]).arg(&cb).arg(&d_idx).arg(&d_coef).arg(&n_i).arg(&self.d_y).arg(&n_out);
             // SAFETY: axpy_cols_q8(const u8* pool, long long col_bytes, const int* idx, const
-            // float* coef, int n_active, float* y, unsigned* count, float* out, int n_out):
-            // every index < slots·group_size (checked by the caller), so each column read lies
-            // in the pool's slots of slots·group_size columns of `cb` bytes; n indices then n
-            // factors at the device address of the page-locked `h_args` (2·max columns, written
-            // above and untouched until `finish` has synchronised); `d_y` holds n_out sums
-            // and `d_count` one count, both zero (every product's last block leaves them so);
-            // the device address of the page-locked `h_y` holds n_out outputs, read only after
-            // `done`. THREADS >= COL_CHUNK, as the kernel's staging needs.
+            // float* coef, int n_active, float* y, int n_out): every index < slots·group_size
+            // (checked by the caller), so each column read lies in the pool's slots of
+            // slots·group_size columns of `cb` bytes; n indices then n factors in `d_args`
+            // (copied above; event tracking is off, so the raw addresses need no guard), n_out
+            // outputs.
             unsafe { launch.launch(cfg) }.map_err(driver)?;
         }
+        // SAFETY: `h_y` is page-locked and holds at least n_out values; read only after `done`.
+        unsafe {
+            let hy = &mut self.h_y.as_mut_slice().map_err(driver)?[..s.n_out];
+            result::memcpy_dtoh_async(hy, d_y, st).map_err(driver)?;
+        }
+        let (used, wait) = &mut self.used[pool];
+        used.record(&self.critical).map_err(driver)?;
+        *wait = true;
         self.done.record(&self.critical).map_err(driver)?;
         self.in_flight = Some(s.n_out);
         Ok(())

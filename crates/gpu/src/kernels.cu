@@ -526,45 +526,24 @@ extern "C" __global__ void qkv_finish(float* q, float* k, const float* v, const 
     }
 }
 
-// The hybrid tier's sparse columns (issue 20): out[k] = sum_i coef[i] * C[idx[i]][k], where
+// The hybrid tier's sparse columns (issue 20): y[k] += sum_i coef[i] * C[idx[i]][k], where
 // column c of the pool is `col_bytes` bytes of Q8_0 blocks along the output (34 bytes per 32
 // values: an f16 scale, 32 int8), at `pool + c * col_bytes`. A thread per output value; the
-// active list is cut into chunks of COL_CHUNK (blockIdx.y), each block staging its chunk's
-// indices and factors in shared memory and adding its sums into y atomically. The last block to
-// finish moves y to `out` and leaves y and *count at zero for the next product (so y and *count
-// must start at zero). idx, coef and out may be page-locked host memory (read and written over
-// the bus: the product needs no copies of its own); blockDim.x >= COL_CHUNK.
+// active list is cut into chunks of COL_CHUNK (blockIdx.y), each chunk's sum added atomically,
+// so y must start at zero (or hold what to add to).
 #define COL_CHUNK 64
 extern "C" __global__ void axpy_cols_q8(const u8* pool, long long col_bytes, const int* idx, const float* coef,
-                                        int n_active, float* y, unsigned* count, float* out, int n_out) {
-    __shared__ int s_idx[COL_CHUNK];
-    __shared__ float s_coef[COL_CHUNK];
-    __shared__ bool last;
-    int t = threadIdx.x;
-    int k = blockIdx.x * blockDim.x + t;
+                                        int n_active, float* y, int n_out) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n_out) return;
     int i0 = blockIdx.y * COL_CHUNK;
-    int m = min(i0 + COL_CHUNK, n_active) - i0;
-    if (t < m) {
-        s_idx[t] = idx[i0 + t];
-        s_coef[t] = coef[i0 + t];
+    int i1 = min(i0 + COL_CHUNK, n_active);
+    const long long blk = (long long)(k >> 5) * 34;
+    const int lane = k & 31;
+    float acc = 0.f;
+    for (int i = i0; i < i1; i++) {
+        const u8* b = pool + (long long)idx[i] * col_bytes + blk;
+        acc += coef[i] * h2f(b) * (float)((const i8*)b)[2 + lane];
     }
-    __syncthreads();
-    if (k < n_out && m > 0) {
-        const long long blk = (long long)(k >> 5) * 34;
-        const int lane = k & 31;
-        float acc = 0.f;
-        for (int i = 0; i < m; i++) {
-            const u8* b = pool + (long long)s_idx[i] * col_bytes + blk;
-            acc += s_coef[i] * h2f(b) * (float)((const i8*)b)[2 + lane];
-        }
-        atomicAdd(y + k, acc);
-    }
-    __threadfence();
-    __syncthreads();
-    if (t == 0) last = atomicAdd(count, 1u) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (last) {
-        for (int j = t; j < n_out; j += blockDim.x) out[j] = atomicExch(y + j, 0.f);
-        if (t == 0) *count = 0;
-    }
+    if (i1 > i0) atomicAdd(y + k, acc);
 }
