@@ -1,9 +1,9 @@
 //! `sift probe --gpu -m MODEL`: what the engine's own operations cost on this GPU machine, for
 //! `sift simulate --gpu FILE` to replay the engine's hybrid decode
 //! (`sift_sim::hybrid_engine`). Six short greedy decodes of the model's pack, each opened as
-//! `sift generate` would open it: hybrid decode (Top-K 0.5, `static`) with attention and the
-//! head on the GPU and every unit on the CPU, with attention and every group on the GPU, with
-//! attention on the CPU at two budgets, and dense on the CPU and with every layer on the GPU
+//! `sift generate` would open it: hybrid decode (Top-K 0.5) with attention and the head on the
+//! GPU and every unit on the CPU, with attention and every group on the GPU, with attention on
+//! the CPU at two budgets (one under `tam-adaptive`, which moves groups), and dense on the CPU and with every layer on the GPU
 //! (`-ngl 99`); their `hybrid` reports and times per token give the costs
 //! ([`EngineCosts::calibrate`]).
 
@@ -57,7 +57,7 @@ fn decode(pack: &Path, threads: usize, flags: &[&str]) -> anyhow::Result<(f64, O
 /// The engine's costs on this machine for `pack` (see the module docs); `head_gpu_ns` and
 /// `round_trip_ns` from the transfer probe fill in the head on the GPU where no run placed it.
 pub fn calibrate(pack: &Path, threads: usize, head_gpu_ns: f64, round_trip_ns: f64) -> anyhow::Result<EngineCosts> {
-    let hybrid = ["--sparsity", "topk", "--ratio", "0.5", "--gpu-policy", "static"];
+    let hybrid = ["--sparsity", "topk", "--ratio", "0.5"];
     // Attention and the head on the GPU with no room for a group: every unit on the CPU.
     let model = sift_store::open_model(pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
     let dense_only = format!(
@@ -65,13 +65,26 @@ pub fn calibrate(pack: &Path, threads: usize, head_gpu_ns: f64, round_trip_ns: f
         (sift_engine::gpu::attention_bytes(&model, N_CTX) + sift_engine::gpu::head_bytes(&model)) / 1024 + 64
     );
     drop(model);
+    // The policy moves groups in one run (the cost of issuing loads), the others stay put.
     let configs: [(&str, &[&str]); 4] = [
-        ("attention and the head on the GPU, no group", &["--gpu-memory", &dense_only, "--gpu-attention", "on"]),
+        (
+            "static, attention and the head on the GPU, no group",
+            &["--gpu-policy", "static", "--gpu-memory", &dense_only, "--gpu-attention", "on"],
+        ),
         // Far above the model's slots (Q8_0 columns take about twice a 4-bit model's bytes):
         // only what the groups need is allocated.
-        ("attention and every group on the GPU", &["--gpu-memory", "16G", "--gpu-attention", "on"]),
-        ("attention on the CPU, 50 %", &["--gpu-memory", "50%", "--gpu-attention", "off"]),
-        ("attention on the CPU, 15 %", &["--gpu-memory", "15%", "--gpu-attention", "off"]),
+        (
+            "static, attention and every group on the GPU",
+            &["--gpu-policy", "static", "--gpu-memory", "16G", "--gpu-attention", "on"],
+        ),
+        (
+            "tam-adaptive, attention on the CPU, 50 %",
+            &["--gpu-policy", "tam-adaptive", "--gpu-memory", "50%", "--gpu-attention", "off"],
+        ),
+        (
+            "static, attention on the CPU, 15 %",
+            &["--gpu-policy", "static", "--gpu-memory", "15%", "--gpu-attention", "off"],
+        ),
     ];
     let mut runs = Vec::new();
     for (what, extra) in configs {
@@ -79,11 +92,12 @@ pub fn calibrate(pack: &Path, threads: usize, head_gpu_ns: f64, round_trip_ns: f
         let (ns, r, _) = decode(pack, threads, &flags)?;
         let r = r.context("a hybrid run without a hybrid report")?;
         eprintln!(
-            "sift: calibration, hybrid static, {what}: {:.2} ms per token (CPU share {:.0} %, head {:.3} ms on the {})",
+            "sift: calibration, hybrid {what}: {:.2} ms per token (CPU share {:.0} %, head {:.3} ms on the {}, {:.1} loads)",
             ns / 1e6,
             r.cpu_share * 100.0,
             r.head_ms,
-            if r.head_on_gpu { "GPU" } else { "CPU" }
+            if r.head_on_gpu { "GPU" } else { "CPU" },
+            r.reloads_per_token
         );
         runs.push(r);
     }

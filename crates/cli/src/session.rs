@@ -91,7 +91,7 @@ pub fn print_hybrid(engine: &sift_engine::Engine) {
     let Some(h) = engine.hybrid() else { return };
     let r = h.report();
     eprintln!(
-        "sift: hybrid {}: {} tokens, p50 {:.2} ms, p99 {:.2} ms per token; CPU share of active FFN units {:.1}%; {:.1} group loads ({:.2} MiB) per token; {:.1}% of products waited for loads; per token {:.2} ms queueing, {:.2} ms the CPU's FFN share, {:.2} ms waiting for the GPU's, {:.2} ms attention on the GPU, {:.2} ms attention on the CPU, {:.2} ms the output head ({}), {:.2} ms the rest",
+        "sift: hybrid {}: {} tokens, p50 {:.2} ms, p99 {:.2} ms per token; CPU share of active FFN units {:.1}%; {:.1} group loads ({:.2} MiB) per token; {:.1}% of products waited for loads; per token {:.2} ms queueing, {:.2} ms the CPU's FFN share, {:.2} ms waiting for the GPU's, {:.2} ms attention on the GPU, {:.2} ms attention on the CPU, {:.2} ms the output head ({}), {:.2} ms issuing loads, {:.2} ms the rest",
         r.policy,
         r.tokens,
         r.p50_ms,
@@ -107,6 +107,7 @@ pub fn print_hybrid(engine: &sift_engine::Engine) {
         r.cpu_attention_ms,
         r.head_ms,
         if r.head_on_gpu { "GPU" } else { "CPU" },
+        r.load_ms,
         r.other_ms
     );
     if let Ok(j) = serde_json::to_string(&r) {

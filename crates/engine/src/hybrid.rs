@@ -170,6 +170,8 @@ pub struct HybridReport {
     pub cpu_attention_ms: f64,
     /// The output head (norm and product, on the GPU or the CPU as placed).
     pub head_ms: f64,
+    /// Issuing group loads (the host's side of the copies; eager's before its products).
+    pub load_ms: f64,
     pub other_ms: f64,
     /// Where the dense parts ran: attention and the output head on the GPU.
     pub attention_on_gpu: bool,
@@ -216,11 +218,12 @@ pub struct HybridTier {
 }
 
 /// Parts of a token [`HybridTier`] times: queueing, the CPU's FFN share, the GPU wait, attention
-/// on the GPU, attention on the CPU, the output head.
-const SPENT: usize = 6;
+/// on the GPU, attention on the CPU, the output head, issuing group loads.
+const SPENT: usize = 7;
 const ATTENTION_GPU: usize = 3;
 const ATTENTION_CPU: usize = 4;
 const HEAD: usize = 5;
+const LOADS: usize = 6;
 
 impl HybridTier {
     /// A decode step's attention half ran on the GPU for `ns` nanoseconds.
@@ -280,6 +283,7 @@ impl HybridTier {
             gpu_attention_ms: ms(self.spent_ns[ATTENTION_GPU]),
             cpu_attention_ms: ms(self.spent_ns[ATTENTION_CPU]),
             head_ms: ms(self.spent_ns[HEAD]),
+            load_ms: ms(self.spent_ns[LOADS]),
             other_ms: ms((total - self.spent_ns.iter().sum::<f64>()).max(0.0)),
             attention_on_gpu: self.attention_on_gpu,
             head_on_gpu: self.head_on_gpu,
@@ -306,13 +310,21 @@ impl HybridTier {
         )
     }
 
-    fn load(&mut self, pool: usize, loads: &[(u32, u32)]) -> Result<(), GpuError> {
+    /// Issues `loads` of `pool` on the reload stream; returns the host's time doing it (ns),
+    /// also counted as the token's loading time.
+    fn load(&mut self, pool: usize, loads: &[(u32, u32)]) -> Result<f64, GpuError> {
+        if loads.is_empty() {
+            return Ok(0.0);
+        }
+        let t = Instant::now();
         for &(g, slot) in loads {
             self.gpu.load(pool, g, slot)?;
         }
         self.loads += loads.len() as u64;
         self.load_bytes += (loads.len() * self.gpu.specs[pool].group_bytes()) as u64;
-        Ok(())
+        let ns = t.elapsed().as_nanos() as f64;
+        self.token_spent_ns[LOADS] += ns;
+        Ok(ns)
     }
 
     /// Layer 0's first site of a token: the token clock, and the warm start after a prompt.
@@ -523,7 +535,7 @@ impl Engine {
         let tq = Instant::now();
         let active = std::mem::take(&mut self.s.active);
         let plan: SitePlan = hy.balancer.plan(p, &active);
-        hy.load(p, &plan.load_first)?;
+        let first_ns = hy.load(p, &plan.load_first)?;
         let x = if site == Site::FfnMid { &self.s.g[..ff] } else { &self.s.h[..e] };
         hy.coef.clear();
         hy.coef.extend(plan.gpu.iter().map(|&i| x[active[i] as usize]));
@@ -534,7 +546,7 @@ impl Engine {
         }
         // The CPU's share meanwhile, written over the outputs.
         let t0 = Instant::now();
-        let queue_ns = t0.duration_since(tq).as_nanos() as f64;
+        let queue_ns = (t0.duration_since(tq).as_nanos() as f64 - first_ns).max(0.0);
         self.s.active.clear();
         self.s.active.extend_from_slice(&plan.cpu_units);
         let cpu = if plan.cpu_units.is_empty() {

@@ -141,6 +141,9 @@ fn emulated_hybrid_decode_gives_the_cpu_logits_for_every_policy() {
             assert_eq!(r.sites_per_token, 2.0 * n_layer, "{name}: site products per token");
             assert!(r.gpu_products_per_token > 0.0 && r.gpu_products_per_token <= r.sites_per_token, "{name}: {r:?}");
             assert!(r.cpu_values_per_token > 0.0, "{name}: {r:?}");
+            // Policies that move groups spend time issuing the loads; static and eager's
+            // first-token ones aside, the others none.
+            assert_eq!(r.load_ms > 0.0, r.reloads_per_token > 0.0, "{name}: {r:?}");
             assert!(
                 parts >= r.p50_ms * 0.5 && parts <= r.p99_ms * 1.01,
                 "{name}: parts {parts} ms against p50 {} / p99 {}",

@@ -12,7 +12,8 @@
 //!   active units; planning and queueing the GPU's share; the CPU computes its share meanwhile
 //!   (a cost per site plus one per output value); the GPU's partial sums arrive a fixed time
 //!   after queueing, later when the site's loads are still in flight (an I/O stall); then the
-//!   policy's loads go on one reload stream at the transfer curve's bandwidth for a group;
+//!   policy's loads go on one reload stream at the transfer curve's bandwidth for a group, each
+//!   costing the host the time to issue it (eager's before its product);
 //! - the rest of the layer on the CPU side (selection, SiLU, norms).
 //!
 //! Then the output head, on the GPU or the CPU as placed. llama.cpp's layer split (`layers`)
@@ -52,6 +53,10 @@ pub struct EngineCosts {
     /// The output head on the GPU and on the CPU.
     pub head_gpu_ns: f64,
     pub head_cpu_ns: f64,
+    /// Issuing one group load on the reload stream (the host's side; the copy itself runs at
+    /// the transfer curve's rate). Profiles measured before it was calibrated read 0.
+    #[serde(default)]
+    pub load_issue_ns: f64,
     /// A dense layer of the layer split on the GPU and on the CPU, and the split's round trip
     /// per token.
     pub dense_gpu_layer_ns: f64,
@@ -130,6 +135,8 @@ impl EngineCosts {
         let gpu_result_ns = (lightest.gpu_wait_ms + lightest.cpu_ffn_ms) * ms / lightest.gpu_products_per_token;
         let layer_ns = mean(&runs.iter().map(|r| r.other_ms * ms / l).collect::<Vec<_>>());
         let head_cpu_ns = if head_cpu.is_empty() { 0.0 } else { mean(&head_cpu) };
+        let loads: f64 = runs.iter().map(|r| r.reloads_per_token).sum();
+        let load_issue_ns = if loads > 0.0 { runs.iter().map(|r| r.load_ms * ms).sum::<f64>() / loads } else { 0.0 };
         let head_gpu_ns = if head_gpu.is_empty() { head_gpu_ns } else { mean(&head_gpu) };
         let c = EngineCosts {
             attention_gpu_ns,
@@ -142,6 +149,7 @@ impl EngineCosts {
             layer_ns,
             head_gpu_ns,
             head_cpu_ns,
+            load_issue_ns,
             dense_gpu_layer_ns: ((dense_gpu_ns - head_gpu_ns - round_trip_ns) / l).max(0.0),
             dense_cpu_layer_ns: ((dense_cpu_ns - head_cpu_ns) / l).max(0.0),
             dense_round_trip_ns: round_trip_ns,
@@ -163,6 +171,7 @@ impl EngineCosts {
             self.layer_ns,
             self.head_gpu_ns,
             self.head_cpu_ns,
+            self.load_issue_ns,
             self.dense_gpu_layer_ns,
             self.dense_cpu_layer_ns,
             self.dense_round_trip_ns,
@@ -296,6 +305,7 @@ pub fn simulate_engine(
                 let p = 2 * l + i;
                 let active = units(a, n_units[p]);
                 let plan = bal.plan(p, &active);
+                now += plan.load_first.len() as f64 * costs.load_issue_ns;
                 queue(p, plan.load_first.len(), now, &mut ready);
                 loads += plan.load_first.len() as u64;
                 load_bytes += (plan.load_first.len() * specs[p].group_bytes()) as f64;
@@ -313,6 +323,7 @@ pub fn simulate_engine(
                 all_units += active.len() as u64;
                 cpu_units += plan.cpu_units.len() as u64;
                 let next = bal.after(p, &plan, stall, cpu);
+                now += next.len() as f64 * costs.load_issue_ns;
                 queue(p, next.len(), now, &mut ready);
                 loads += next.len() as u64;
                 load_bytes += (next.len() * specs[p].group_bytes()) as f64;
@@ -406,8 +417,10 @@ mod tests {
         let mut c = b.clone();
         (c.gpu_products_per_token, c.cpu_values_per_token) = (30.0, 3e6);
         (c.queue_ms, c.cpu_ffn_ms) = (60.0 * 0.002 + 30.0 * 0.010, 60.0 * 0.005 + 3.0);
-        let k = EngineCosts::calibrate(&[a, b, c], 30, 3e6, 1e6, 0.0, 20_000.0).unwrap();
+        (c.reloads_per_token, c.load_ms) = (40.0, 40.0 * 0.004);
         let close = |x: f64, want: f64| (x - want).abs() <= 1e-6 * want.max(1.0);
+        let k = EngineCosts::calibrate(&[a, b, c], 30, 3e6, 1e6, 0.0, 20_000.0).unwrap();
+        assert!(close(k.load_issue_ns, 4_000.0), "{k:?}");
         assert!(close(k.attention_gpu_ns, 50_000.0) && close(k.attention_cpu_ns, 40_000.0), "{k:?}");
         assert!(close(k.head_gpu_ns, 20_000.0) && close(k.head_cpu_ns, 600_000.0), "{k:?}");
         assert!(close(k.site_ns, 2_000.0) && close(k.gpu_queue_ns, 10_000.0), "{k:?}");

@@ -38,6 +38,7 @@ fn zero_costs() -> EngineCosts {
         layer_ns: 0.0,
         head_gpu_ns: 0.0,
         head_cpu_ns: 0.0,
+        load_issue_ns: 0.0,
         dense_gpu_layer_ns: 0.0,
         dense_cpu_layer_ns: 0.0,
         dense_round_trip_ns: 0.0,
@@ -120,23 +121,32 @@ fn a_partial_budget_splits_units_and_tam_moves_groups() {
     let act: FfnActivity =
         (0..64).map(|t| (0..c.n_layer).map(|_| [side(c.n_embd, t >= 32), side(c.n_ff, t >= 32)]).collect()).collect();
     let budget = 20 << 20;
-    let sim = |p: &str| {
+    let sim = |p: &str, costs: &EngineCosts| -> sift_sim::hybrid::HybridReport {
         simulate_engine(
             &act,
             model(),
             &gpu(),
-            &costs,
+            costs,
             &run(Some(BalancePolicy::parse(p).unwrap()), budget, AttentionPlacement::Cpu),
         )
         .unwrap()
         .0
     };
-    let (st, tam) = (sim("static"), sim("tam"));
+    let (st, tam) = (sim("static", &costs), sim("tam", &costs));
     assert!(st.cpu_share > 0.0 && st.cpu_share < 1.0, "static CPU share {}", st.cpu_share);
     assert_eq!(st.reloads_per_token, 0.0);
     assert!(tam.reloads_per_token > 0.0, "TAM loads groups as the activity drifts");
     assert!(tam.cpu_share < st.cpu_share, "TAM {} against static {}", tam.cpu_share, st.cpu_share);
     assert!(tam.tok_s > st.tok_s, "TAM {} against static {} tok/s", tam.tok_s, st.tok_s);
+    // Issuing a load costs the host: TAM's tokens take that much longer per load (less what
+    // the later start saves of waiting for loads), static's none.
+    costs.load_issue_ns = 20_000.0;
+    let (st2, tam2) = (sim("static", &costs), sim("tam", &costs));
+    assert_eq!(st2.tok_s, st.tok_s);
+    let per_token = |r: &sift_sim::hybrid::HybridReport| 1e9 / r.tok_s;
+    let extra = per_token(&tam2) - per_token(&tam);
+    let issued = tam2.reloads_per_token * 20_000.0;
+    assert!(extra > 0.5 * issued && extra <= issued * 1.0001, "{extra} ns more a token for {issued} ns of loads");
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
         "h2d": [[4096, 1.6e9], [65536, 1.67e10], [1048576, 4.78e10], [16777216, 5.43e10]],
         "engine": {"attention_gpu_ns": 70000.0, "attention_cpu_ns": 40000.0, "site_ns": 2000.0,
             "gpu_queue_ns": 12000.0, "gpu_result_ns": 15000.0, "cpu_site_ns": 5000.0, "cpu_value_ns": 0.02,
-            "layer_ns": 20000.0, "head_gpu_ns": 30000.0, "head_cpu_ns": 500000.0, "dense_gpu_layer_ns": 60000.0,
+            "layer_ns": 20000.0, "head_gpu_ns": 30000.0, "head_cpu_ns": 500000.0, "load_issue_ns": 4000.0, "dense_gpu_layer_ns": 60000.0,
             "dense_cpu_layer_ns": 80000.0, "dense_round_trip_ns": 17000.0}
     });
     let profile = dir.path().join("gpu.json");
