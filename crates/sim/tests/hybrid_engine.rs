@@ -173,3 +173,87 @@ fn the_layer_split_runs_whole_layers_on_each_side() {
     assert!(k > 0.0 && k < n && !half.1.head, "{:?}", half.1);
     assert!((half.0.p50_ns - ((n - k) * 80_000.0 + k * 30_000.0 + 600_000.0 + 20_000.0)).abs() < 1e-3);
 }
+
+/// The engine's hybrid decode (its host emulation: the same balancer, pools and loads, the GPU's
+/// share computed on the CPU) beside a CPU-only run of the same prompt traced as `sift trace`
+/// traces it: simulated from that trace, the hybrid decode puts as many units on the CPU (within
+/// a point) and moves as many groups (within 5 %) as the engine did.
+#[test]
+fn the_simulator_places_units_as_the_engine_does() {
+    use sift_engine::hybrid::HybridOptions as EngineHybrid;
+    use sift_engine::sparsity::{build_selector, Method, Ratios, SparsityConfig};
+    use sift_engine::{Engine, EngineOptions, Logits};
+    use sift_sim::trace::{Trace, TraceHeader, TraceWriter};
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("smol.sift");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    pack_model(&src, &pack, &PackOptions::default(), |_| {}).unwrap();
+    let prompt: Vec<u32> = {
+        let m = sift_model::Model::load(&src).unwrap();
+        let tok = sift_model::tokenizer::Tokenizer::from_gguf(&m.file.gguf).unwrap();
+        tok.encode("The history of the printing press begins in the fifteenth century, when", true, false).unwrap()
+    };
+    for (policy, budget, gs) in
+        [("lru", 24u64 << 20, 64usize), ("eager", 24 << 20, 64), ("tam", 30 << 20, 16), ("static", 20 << 20, 16)]
+    {
+        let eo = EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 32, ..EngineOptions::default() };
+        let mut e = Engine::new(sift_store::open_model(&pack).unwrap(), &eo);
+        let n_layer = e.config().n_layer;
+        let cfg = SparsityConfig {
+            method: Method::TopK,
+            ratios: Ratios::uniform(Method::TopK, n_layer, 0.5).unwrap(),
+            gamma: 0.2,
+            cache_fraction: None,
+            alpha: 0.4,
+            core_magnitude: false,
+        };
+        e.set_selector(build_selector(&cfg, e.site_dims(), None).unwrap());
+        let p = BalancePolicy::parse(policy).unwrap();
+        e.attach_hybrid_emulated(&EngineHybrid { policy: p, group_size: Some(gs), gpu_bytes: budget }).unwrap();
+        let c = e.config().clone();
+        let header = TraceHeader {
+            model: "smol.sift".into(),
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            dims: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff],
+            selector: e.selector().describe(),
+            n_ctx: 256,
+            n_batch: 32,
+            runtime_bytes: 0,
+            measured_tok_s: 0.0,
+        };
+        let path = dir.path().join(format!("{policy}-{gs}.trace"));
+        let w = TraceWriter::create(&path, &header).unwrap();
+        let mut cpu = Engine::new(sift_store::open_model(&pack).unwrap(), &eo);
+        cpu.set_selector(build_selector(&cfg, cpu.site_dims(), None).unwrap());
+        cpu.set_tracer(Some(Box::new(w.clone())));
+        for eng in [&mut e, &mut cpu] {
+            let mut logits = eng.eval(&prompt, Logits::Last).unwrap().to_vec();
+            for _ in 0..64 {
+                let next = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+                logits = eng.eval(&[next], Logits::Last).unwrap().to_vec();
+            }
+        }
+        cpu.set_tracer(None);
+        w.finish().unwrap();
+        let real = e.hybrid().unwrap().report();
+        let trace = Trace::read(&path).unwrap();
+        let act = sift_sim::hybrid_engine::ffn_sites(&trace);
+        let run = EngineRun {
+            policy: Some(p),
+            gpu_bytes: budget,
+            attention: AttentionPlacement::Cpu,
+            n_ctx: 256,
+            group_size: Some(gs),
+        };
+        let (sim, _) = simulate_engine(&act, model(), &gpu(), &zero_costs(), &run).unwrap();
+        eprintln!(
+            "{policy}: CPU share {:.3} engine / {:.3} simulated; loads per token {:.2} / {:.2}",
+            real.cpu_share, sim.cpu_share, real.reloads_per_token, sim.reloads_per_token
+        );
+        assert!((real.cpu_share - sim.cpu_share).abs() <= 0.01, "{policy}: {real:?} vs {sim:?}");
+        let loads = (real.reloads_per_token, sim.reloads_per_token);
+        assert!((loads.0 - loads.1).abs() <= 0.05 * loads.0.max(1.0), "{policy}: loads per token {loads:?}");
+        assert_eq!(loads.0 == 0.0, policy == "static", "{policy}: {loads:?}");
+    }
+}
