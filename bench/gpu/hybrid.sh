@@ -80,7 +80,7 @@ if [ -n "${BREAKDOWN:-}" ]; then
     exit 0
 fi
 # VALIDATE=1: the simulator against the engine (issue 20): the GPU tests, `sift probe --gpu -m
-# PACK` (the transfer curve and the engine's costs from five short calibration decodes), a CPU
+# PACK` (the transfer curve and the engine's costs from six short calibration decodes), a CPU
 # trace of the first prompt, `sift simulate --gpu` of it for every budget x policy, and the same
 # runs for real; bench/gpu/validate.py puts predictions beside measurements.
 if [ -n "${VALIDATE:-}" ]; then
@@ -88,15 +88,17 @@ if [ -n "${VALIDATE:-}" ]; then
     timeout 120 $pin "$keep"/gputest --nocapture --test-threads 1 2>&1 | tee "$OUT"/engine.log | grep -E '^test |result|agree' | cut -c1-200 | tail -12
     head -c 2000 tests/fixtures/wiki.test.head16k.raw | tail -c 1200 > /tmp/p1.txt
     # A failed test leaves the earlier binary (sift-old, when it came) for the measurements.
-    if ! grep -q '^test result: ok' "$OUT"/engine.log && [ -x "$keep"/sift-old ]; then
+    if [ -x "$keep"/gputest ] && ! grep -q '^test result: ok' "$OUT"/engine.log && [ -x "$keep"/sift-old ]; then
         echo "the GPU tests failed: measuring with sift-old"; S=$keep/sift-old
     fi
     echo "== probe and calibration ($(($(date +%s) - t0)) s)"
     $pin $S probe --gpu -m $P -t $T -o "$OUT"/gpu-probe.json 2>&1 | grep -v 'host to device' | tail -12
     echo "== trace and simulation ($(($(date +%s) - t0)) s)"
+    rm -f /tmp/p1.trace
     $pin $S trace -m $P -p "$(cat /tmp/p1.txt)" -n $N --temp 0 --ignore-eos --sparsity topk --ratio 0.5 -c 1024 -t $T -o /tmp/p1.trace 2>&1 | tail -1
+    budgets_csv=$(echo ${BUDGETS:-25% 50% 75%} | tr ' ' ,)
     for a in auto off; do
-        $S simulate --trace /tmp/p1.trace -m $P --gpu "$OUT"/gpu-probe.json --gpu-memory ${BUDGETS_CSV:-25%,50%,75%} -c 1024 \
+        $S simulate --trace /tmp/p1.trace -m $P --gpu "$OUT"/gpu-probe.json --gpu-memory $budgets_csv -c 1024 \
             --gpu-attention $a --gpu-policy layers,static,eager,lru,tam,tam-adaptive -o json > "$OUT"/sim-$a.json 2> /tmp/sim.err ||
             cat /tmp/sim.err
     done

@@ -158,9 +158,9 @@ pub struct HybridReport {
     /// Mean λ over sites after each token (tam-adaptive).
     pub lambda: Vec<f32>,
     /// Where a token's time goes, ms per token (means): planning the splits and queueing the
-    /// GPU's share (with eager's loads), the CPU computing its share of the FFN units, waiting
-    /// for the GPU's partial sums after that, and the rest (attention, norms, the head,
-    /// selection: everything outside the FFN's shared products).
+    /// GPU's share, the CPU computing its share of the FFN units, waiting for the GPU's partial
+    /// sums after that, attention (on the GPU or the CPU), the head, issuing loads, and the rest
+    /// (norms, selection, SiLU: everything else).
     pub queue_ms: f64,
     pub cpu_ffn_ms: f64,
     pub gpu_wait_ms: f64,
@@ -192,10 +192,6 @@ pub struct HybridTier {
     opts: HybridOptions,
     /// Whether the current sequence's warm start was placed.
     warm: bool,
-    units: u64,
-    gpu_units: u64,
-    loads: u64,
-    load_bytes: u64,
     products: u64,
     stalled: u64,
     token_ns: Vec<f64>,
@@ -206,10 +202,9 @@ pub struct HybridTier {
     /// far.
     spent_ns: [f64; SPENT],
     token_spent_ns: [f64; SPENT],
-    /// Site products, those that queued GPU work, those with a CPU share, and the CPU's output
-    /// values: over the tokens in `token_ns`, and the current token's so far.
-    counts: [u64; 4],
-    token_counts: [u64; 4],
+    /// Counts by [`Count`]: over the tokens in `token_ns`, and the current token's so far.
+    counts: [u64; COUNTS],
+    token_counts: [u64; COUNTS],
     /// Where the dense parts run (set by the session after placing them).
     pub attention_on_gpu: bool,
     pub head_on_gpu: bool,
@@ -224,6 +219,32 @@ const ATTENTION_GPU: usize = 3;
 const ATTENTION_CPU: usize = 4;
 const HEAD: usize = 5;
 const LOADS: usize = 6;
+
+/// What [`HybridTier`] counts per token: FFN site products that went through the balancer,
+/// those that queued GPU work, those with a CPU share, the CPU's output values, active units and
+/// those on the GPU, group loads and their bytes.
+#[derive(Clone, Copy)]
+enum Count {
+    Sites,
+    GpuProducts,
+    CpuSites,
+    CpuValues,
+    Units,
+    GpuUnits,
+    Loads,
+    LoadBytes,
+}
+const COUNTS: usize = 8;
+
+impl HybridTier {
+    fn count(&mut self, c: Count, n: u64) {
+        self.token_counts[c as usize] += n;
+    }
+
+    fn total(&self, c: Count) -> f64 {
+        self.counts[c as usize] as f64
+    }
+}
 
 impl HybridTier {
     /// A decode step's attention half ran on the GPU for `ns` nanoseconds.
@@ -272,9 +293,13 @@ impl HybridTier {
             tokens: self.token_ns.len(),
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
-            cpu_share: if self.units > 0 { 1.0 - self.gpu_units as f64 / self.units as f64 } else { 0.0 },
-            reloads_per_token: self.loads as f64 / n,
-            reload_bytes_per_token: self.load_bytes as f64 / n,
+            cpu_share: if self.total(Count::Units) > 0.0 {
+                1.0 - self.total(Count::GpuUnits) / self.total(Count::Units)
+            } else {
+                0.0
+            },
+            reloads_per_token: self.total(Count::Loads) / n,
+            reload_bytes_per_token: self.total(Count::LoadBytes) / n,
             stalled_share: if self.products > 0 { self.stalled as f64 / self.products as f64 } else { 0.0 },
             lambda: self.lambda.clone(),
             queue_ms: ms(self.spent_ns[0]),
@@ -287,10 +312,10 @@ impl HybridTier {
             other_ms: ms((total - self.spent_ns.iter().sum::<f64>()).max(0.0)),
             attention_on_gpu: self.attention_on_gpu,
             head_on_gpu: self.head_on_gpu,
-            sites_per_token: self.counts[0] as f64 / n,
-            gpu_products_per_token: self.counts[1] as f64 / n,
-            cpu_sites_per_token: self.counts[2] as f64 / n,
-            cpu_values_per_token: self.counts[3] as f64 / n,
+            sites_per_token: self.total(Count::Sites) / n,
+            gpu_products_per_token: self.total(Count::GpuProducts) / n,
+            cpu_sites_per_token: self.total(Count::CpuSites) / n,
+            cpu_values_per_token: self.total(Count::CpuValues) / n,
         }
     }
 
@@ -320,8 +345,8 @@ impl HybridTier {
         for &(g, slot) in loads {
             self.gpu.load(pool, g, slot)?;
         }
-        self.loads += loads.len() as u64;
-        self.load_bytes += (loads.len() * self.gpu.specs[pool].group_bytes()) as u64;
+        self.count(Count::Loads, loads.len() as u64);
+        self.count(Count::LoadBytes, (loads.len() * self.gpu.specs[pool].group_bytes()) as u64);
         let ns = t.elapsed().as_nanos() as f64;
         self.token_spent_ns[LOADS] += ns;
         Ok(ns)
@@ -355,7 +380,7 @@ impl HybridTier {
             self.warm = true;
             self.token_start = Some(Instant::now());
             self.token_spent_ns = [0.0; SPENT];
-            self.token_counts = [0; 4];
+            self.token_counts = [0; COUNTS];
         }
         Ok(())
     }
@@ -478,10 +503,6 @@ impl Engine {
             balancer,
             opts: o.clone(),
             warm: false,
-            units: 0,
-            gpu_units: 0,
-            loads: 0,
-            load_bytes: 0,
             products: 0,
             stalled: 0,
             token_ns: Vec::new(),
@@ -489,8 +510,8 @@ impl Engine {
             token_start: None,
             spent_ns: [0.0; SPENT],
             token_spent_ns: [0.0; SPENT],
-            counts: [0; 4],
-            token_counts: [0; 4],
+            counts: [0; COUNTS],
+            token_counts: [0; COUNTS],
             attention_on_gpu: false,
             head_on_gpu: false,
             y: Vec::new(),
@@ -524,12 +545,12 @@ impl Engine {
             self.project_local(l, 1, site, true)?;
             let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
             hy.token_spent_ns[1] += t0.elapsed().as_nanos() as f64;
+            // Not a balanced site: no planning to count (the simulator's calibration fits the
+            // planning cost per balanced site).
             let values = (n * hy.gpu.specs[p].n_out) as u64;
-            for (c, v) in hy.token_counts.iter_mut().zip([1, 0, (n > 0) as u64, values]) {
-                *c += v;
-            }
-            hy.units += n as u64;
-            hy.products += 1;
+            hy.count(Count::CpuSites, (n > 0) as u64);
+            hy.count(Count::CpuValues, values);
+            hy.count(Count::Units, n as u64);
             return Ok(());
         }
         let tq = Instant::now();
@@ -590,14 +611,14 @@ impl Engine {
         }
         let next = hy.balancer.after(p, &plan, stall_ns, cpu_ns);
         hy.load(p, &next)?;
-        hy.units += active.len() as u64;
-        hy.gpu_units += plan.gpu.len() as u64;
         hy.products += 1;
         let values = (plan.cpu_units.len() * hy.gpu.specs[p].n_out) as u64;
-        let on_cpu = !plan.cpu_units.is_empty() as u64;
-        for (c, v) in hy.token_counts.iter_mut().zip([1, on_gpu as u64, on_cpu, values]) {
-            *c += v;
-        }
+        hy.count(Count::Sites, 1);
+        hy.count(Count::GpuProducts, on_gpu as u64);
+        hy.count(Count::CpuSites, !plan.cpu_units.is_empty() as u64);
+        hy.count(Count::CpuValues, values);
+        hy.count(Count::Units, active.len() as u64);
+        hy.count(Count::GpuUnits, plan.gpu.len() as u64);
         hy.stalled += stall as u64;
         self.s.active = active;
         Ok(())

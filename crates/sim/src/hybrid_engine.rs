@@ -9,7 +9,8 @@
 //! against real runs. Per decoded token and layer:
 //! - attention: on the GPU (one round trip: [`EngineCosts::attention_gpu_ns`]) or on the CPU;
 //! - per FFN site (the FFN input's channels, then the GLU's neurons): the balancer splits the
-//!   active units; planning and queueing the GPU's share; the CPU computes its share meanwhile
+//!   active units (a pool with no slot, or a site the selector left dense, runs on the CPU
+//!   without it, as in the engine); planning and queueing the GPU's share; the CPU computes its share meanwhile
 //!   (a cost per site plus one per output value); the GPU's partial sums arrive a fixed time
 //!   after queueing, later when the site's loads are still in flight (an I/O stall); then the
 //!   policy's loads go on one reload stream at the transfer curve's bandwidth for a group, each
@@ -303,6 +304,18 @@ pub fn simulate_engine(
             now += if dense.attention { costs.attention_gpu_ns } else { costs.attention_cpu_ns };
             for (i, a) in sites.iter().enumerate() {
                 let p = 2 * l + i;
+                if a.is_none() || specs[p].slots == 0 {
+                    // No balanced product: a site the selector left dense runs whole on the CPU
+                    // (the engine does not split it), and so does a pool with no slot (the
+                    // engine skips the balancer there).
+                    let n = a.as_ref().map_or(n_units[p], |v| v.len());
+                    if n > 0 {
+                        now += costs.cpu_site_ns + (n * specs[p].n_out) as f64 * costs.cpu_value_ns;
+                    }
+                    all_units += n as u64;
+                    cpu_units += n as u64;
+                    continue;
+                }
                 let active = units(a, n_units[p]);
                 let plan = bal.plan(p, &active);
                 now += plan.load_first.len() as f64 * costs.load_issue_ns;
@@ -322,7 +335,9 @@ pub fn simulate_engine(
                 stall_total += stall;
                 all_units += active.len() as u64;
                 cpu_units += plan.cpu_units.len() as u64;
-                let next = bal.after(p, &plan, stall, cpu);
+                // The engine tells the policy how long a product that found loads in flight
+                // waited after the CPU's share (its I/O stall), and the CPU's time.
+                let next = bal.after(p, &plan, if stall > 0.0 { wait } else { 0.0 }, cpu);
                 now += next.len() as f64 * costs.load_issue_ns;
                 queue(p, next.len(), now, &mut ready);
                 loads += next.len() as u64;

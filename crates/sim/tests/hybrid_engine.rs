@@ -69,6 +69,8 @@ fn every_unit_on_the_cpu_costs_its_columns() {
     let mut costs = zero_costs();
     (costs.cpu_value_ns, costs.cpu_site_ns, costs.attention_cpu_ns, costs.layer_ns, costs.head_cpu_ns) =
         (1.0, 100.0, 1000.0, 10.0, 5e5);
+    // No slot anywhere: the engine skips the balancer, so no planning is charged.
+    costs.site_ns = 7777.0;
     let act = every_other(20);
     let (r, placed) =
         simulate_engine(&act, model(), &gpu(), &costs, &run(Some(BalancePolicy::Static), 0, AttentionPlacement::Cpu))
@@ -108,6 +110,26 @@ fn every_unit_on_the_gpu_costs_its_round_trips() {
         assert_eq!(r.cpu_share, 0.0, "{policy}");
         assert_eq!(r.reloads_per_token, 0.0, "{policy}: every group was placed by the warm start");
     }
+    // A site the selector left dense is not split: the FFN input's 576 channels all on the CPU.
+    let mut act = every_other(8);
+    for tok in &mut act {
+        for sites in tok.iter_mut() {
+            sites[0] = None;
+        }
+    }
+    let (r, _) = simulate_engine(
+        &act,
+        model(),
+        &gpu(),
+        &costs,
+        &run(Some(BalancePolicy::Static), 8 << 30, AttentionPlacement::Auto),
+    )
+    .unwrap();
+    let share = c.n_embd as f64 / (c.n_embd + c.n_ff / 2) as f64;
+    assert!((r.cpu_share - share).abs() < 1e-9, "CPU share {} against {share}", r.cpu_share);
+    let want =
+        c.n_layer as f64 * (50_000.0 + (c.n_embd * 2 * c.n_ff) as f64 + 1_000.0 + 10_000.0 + 15_000.0) + 20_000.0;
+    assert!((r.p50_ns - want).abs() < 1e-6 * want, "{} vs {want}", r.p50_ns);
 }
 
 #[test]
@@ -177,7 +199,8 @@ fn the_layer_split_runs_whole_layers_on_each_side() {
 /// The engine's hybrid decode (its host emulation: the same balancer, pools and loads, the GPU's
 /// share computed on the CPU) beside a CPU-only run of the same prompt traced as `sift trace`
 /// traces it: simulated from that trace, the hybrid decode puts as many units on the CPU (within
-/// a point) and moves as many groups (within 5 %) as the engine did.
+/// a point) and moves as many groups (within 8 %: its warm start is the first decoded tokens, the
+/// engine's the prompt) as the engine did.
 #[test]
 fn the_simulator_places_units_as_the_engine_does() {
     use sift_engine::hybrid::HybridOptions as EngineHybrid;
@@ -253,7 +276,7 @@ fn the_simulator_places_units_as_the_engine_does() {
         );
         assert!((real.cpu_share - sim.cpu_share).abs() <= 0.01, "{policy}: {real:?} vs {sim:?}");
         let loads = (real.reloads_per_token, sim.reloads_per_token);
-        assert!((loads.0 - loads.1).abs() <= 0.05 * loads.0.max(1.0), "{policy}: loads per token {loads:?}");
+        assert!((loads.0 - loads.1).abs() <= 0.08 * loads.0.max(1.0), "{policy}: loads per token {loads:?}");
         assert_eq!(loads.0 == 0.0, policy == "static", "{policy}: {loads:?}");
     }
 }
