@@ -6,10 +6,11 @@ use anyhow::Context;
 use sift_engine::balancer::BalancePolicy;
 use sift_engine::gpu::GpuPlacement;
 use sift_engine::hybrid::AttentionPlacement;
+use sift_engine::hybrid::{knee_bytes, pool_layout};
 use sift_sim::hybrid::{
     ffn_activity, in_pack_order, simulate_hybrid, GpuProfile, HybridModel, HybridOptions, HybridPolicy,
 };
-use sift_sim::hybrid_engine::{ffn_sites, simulate_engine, EngineCosts, EngineRun};
+use sift_sim::hybrid_engine::{adjacent_prediction, ffn_sites, simulate_engine, EngineCosts, EngineRun};
 use sift_sim::trace::Trace;
 use sift_store::cache::LambdaBounds;
 
@@ -171,6 +172,19 @@ fn run_engine(
             rows.push((m.clone(), budget, what, r));
         }
     }
+    // KAIROX's adjacent-layer prediction, scored on the trace (groups of the engine's size).
+    let gs = pool_layout(model, a.group_size.map(|g| g as usize), 0, knee_bytes(&profile.pcie))
+        .map_or(16, |l| l.specs[0].group_size);
+    let pred = adjacent_prediction(trace, model, gs);
+    let pred_line = format!(
+        "adjacent-layer prediction of the FFN input's channels (layer l's attention output for layer l + 1, {} token-layer pairs): recall {:.1}%, precision {:.1}%; of its {gs}-channel groups: recall {:.1}%, precision {:.1}%; the token before's channels: recall {:.1}%",
+        pred.pairs,
+        100.0 * pred.channel_recall,
+        100.0 * pred.channel_precision,
+        100.0 * pred.group_recall,
+        100.0 * pred.group_precision,
+        100.0 * pred.previous_token_recall
+    );
     if a.output == "json" {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -183,6 +197,7 @@ fn run_engine(
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
+        eprintln!("sift: {pred_line}");
         return Ok(());
     }
     println!(
@@ -206,5 +221,6 @@ fn run_engine(
             100.0 * r.stall_share
         );
     }
+    println!("\n{pred_line}");
     Ok(())
 }

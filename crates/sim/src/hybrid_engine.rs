@@ -363,6 +363,104 @@ pub fn simulate_engine(
     Ok((report(policy.name(), &token_ns, loads, load_bytes, cpu_share, stall_total, lambda), placed))
 }
 
+/// How well layer `l`'s attention output predicts layer `l + 1`'s FFN input channels (KAIROX's
+/// adjacent-layer prediction, which would start a layer's loads one layer early): per decoded
+/// token and layer, layer `l`'s FFN input with its norm's weights divided out and layer
+/// `l + 1`'s multiplied in (the residual stream changes little across one FFN) is ranked by
+/// magnitude, and as many channels are predicted as layer `l + 1` used; against the channels it
+/// did use, per channel and per group (`group_size` consecutive channels of the pack's order, a
+/// group counted as used when it holds at least the site's share of used channels, as the
+/// balancer counts it).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct AdjacentPrediction {
+    pub channel_recall: f64,
+    pub channel_precision: f64,
+    pub group_recall: f64,
+    pub group_precision: f64,
+    /// The baseline: layer `l + 1`'s channels of the token before, as a prediction (recall; as
+    /// many channels as used, so also its precision when the counts match).
+    pub previous_token_recall: f64,
+    /// (token, layer) pairs scored.
+    pub pairs: usize,
+}
+
+/// [`AdjacentPrediction`] over `trace` (recorded with the selector's inputs) for `model`.
+pub fn adjacent_prediction(trace: &Trace, model: &sift_model::Model, group_size: usize) -> AdjacentPrediction {
+    let gs = group_size.max(1);
+    let layout = pool_layout(model, Some(gs), 0, 0);
+    let (mut hit, mut predicted, mut used) = (0u64, 0u64, 0u64);
+    let (mut ghit, mut gpred, mut gused) = (0u64, 0u64, 0u64);
+    let mut pairs = 0;
+    let (mut prev_hit, mut prev_used) = (0u64, 0u64);
+    let mut previous: Vec<Option<Vec<u32>>> = Vec::new();
+    let hot = |set: &[u32], pos: Option<&[u32]>, n: usize| -> Vec<bool> {
+        let n_groups = n.div_ceil(gs);
+        let mut count = vec![0u32; n_groups];
+        for &u in set {
+            let p = pos.and_then(|p| p.get(u as usize).copied()).unwrap_or(u) as usize;
+            if p < n {
+                count[p / gs] += 1;
+            }
+        }
+        let share = set.len() as f64 / n.max(1) as f64;
+        (0..n_groups).map(|g| count[g] > 0 && f64::from(count[g]) >= share * (n - g * gs).min(gs) as f64).collect()
+    };
+    for e in &trace.events {
+        let layers = match e {
+            Event::Token { layers, .. } => layers,
+            _ => {
+                // A new sequence or prompt: no token before.
+                previous.clear();
+                continue;
+            }
+        };
+        for l in 0..layers.len().saturating_sub(1).min(model.layers.len().saturating_sub(1)) {
+            let (now, next) = (&layers[l].sites[2], &layers[l + 1].sites[2]);
+            let Some(actual) = &next.active else { continue };
+            let (g0, g1) = (&model.layers[l].ffn_norm, &model.layers[l + 1].ffn_norm);
+            let n = now.input.len();
+            if n == 0 || g0.len() != n || g1.len() != n || actual.is_empty() {
+                continue;
+            }
+            let mut scored: Vec<(f32, u32)> = (0..n)
+                .map(|c| {
+                    let v = if g0[c] != 0.0 { now.input[c] / g0[c] * g1[c] } else { 0.0 };
+                    (v.abs(), c as u32)
+                })
+                .collect();
+            let k = actual.len().min(n);
+            if k < n {
+                scored.select_nth_unstable_by(k, |a, b| b.0.total_cmp(&a.0));
+                scored.truncate(k);
+            }
+            let mut pred: Vec<u32> = scored.into_iter().map(|s| s.1).collect();
+            pred.sort_unstable();
+            let inter = pred.iter().filter(|u| actual.binary_search(u).is_ok()).count() as u64;
+            (hit, predicted, used) = (hit + inter, predicted + pred.len() as u64, used + actual.len() as u64);
+            let pos = layout.as_ref().map(|lay| &lay.positions[2 * (l + 1)][..]);
+            let (hp, ha) = (hot(&pred, pos, n), hot(actual, pos, n));
+            ghit += hp.iter().zip(&ha).filter(|(a, b)| **a && **b).count() as u64;
+            gpred += hp.iter().filter(|&&h| h).count() as u64;
+            gused += ha.iter().filter(|&&h| h).count() as u64;
+            pairs += 1;
+            if let Some(Some(before)) = previous.get(l + 1) {
+                prev_hit += before.iter().filter(|u| actual.binary_search(u).is_ok()).count() as u64;
+                prev_used += actual.len() as u64;
+            }
+        }
+        previous = layers.iter().map(|r| r.sites[2].active.clone()).collect();
+    }
+    let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+    AdjacentPrediction {
+        channel_recall: ratio(hit, used),
+        channel_precision: ratio(hit, predicted),
+        group_recall: ratio(ghit, gused),
+        group_precision: ratio(ghit, gpred),
+        previous_token_recall: ratio(prev_hit, prev_used),
+        pairs,
+    }
+}
+
 fn report(
     policy: &str,
     token_ns: &[f64],

@@ -280,3 +280,57 @@ fn the_simulator_places_units_as_the_engine_does() {
         assert_eq!(loads.0 == 0.0, policy == "static", "{policy}: {loads:?}");
     }
 }
+
+/// Adjacent-layer prediction scored on hand-made records: a next layer that uses exactly the
+/// channels this layer's FFN input ranks highest (its norms divided out and the next layer's
+/// multiplied in) is predicted in full; one that uses the lowest-ranked ones, not at all; the
+/// token before, using the same channels, predicts them all.
+#[test]
+fn adjacent_prediction_scores_what_the_next_layer_used() {
+    use sift_sim::hybrid_engine::adjacent_prediction;
+    use sift_sim::trace::{Event, LayerRecord, SiteRecord, Trace, TraceHeader};
+    let m = model();
+    let (n, n_layer) = (m.config.n_embd, m.config.n_layer);
+    let site = |input: Vec<f32>, active: Option<Vec<u32>>| SiteRecord { input, active };
+    // Layer l's FFN input: channel c scaled so that, after the norms, its magnitude is c + 1.
+    let record = |top: bool| -> Vec<LayerRecord> {
+        (0..n_layer)
+            .map(|l| {
+                let next = &m.layers[(l + 1).min(n_layer - 1)].ffn_norm;
+                let input: Vec<f32> = (0..n).map(|c| (c as f32 + 1.0) * m.layers[l].ffn_norm[c] / next[c]).collect();
+                let used: Vec<u32> = if top { (n as u32 / 2..n as u32).collect() } else { (0..n as u32 / 4).collect() };
+                LayerRecord {
+                    residual: vec![0.0; n],
+                    sites: [
+                        site(Vec::new(), None),
+                        site(Vec::new(), None),
+                        site(input, Some(used)),
+                        site(Vec::new(), None),
+                    ],
+                }
+            })
+            .collect()
+    };
+    let header = TraceHeader {
+        model: "smol.sift".into(),
+        n_layer,
+        n_embd: n,
+        dims: [n, m.config.n_embd_q(), n, m.config.n_ff],
+        selector: "test".into(),
+        n_ctx: 256,
+        n_batch: 32,
+        runtime_bytes: 0,
+        measured_tok_s: 0.0,
+    };
+    for (top, want) in [(true, 1.0), (false, 0.0)] {
+        let events = vec![
+            Event::Prompt(4),
+            Event::Token { pos: 4, layers: record(top) },
+            Event::Token { pos: 5, layers: record(top) },
+        ];
+        let p = adjacent_prediction(&Trace { header: header.clone(), events }, m, 16);
+        assert_eq!(p.pairs, 2 * (n_layer - 1));
+        assert_eq!((p.channel_recall, p.channel_precision), (want, want), "{p:?}");
+        assert_eq!(p.previous_token_recall, 1.0, "{p:?}");
+    }
+}
