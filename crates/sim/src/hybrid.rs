@@ -528,22 +528,41 @@ pub fn simulate_hybrid(
         }
         token_ns.push(now - t0);
     }
-    let n = activity.len().max(1) as f64;
-    let total: f64 = token_ns.iter().sum();
-    let mut sorted = token_ns.clone();
-    sorted.sort_by(f64::total_cmp);
-    let pct = |p: f64| if sorted.is_empty() { 0.0 } else { sorted[((sorted.len() - 1) as f64 * p).round() as usize] };
-    HybridReport {
-        policy: o.policy.name().into(),
-        tokens: activity.len(),
-        tok_s: if total > 0.0 { activity.len() as f64 / (total * 1e-9) } else { 0.0 },
-        p50_ns: pct(0.5),
-        p99_ns: pct(0.99),
-        reloads_per_token: loads as f64 / n,
-        reload_bytes_per_token: (loads * group_bytes) as f64 / n,
-        cpu_share: if all_neurons > 0 { cpu_neurons as f64 / all_neurons as f64 } else { 0.0 },
-        stall_share: if total > 0.0 { stall_total / total } else { 0.0 },
-        lambda: lambda_trace,
+    let cpu_share = if all_neurons > 0 { cpu_neurons as f64 / all_neurons as f64 } else { 0.0 };
+    let load_bytes = (loads * group_bytes) as f64;
+    HybridReport::of_run(o.policy.name(), &token_ns, loads, load_bytes, cpu_share, stall_total, lambda_trace)
+}
+
+impl HybridReport {
+    /// A run's report from its tokens' times (ns), its loads and their bytes, the CPU's share of
+    /// the active units, the time stalled (ns) and λ after each token.
+    pub(crate) fn of_run(
+        policy: &str,
+        token_ns: &[f64],
+        loads: u64,
+        load_bytes: f64,
+        cpu_share: f64,
+        stall_ns: f64,
+        lambda: Vec<f32>,
+    ) -> HybridReport {
+        let n = token_ns.len().max(1) as f64;
+        let total: f64 = token_ns.iter().sum();
+        let mut sorted = token_ns.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let pct =
+            |p: f64| if sorted.is_empty() { 0.0 } else { sorted[((sorted.len() - 1) as f64 * p).round() as usize] };
+        HybridReport {
+            policy: policy.into(),
+            tokens: token_ns.len(),
+            tok_s: if total > 0.0 { token_ns.len() as f64 / (total * 1e-9) } else { 0.0 },
+            p50_ns: pct(0.5),
+            p99_ns: pct(0.99),
+            reloads_per_token: loads as f64 / n,
+            reload_bytes_per_token: load_bytes / n,
+            cpu_share,
+            stall_share: if total > 0.0 { stall_ns / total } else { 0.0 },
+            lambda,
+        }
     }
 }
 

@@ -258,7 +258,10 @@ pub fn simulate_engine(
             gpu_share: on_gpu as f64 / n_layer.max(1) as f64,
             gpu_layers: on_gpu,
         };
-        return Ok((report("layers", &token_ns, 0, 0.0, 1.0 - placed.gpu_share, 0.0, Vec::new()), placed));
+        return Ok((
+            HybridReport::of_run("layers", &token_ns, 0, 0.0, 1.0 - placed.gpu_share, 0.0, Vec::new()),
+            placed,
+        ));
     };
     let dense = place_attention(run.attention, attention_bytes(model, run.n_ctx), head_bytes(model), run.gpu_bytes)?;
     let layout = pool_layout(model, run.group_size, dense.group_bytes, knee_bytes(&gpu.pcie))
@@ -360,7 +363,7 @@ pub fn simulate_engine(
         gpu_layers: 0,
     };
     let cpu_share = if all_units > 0 { cpu_units as f64 / all_units as f64 } else { 0.0 };
-    Ok((report(policy.name(), &token_ns, loads, load_bytes, cpu_share, stall_total, lambda), placed))
+    Ok((HybridReport::of_run(policy.name(), &token_ns, loads, load_bytes, cpu_share, stall_total, lambda), placed))
 }
 
 /// How well layer `l`'s attention output predicts layer `l + 1`'s FFN input channels (KAIROX's
@@ -458,34 +461,6 @@ pub fn adjacent_prediction(trace: &Trace, model: &sift_model::Model, group_size:
         group_precision: ratio(ghit, gpred),
         previous_token_recall: ratio(prev_hit, prev_used),
         pairs,
-    }
-}
-
-fn report(
-    policy: &str,
-    token_ns: &[f64],
-    loads: u64,
-    load_bytes: f64,
-    cpu_share: f64,
-    stall_ns: f64,
-    lambda: Vec<f32>,
-) -> HybridReport {
-    let n = token_ns.len().max(1) as f64;
-    let total: f64 = token_ns.iter().sum();
-    let mut sorted = token_ns.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let pct = |p: f64| if sorted.is_empty() { 0.0 } else { sorted[((sorted.len() - 1) as f64 * p).round() as usize] };
-    HybridReport {
-        policy: policy.into(),
-        tokens: token_ns.len(),
-        tok_s: if total > 0.0 { token_ns.len() as f64 / (total * 1e-9) } else { 0.0 },
-        p50_ns: pct(0.5),
-        p99_ns: pct(0.99),
-        reloads_per_token: loads as f64 / n,
-        reload_bytes_per_token: load_bytes / n,
-        cpu_share,
-        stall_share: if total > 0.0 { stall_ns / total } else { 0.0 },
-        lambda,
     }
 }
 
