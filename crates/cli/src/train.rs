@@ -63,6 +63,10 @@ pub struct TrainDistillArgs {
     /// memory of one; each step costs N windows' time)
     #[arg(long = "accumulate", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub accumulate: u32,
+    /// Weight of a layer-wise loss added to the KL: the distance between the student's and the
+    /// dense model's residual streams after every layer (RMS-normalized; 0: the KL alone)
+    #[arg(long = "layer-loss", default_value_t = 0.0, value_parser = layer_loss_weight)]
+    pub layer_loss: f32,
     /// Learning rate
     #[arg(long = "lr", default_value_t = 1e-3, value_parser = sift_session::ranges::learning_rate)]
     pub lr: f64,
@@ -92,10 +96,16 @@ pub struct TrainDistillArgs {
     /// sift and llama.cpp load like any model)
     #[arg(long = "no-fuse")]
     pub no_fuse: bool,
-    /// How the fused model's rows are quantized again (see `sift export-lora`); the GPTQ kinds
-    /// calibrate on 16 windows of the training text, under the selector, adapters on
-    #[arg(long = "rounding", value_enum, default_value = "gptq")]
-    pub rounding: crate::export_lora::FuseRounding,
+    /// How the fused model's rows are quantized again (see `sift export-lora`; default: gptq, or
+    /// grid with --qat); the GPTQ kinds calibrate on 16 windows of the training text, under the
+    /// selector, adapters on
+    #[arg(long = "rounding", value_enum)]
+    pub rounding: Option<crate::export_lora::FuseRounding>,
+    /// Quantization-aware: train the adapted ops as `W + s·B·A` rounded onto the weights' own
+    /// grid (straight through), so that the fused model (`--rounding grid`, the default with this
+    /// flag) computes what was trained, the correction kept through the rounding
+    #[arg(long = "qat")]
+    pub qat: bool,
 }
 
 /// The fused model's path beside the adapters `out`: `X.lora.gguf` → `X.gguf`, else
@@ -368,6 +378,15 @@ fn parse_ops(s: &str) -> anyhow::Result<Vec<OpKind>> {
     })
 }
 
+fn layer_loss_weight(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() && (0.0..=1000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("--layer-loss must be in [0, 1000], got {s}"))
+    }
+}
+
 /// Where `sift train distill` keeps the optimizer's moments beside the adapters `out`.
 fn adam_path(out: &std::path::Path) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
@@ -426,7 +445,15 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         tokens.len()
     );
     let t0 = std::time::Instant::now();
-    let student = Student::from_model(&plain)?;
+    let mut student = Student::from_model(&plain)?;
+    if a.qat {
+        student.quantization_aware(&plain, &ops)?;
+    }
+    let rounding = a.rounding.unwrap_or(if a.qat {
+        crate::export_lora::FuseRounding::Grid
+    } else {
+        crate::export_lora::FuseRounding::Gptq
+    });
     let lora = LoraVars::new(&plain, &ops, rank, alpha, a.seed, init.as_ref())?;
     let vars = lora.all();
     // The optimizer's moments: from the checkpoint beside the adapters when resuming (exactly
@@ -458,9 +485,10 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         adam.step
     );
     eprintln!(
-        "sift: distilling {} under {} into rank-{rank} adapters on {} ({} trainable values, {:.1} s to load); {} tokens of text, windows of {seq}",
+        "sift: distilling {} under {} into rank-{rank} adapters{} on {} ({} trainable values, {:.1} s to load); {} tokens of text, windows of {seq}",
         plain.file.path().display(),
         selector.describe(),
+        if a.qat { ", quantization-aware" } else { "" },
         a.lora_ops,
         vars.iter().map(|v| v.as_tensor().elem_count()).sum::<usize>(),
         t0.elapsed().as_secs_f64(),
@@ -495,7 +523,13 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     let mut last = f32::NAN;
     while finished < steps {
         let n = every.min(steps - finished);
-        let o = DistillOptions { steps: n, seq, seed: a.seed, accumulate: a.accumulate as usize };
+        let o = DistillOptions {
+            steps: n,
+            seq,
+            seed: a.seed,
+            accumulate: a.accumulate as usize,
+            layer_weight: a.layer_loss,
+        };
         last =
             train(&student, &plain, selector.as_mut(), &lora, &mut adam, &tokens, &o, &mut teacher, &mut |k, loss| {
                 let k = (k - first) as usize;
@@ -522,12 +556,12 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         let t2 = std::time::Instant::now();
         let fused = fused_path(&out);
         use crate::export_lora::{calibration_moments, fuse_model};
-        let moments = if a.rounding.needs_text() {
+        let moments = if rounding.needs_text() {
             Some(calibration_moments(&plain, &student, selector.as_mut(), Some(&lora), &tokens, seq, 16)?)
         } else {
             None
         };
-        let bytes = fuse_model(&plain, &lora.to_adapters()?, a.rounding, moments.as_ref(), threads)?;
+        let bytes = fuse_model(&plain, &lora.to_adapters()?, rounding, moments.as_ref(), threads)?;
         sift_output::write(&fused, &[a.file.as_path(), plain.file.path()], &bytes)?;
         eprintln!(
             "sift: fused into the weights and re-quantized in {:.1} s: '{}' (run it as any model; --no-fuse skips this)",

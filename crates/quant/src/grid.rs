@@ -82,6 +82,11 @@ impl RowGrid {
         self.codes[k]
     }
 
+    /// Value `k`'s step between adjacent levels (its block's scale; 0 when every level is equal).
+    pub fn step(&self, k: usize) -> f32 {
+        self.a[k]
+    }
+
     /// The level of integer `q` at value `k`.
     #[inline]
     pub fn level(&self, k: usize, q: u8) -> f32 {

@@ -41,6 +41,55 @@ struct StudentLayer {
     /// In [`OpKind::ALL`] order: rows = outputs, cols = inputs.
     w: Vec<Tensor>,
     bias: [Option<Tensor>; 3],
+    /// Per op ([`OpKind::ALL`] order), the weights' own quantization grid, for ops trained
+    /// quantization-aware ([`Student::quantization_aware`]).
+    grids: Vec<Option<OpGrid>>,
+}
+
+/// A quantized matrix's grid, value by value: level `q` of weight `k` is `offset[k] + q·step[k]`,
+/// `q` in `0..=max` (the GGUF's own block scales, [`sift_quant::grid::RowGrid`]).
+struct OpGrid {
+    /// The steps, a huge number where a block's levels are all equal (so every value rounds to
+    /// its one level).
+    step: Tensor,
+    offset: Tensor,
+    max: f64,
+}
+
+impl OpGrid {
+    fn of(model: &Model, w: &QTensor) -> anyhow::Result<OpGrid> {
+        let (mut step, mut offset) = (Vec::with_capacity(w.rows * w.cols), Vec::with_capacity(w.rows * w.cols));
+        let mut max = 0u8;
+        for r in 0..w.rows {
+            let g = sift_quant::grid::RowGrid::of(w.ty, model.row(w, r), w.cols).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: {:?} has no quantization grid to train on (--qat needs a quantized type)",
+                    w.name,
+                    w.ty
+                )
+            })?;
+            max = g.max_code();
+            for k in 0..w.cols {
+                let a = g.step(k);
+                step.push(if a == 0.0 { 1e30 } else { a });
+                offset.push(g.level(k, 0));
+            }
+        }
+        let dev = Device::Cpu;
+        Ok(OpGrid {
+            step: Tensor::from_vec(step, (w.rows, w.cols), &dev)?,
+            offset: Tensor::from_vec(offset, (w.rows, w.cols), &dev)?,
+            max: max as f64,
+        })
+    }
+
+    /// `w` rounded to the nearest level (forward), the identity (backward): what the fused
+    /// model, rounded onto the same grid, will hold.
+    fn fake_quantize(&self, w: &Tensor) -> candle_core::Result<Tensor> {
+        let q = w.sub(&self.offset)?.div(&self.step)?.round()?.clamp(0.0, self.max)?;
+        let wq = q.mul(&self.step)?.add(&self.offset)?;
+        w.add(&(wq - w)?.detach())
+    }
 }
 
 /// The frozen f32 model the adapters train on.
@@ -79,6 +128,7 @@ impl Student {
                 ffn_norm: Tensor::from_slice(&lw.ffn_norm, c.n_embd, &dev)?,
                 w,
                 bias: [b(&lw.bq)?, b(&lw.bk)?, b(&lw.bv)?],
+                grids: (0..OpKind::ALL.len()).map(|_| None).collect(),
             });
         }
         Ok(Student {
@@ -88,6 +138,22 @@ impl Student {
             cfg: c.clone(),
             embd: model.tok_embd.clone(),
         })
+    }
+
+    /// Quantization-aware training of the adapters on `ops` (BitDistiller's, which ActiveFlow's
+    /// self-distillation builds on): an adapted op computes with `W + s·B·A` rounded onto the
+    /// weights' own grid (their GGUF block scales), straight through in the backward pass, so
+    /// the adapters learn corrections that survive being fused and rounded onto that grid
+    /// (`--rounding grid`), and the fused model is the model trained.
+    pub fn quantization_aware(&mut self, model: &Model, ops: &[OpKind]) -> anyhow::Result<()> {
+        for (lw, layer) in model.layers.iter().zip(&mut self.layers) {
+            for (i, op) in OpKind::ALL.iter().enumerate() {
+                if ops.contains(op) {
+                    layer.grids[i] = Some(OpGrid::of(model, lw.op(*op))?);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn embed(&self, model: &Model, tokens: &[u32]) -> anyhow::Result<Tensor> {
@@ -137,9 +203,35 @@ impl Student {
         &self,
         model: &Model,
         tokens: &[u32],
+        selector: Option<&mut dyn Selector>,
+        lora: Option<&LoraVars>,
+        tap: &mut dyn FnMut(usize, Site, &Tensor) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Tensor> {
+        self.run(model, tokens, selector, lora, tap, None)
+    }
+
+    /// [`Student::forward`], also giving the residual stream after every layer (T × n_embd each),
+    /// for the layer-wise loss of [`train`].
+    pub fn forward_with_residuals(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        selector: Option<&mut dyn Selector>,
+        lora: Option<&LoraVars>,
+    ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
+        let mut residuals = Vec::with_capacity(self.layers.len());
+        let logits = self.run(model, tokens, selector, lora, &mut |_, _, _| Ok(()), Some(&mut residuals))?;
+        Ok((logits, residuals))
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        tokens: &[u32],
         mut selector: Option<&mut dyn Selector>,
         lora: Option<&LoraVars>,
         tap: &mut dyn FnMut(usize, Site, &Tensor) -> anyhow::Result<()>,
+        mut residuals: Option<&mut Vec<Tensor>>,
     ) -> anyhow::Result<Tensor> {
         let c = &self.cfg;
         let t = tokens.len();
@@ -164,12 +256,17 @@ impl Student {
             };
             let lin = |x: &Tensor, op: OpKind| -> anyhow::Result<Tensor> {
                 let i = OpKind::ALL.iter().position(|&o| o == op).expect("in ALL");
-                let mut y = x.matmul(&lw.w[i].t()?)?;
-                if let Some((a, b)) = lora.and_then(|v| v.vars[l][i].as_ref()) {
-                    let s = (lora.expect("checked").alpha / lora.expect("checked").rank as f32) as f64;
-                    y = (y + (x.matmul(&a.as_tensor().t()?)?.matmul(&b.as_tensor().t()?)? * s)?)?;
+                let Some((a, b)) = lora.and_then(|v| v.vars[l][i].as_ref()) else {
+                    return Ok(x.matmul(&lw.w[i].t()?)?);
+                };
+                let s = (lora.expect("checked").alpha / lora.expect("checked").rank as f32) as f64;
+                if let Some(g) = &lw.grids[i] {
+                    // The fused weights as they will be rounded.
+                    let w = (&lw.w[i] + (b.as_tensor().matmul(a.as_tensor())? * s)?)?;
+                    return Ok(x.matmul(&g.fake_quantize(&w)?.t()?)?);
                 }
-                Ok(y)
+                let y = x.matmul(&lw.w[i].t()?)?;
+                Ok((y + (x.matmul(&a.as_tensor().t()?)?.matmul(&b.as_tensor().t()?)? * s)?)?)
             };
             // Attention.
             let h = candle_nn::ops::rms_norm_slow(&x, &lw.attn_norm, c.rms_eps)?;
@@ -217,6 +314,9 @@ impl Student {
             let glu = (candle_nn::ops::silu(&lin(&h, OpKind::Gate)?)? * lin(&h, OpKind::Up)?)?;
             let glu = site(glu, Site::FfnMid)?;
             x = (x + lin(&glu, OpKind::Down)?)?;
+            if let Some(r) = residuals.as_deref_mut() {
+                r.push(x.clone());
+            }
         }
         if let Some(s) = selector {
             s.end_batch(Phase::Generate);
@@ -336,6 +436,28 @@ pub fn kl_loss(teacher: &Tensor, student: &Tensor) -> candle_core::Result<Tensor
     let lq = candle_nn::ops::log_softmax(student, D::Minus1)?;
     let t = teacher.dims2()?.0 as f64;
     (p * (lp - lq)?)?.sum_all()? / t
+}
+
+/// The layer-wise loss: the mean over layers of the squared distance between the student's and
+/// the teacher's residual streams after each layer, both RMS-normalized per token (so every
+/// layer counts alike whatever its scale), averaged over tokens and channels.
+pub fn residual_loss(teacher: &[Tensor], student: &[Tensor]) -> candle_core::Result<Tensor> {
+    let norm = |x: &Tensor| -> candle_core::Result<Tensor> {
+        let ms = (x.sqr()?.mean_keepdim(D::Minus1)? + 1e-6)?;
+        x.broadcast_div(&ms.sqrt()?)
+    };
+    let mut sum: Option<Tensor> = None;
+    for (t, s) in teacher.iter().zip(student) {
+        let l = (norm(s)? - norm(t)?)?.sqr()?.mean_all()?;
+        sum = Some(match sum {
+            Some(acc) => (acc + l)?,
+            None => l,
+        });
+    }
+    match sum {
+        Some(s) => s / teacher.len().max(1) as f64,
+        None => Tensor::new(0f32, &Device::Cpu),
+    }
 }
 
 /// AdamW (decoupled weight decay 0) over the adapters, with its moments kept so that a run
@@ -461,6 +583,9 @@ pub struct DistillOptions {
     /// Windows per step: their gradients are averaged before the update (a larger batch at
     /// the same memory; 1: one window per step).
     pub accumulate: usize,
+    /// Weight of the layer-wise loss ([`residual_loss`] against the dense model's residual
+    /// streams, computed by the student's own dense forward pass) added to the KL (0: KL only).
+    pub layer_weight: f32,
 }
 
 /// Where the window of global step `step` starts: drawn from `seed` and the step alone, so a run
@@ -506,8 +631,15 @@ pub fn train(
             let start = window_start(o.seed, draw, tokens.len() - o.seq);
             let window = &tokens[start..start + o.seq];
             let t = Tensor::from_vec(teacher(window)?, (o.seq, vocab), &Device::Cpu)?;
-            let s = student.forward(model, window, Some(&mut *selector), Some(lora))?;
-            let loss = (kl_loss(&t, &s)? / accumulate as f64)?;
+            let loss = if o.layer_weight > 0.0 {
+                let (_, dense) = student.forward_with_residuals(model, window, None, None)?;
+                let (s, sparse) = student.forward_with_residuals(model, window, Some(&mut *selector), Some(lora))?;
+                (kl_loss(&t, &s)? + (residual_loss(&dense, &sparse)? * o.layer_weight as f64)?)?
+            } else {
+                let s = student.forward(model, window, Some(&mut *selector), Some(lora))?;
+                kl_loss(&t, &s)?
+            };
+            let loss = (loss / accumulate as f64)?;
             let lv = loss.to_scalar::<f32>()?;
             anyhow::ensure!(lv.is_finite(), "the loss became {lv} at step {}: lower --lr", adam.step + 1);
             v += lv;

@@ -153,7 +153,7 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
     let window_tokens = &ids[100..100 + seq + 1];
     let run_batched = |lora: &LoraVars, adam: &mut Adam, steps: usize, accumulate: usize| {
         let mut sel = topk(&e, 0.5);
-        let o = DistillOptions { steps, seq, seed: 1, accumulate };
+        let o = DistillOptions { steps, seq, seed: 1, accumulate, layer_weight: 0.0 };
         train(
             &student,
             &e.model,
@@ -204,4 +204,104 @@ fn the_student_computes_the_engines_logits_and_a_short_run_learns() {
     let mut adam = Adam::new(&two.all(), 1e-3).unwrap();
     run_batched(&two, &mut adam, 2, 2);
     assert_eq!(two.to_adapters().unwrap().layers, one.to_adapters().unwrap().layers);
+}
+
+/// The layer-wise loss (`--layer-loss`): zero against itself, blind to each token's scale,
+/// larger the more the masks skip, and lowered by a short run that trains on it.
+#[test]
+fn the_layer_loss_measures_how_far_the_masks_move_each_layer() {
+    use sift_train::distill::residual_loss;
+    let tok = Tokenizer::from_gguf(&model().file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let ids = tok.encode(&text, true, false).unwrap();
+    let seq = 48;
+    let window = &ids[300..300 + seq];
+    let eo = EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 64, ..EngineOptions::default() };
+    let e = Engine::new(model(), &eo);
+    let student = Student::from_model(&e.model).unwrap();
+    let value = |t: Tensor| t.to_scalar::<f32>().unwrap();
+    let (_, dense) = student.forward_with_residuals(&e.model, window, None, None).unwrap();
+    assert_eq!(dense.len(), e.config().n_layer);
+    assert_eq!(value(residual_loss(&dense, &dense).unwrap()), 0.0);
+    let scaled: Vec<Tensor> = dense.iter().map(|t| (t * 3.0).unwrap()).collect();
+    assert!(value(residual_loss(&dense, &scaled).unwrap()) < 1e-9);
+    let at = |ratio: f64| {
+        let mut sel = topk(&e, ratio);
+        let (_, sparse) = student.forward_with_residuals(&e.model, window, Some(sel.as_mut()), None).unwrap();
+        value(residual_loss(&dense, &sparse).unwrap())
+    };
+    let (low, high) = (at(0.3), at(0.7));
+    eprintln!("layer loss: top-k 0.3 {low:.4}, 0.7 {high:.4}");
+    assert!(0.0 < low && low < high, "{low} {high}");
+
+    // Six steps on the layer loss alone (its weight large against the KL) lower it on the window.
+    let lora = LoraVars::new(&e.model, &[OpKind::Gate, OpKind::Up, OpKind::Down], 8, 16.0, 3, None).unwrap();
+    let loss = |lora: &LoraVars| {
+        let mut sel = topk(&e, 0.5);
+        let (_, sparse) = student.forward_with_residuals(&e.model, window, Some(sel.as_mut()), Some(lora)).unwrap();
+        value(residual_loss(&dense, &sparse).unwrap())
+    };
+    let before = loss(&lora);
+    let mut e2 = Engine::new(model(), &eo);
+    let teacher = e2.eval(&ids[300..300 + seq], Logits::All).unwrap().to_vec();
+    let mut adam = Adam::new(&lora.all(), 2e-3).unwrap();
+    let mut sel = topk(&e, 0.5);
+    let o = DistillOptions { steps: 6, seq, seed: 1, accumulate: 1, layer_weight: 100.0 };
+    train(
+        &student,
+        &e.model,
+        sel.as_mut(),
+        &lora,
+        &mut adam,
+        &ids[300..300 + seq + 1],
+        &o,
+        &mut |_| Ok(teacher.clone()),
+        &mut |_, _| Ok(()),
+    )
+    .unwrap();
+    let after = loss(&lora);
+    eprintln!("layer loss under top-k 0.5: {before:.4} -> {after:.4}");
+    assert!(after < 0.9 * before, "{before} -> {after}");
+}
+
+/// Quantization-aware adapters (`--qat`): with B = 0 the student is the model itself (its weights
+/// lie on their own grid), and with adapters it computes what the adapters fused and rounded
+/// onto that grid (`--rounding grid`) compute, which the plain adapters do not.
+#[test]
+fn quantization_aware_adapters_compute_the_fused_model() {
+    let m = model();
+    let ffn = [OpKind::Gate, OpKind::Up, OpKind::Down];
+    let tok = Tokenizer::from_gguf(&m.file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    let ids = tok.encode(&text, true, false).unwrap();
+    let window = &ids[500..532];
+    let plain = Student::from_model(&m).unwrap();
+    let mut qat = Student::from_model(&m).unwrap();
+    qat.quantization_aware(&m, &ffn).unwrap();
+    let logits = |s: &Student, model: &Model, lora: Option<&LoraVars>| {
+        s.forward(model, window, None, lora).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    let kl_of = |a: &[f32], b: &[f32]| {
+        let n = window.len();
+        let a = Tensor::from_slice(a, (n, a.len() / n), &Device::Cpu).unwrap();
+        let b = Tensor::from_slice(b, (n, b.len() / n), &Device::Cpu).unwrap();
+        kl_loss(&a, &b).unwrap().to_scalar::<f32>().unwrap()
+    };
+    let lora = LoraVars::new(&m, &ffn, 8, 16.0, 3, None).unwrap();
+    assert_eq!(logits(&plain, &m, Some(&lora)), logits(&qat, &m, Some(&lora)), "B = 0: the model on its own grid");
+
+    for (_, b) in lora.vars.iter().flatten().flatten() {
+        let (r, c) = b.as_tensor().dims2().unwrap();
+        b.set(&Tensor::randn(0f32, 0.01, (r, c), &Device::Cpu).unwrap()).unwrap();
+    }
+    let bytes = sift_engine::lora::fuse(&m, &lora.to_adapters().unwrap(), sift_engine::lora::Rounding::Grid).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fused.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let fused = Model::load(&path).unwrap();
+    let fused_logits = logits(&Student::from_model(&fused).unwrap(), &fused, None);
+    let (to_qat, to_plain) =
+        (kl_of(&fused_logits, &logits(&qat, &m, Some(&lora))), kl_of(&fused_logits, &logits(&plain, &m, Some(&lora))));
+    eprintln!("KL(fused on the grid || quantization-aware student) {to_qat:.2e}, || plain adapters {to_plain:.2e}");
+    assert!(to_qat < 1e-3 && to_qat < 0.1 * to_plain, "{to_qat} vs {to_plain}");
 }
