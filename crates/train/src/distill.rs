@@ -43,17 +43,21 @@ struct StudentLayer {
     bias: [Option<Tensor>; 3],
     /// Per op ([`OpKind::ALL`] order), the weights' own quantization grid, for ops trained
     /// quantization-aware ([`Student::quantization_aware`]).
-    grids: Vec<Option<OpGrid>>,
+    grids: Vec<Option<GridOp>>,
 }
 
 /// A quantized matrix's grid, value by value: level `q` of weight `k` is `offset[k] + q·step[k]`,
-/// `q` in `0..=max` (the GGUF's own block scales, [`sift_quant::grid::RowGrid`]).
+/// `q` in `0..=max` (the GGUF's own block scales, [`sift_quant::grid::RowGrid`]). As a candle op
+/// it rounds a matrix of the same shape to the nearest levels in the forward pass and passes
+/// gradients straight through in the backward pass, in one pass over the values and without
+/// intermediates (the fake quantization of quantization-aware training).
 struct OpGrid {
     /// The steps, a huge number where a block's levels are all equal (so every value rounds to
     /// its one level).
-    step: Tensor,
-    offset: Tensor,
-    max: f64,
+    step: Vec<f32>,
+    offset: Vec<f32>,
+    max: f32,
+    shape: (usize, usize),
 }
 
 impl OpGrid {
@@ -75,20 +79,45 @@ impl OpGrid {
                 offset.push(g.level(k, 0));
             }
         }
-        let dev = Device::Cpu;
-        Ok(OpGrid {
-            step: Tensor::from_vec(step, (w.rows, w.cols), &dev)?,
-            offset: Tensor::from_vec(offset, (w.rows, w.cols), &dev)?,
-            max: max as f64,
-        })
+        Ok(OpGrid { step, offset, max: max as f32, shape: (w.rows, w.cols) })
     }
 
-    /// `w` rounded to the nearest level (forward), the identity (backward): what the fused
-    /// model, rounded onto the same grid, will hold.
-    fn fake_quantize(&self, w: &Tensor) -> candle_core::Result<Tensor> {
-        let q = w.sub(&self.offset)?.div(&self.step)?.round()?.clamp(0.0, self.max)?;
-        let wq = q.mul(&self.step)?.add(&self.offset)?;
-        w.add(&(wq - w)?.detach())
+    /// The level nearest `v` at value `k`.
+    #[inline]
+    fn nearest(&self, k: usize, v: f32) -> f32 {
+        let q = ((v - self.offset[k]) / self.step[k]).round().clamp(0.0, self.max);
+        q * self.step[k] + self.offset[k]
+    }
+}
+
+/// An [`OpGrid`] as candle applies it.
+type GridOp = std::sync::Arc<Box<dyn candle_core::CustomOp1 + Send + Sync>>;
+
+impl candle_core::CustomOp1 for OpGrid {
+    fn name(&self) -> &'static str {
+        "round-onto-grid"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let candle_core::CpuStorage::F32(v) = storage else { candle_core::bail!("round-onto-grid: f32 weights only") };
+        let (Some((start, end)), true) = (layout.contiguous_offsets(), layout.dims() == [self.shape.0, self.shape.1])
+        else {
+            candle_core::bail!(
+                "round-onto-grid: a contiguous {:?} matrix expected, got {:?}",
+                self.shape,
+                layout.dims()
+            )
+        };
+        let out: Vec<f32> = v[start..end].iter().enumerate().map(|(k, &x)| self.nearest(k, x)).collect();
+        Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.clone()))
     }
 }
 
@@ -149,7 +178,7 @@ impl Student {
         for (lw, layer) in model.layers.iter().zip(&mut self.layers) {
             for (i, op) in OpKind::ALL.iter().enumerate() {
                 if ops.contains(op) {
-                    layer.grids[i] = Some(OpGrid::of(model, lw.op(*op))?);
+                    layer.grids[i] = Some(std::sync::Arc::new(Box::new(OpGrid::of(model, lw.op(*op))?)));
                 }
             }
         }
@@ -263,7 +292,7 @@ impl Student {
                 if let Some(g) = &lw.grids[i] {
                     // The fused weights as they will be rounded.
                     let w = (&lw.w[i] + (b.as_tensor().matmul(a.as_tensor())? * s)?)?;
-                    return Ok(x.matmul(&g.fake_quantize(&w)?.t()?)?);
+                    return Ok(x.matmul(&w.apply_op1_arc(g.clone())?.t()?)?);
                 }
                 let y = x.matmul(&lw.w[i].t()?)?;
                 Ok((y + (x.matmul(&a.as_tensor().t()?)?.matmul(&b.as_tensor().t()?)? * s)?)?)
