@@ -48,9 +48,10 @@ struct StudentLayer {
 
 /// A quantized matrix's grid, value by value: level `q` of weight `k` is `offset[k] + q·step[k]`,
 /// `q` in `0..=max` (the GGUF's own block scales, [`sift_quant::grid::RowGrid`]). As a candle op
-/// it rounds a matrix of the same shape to the nearest levels in the forward pass and passes
-/// gradients straight through in the backward pass, in one pass over the values and without
-/// intermediates (the fake quantization of quantization-aware training).
+/// (outside the graph) it rounds a matrix of the same shape to the nearest levels in one pass
+/// over the values, without intermediates; the student adds the rounding as a detached
+/// difference, so gradients pass straight through (the fake quantization of quantization-aware
+/// training).
 struct OpGrid {
     /// The steps, a huge number where a block's levels are all equal (so every value rounds to
     /// its one level).
@@ -91,7 +92,7 @@ impl OpGrid {
 }
 
 /// An [`OpGrid`] as candle applies it.
-type GridOp = std::sync::Arc<Box<dyn candle_core::CustomOp1 + Send + Sync>>;
+type GridOp = std::sync::Arc<OpGrid>;
 
 impl candle_core::CustomOp1 for OpGrid {
     fn name(&self) -> &'static str {
@@ -114,10 +115,6 @@ impl candle_core::CustomOp1 for OpGrid {
         };
         let out: Vec<f32> = v[start..end].iter().enumerate().map(|(k, &x)| self.nearest(k, x)).collect();
         Ok((candle_core::CpuStorage::F32(out), layout.shape().clone()))
-    }
-
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad.clone()))
     }
 }
 
@@ -178,7 +175,7 @@ impl Student {
         for (lw, layer) in model.layers.iter().zip(&mut self.layers) {
             for (i, op) in OpKind::ALL.iter().enumerate() {
                 if ops.contains(op) {
-                    layer.grids[i] = Some(std::sync::Arc::new(Box::new(OpGrid::of(model, lw.op(*op))?)));
+                    layer.grids[i] = Some(std::sync::Arc::new(OpGrid::of(model, lw.op(*op))?));
                 }
             }
         }
@@ -290,9 +287,11 @@ impl Student {
                 };
                 let s = (lora.expect("checked").alpha / lora.expect("checked").rank as f32) as f64;
                 if let Some(g) = &lw.grids[i] {
-                    // The fused weights as they will be rounded.
+                    // The fused weights as they will be rounded, straight through.
                     let w = (&lw.w[i] + (b.as_tensor().matmul(a.as_tensor())? * s)?)?;
-                    return Ok(x.matmul(&w.apply_op1_arc(g.clone())?.t()?)?);
+                    let wq = w.detach().apply_op1_no_bwd(g.as_ref())?;
+                    let w = (&w + (wq - &w)?.detach())?;
+                    return Ok(x.matmul(&w.t()?)?);
                 }
                 let y = x.matmul(&lw.w[i].t()?)?;
                 Ok((y + (x.matmul(&a.as_tensor().t()?)?.matmul(&b.as_tensor().t()?)? * s)?)?)
@@ -548,7 +547,11 @@ impl Adam {
         let t = self.step as i32;
         let (c1, c2) = (1.0 - BETA1.powi(t), 1.0 - BETA2.powi(t));
         for (i, var) in vars.iter().enumerate() {
-            let Some(g) = &grads[i] else { continue };
+            // Detached: a gradient can carry the graph it was computed from (candle tracks the
+            // product of a detached gradient with a variable), which the moments would then keep
+            // alive from step to step.
+            let Some(g) = grads[i].as_ref().map(Tensor::detach) else { continue };
+            let g = &g;
             self.m[i] = ((&self.m[i] * BETA1)? + (g * (1.0 - BETA1))?)?;
             self.v[i] = ((&self.v[i] * BETA2)? + (g.sqr()? * (1.0 - BETA2))?)?;
             let mhat = (&self.m[i] / c1)?;
