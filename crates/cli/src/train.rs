@@ -103,7 +103,8 @@ pub struct TrainDistillArgs {
     pub rounding: Option<crate::export_lora::FuseRounding>,
     /// Quantization-aware: train the adapted ops as `W + s·B·A` rounded onto the weights' own
     /// grid (straight through), so that the fused model (`--rounding grid`, the default with this
-    /// flag) computes what was trained, the correction kept through the rounding
+    /// flag) computes what was trained, the correction kept through the rounding (the adapters
+    /// are then for fusing, not for --lora)
     #[arg(long = "qat")]
     pub qat: bool,
 }
@@ -567,6 +568,11 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
             "sift: fused into the weights and re-quantized in {:.1} s: '{}' (run it as any model; --no-fuse skips this)",
             t2.elapsed().as_secs_f64(),
             fused.display()
+        );
+    }
+    if a.qat {
+        eprintln!(
+            "sift: note: these adapters were trained quantization-aware, to be fused onto the weights' grid (`sift export-lora --rounding grid`); beside the weights (--lora) they do not compute what was trained"
         );
     }
     Ok(())
