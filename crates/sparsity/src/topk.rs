@@ -26,9 +26,9 @@ pub fn kept(n: usize, ratio: f32) -> usize {
 /// Ties at the boundary are broken by index (lower first), so the result is deterministic.
 /// Scores are ordered as [`f32::total_cmp`] orders them.
 ///
-/// O(n): the k-th largest score is found by a radix select on keys whose unsigned order is
-/// `total_cmp`'s ([`order_key`]): a histogram of the keys' top 11 bits finds the bucket that holds
-/// it, then the next 11 and the last 10 bits among that bucket's keys only; one more pass collects.
+/// O(n): the k-th largest score is found on keys whose unsigned order is `total_cmp`'s
+/// ([`order_key`]): histograms of the keys' top bits find the bucket that holds it, a selection
+/// among that bucket's keys the key itself; one more pass collects.
 pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
     out.clear();
     let n = scores.len();
@@ -45,18 +45,27 @@ pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut
     scratch.resize(2 * n, 0);
     let (keys, cand) = scratch.split_at_mut(n);
     let t = kth_largest_key(keys, cand, k);
-    let above = keys.iter().filter(|&&key| key > t).count();
+    let (above, equal) = keys.iter().fold((0, 0), |(a, e), &key| (a + (key > t) as usize, e + (key == t) as usize));
     let equal_left = k - above;
     // Branch-free collection (whether an input is taken is a coin flip at ratio 0.5): every
     // index is written, the write position moves on only for the taken ones.
     out.resize(n, 0);
-    let (mut w, mut equal) = (0, 0);
-    for (j, &key) in keys.iter().enumerate() {
-        let eq = key == t;
-        let take = (key > t) | (eq & (equal < equal_left));
-        equal += eq as usize;
-        out[w] = j as u32;
-        w += take as usize;
+    let mut w = 0;
+    if equal == equal_left {
+        // Every key equal to the k-th is taken (no tie at the boundary: the usual case).
+        for (j, &key) in keys.iter().enumerate() {
+            out[w] = j as u32;
+            w += (key >= t) as usize;
+        }
+    } else {
+        let mut equal = 0;
+        for (j, &key) in keys.iter().enumerate() {
+            let eq = key == t;
+            let take = (key > t) | (eq & (equal < equal_left));
+            equal += eq as usize;
+            out[w] = j as u32;
+            w += take as usize;
+        }
     }
     debug_assert_eq!(w, k);
     out.truncate(k);
@@ -74,42 +83,59 @@ fn order_key(v: f32) -> u32 {
     }
 }
 
-/// The `k`-th largest (1-based, `1 ≤ k ≤ keys.len()`) of `keys`, by radix select; `cand`
-/// (as long as `keys`) holds the candidates of each pass.
+/// The `k`-th largest (1-based, `1 ≤ k ≤ keys.len()`) of `keys`; `cand` (as long as `keys`)
+/// holds the candidates. Radix passes over 11 bits at a time (top bits first) narrow the keys to
+/// the bucket that holds it, until at most [`SELECT_BELOW`] are left (a model's activations:
+/// after one pass for a few hundred inputs, two for thousands); a selection
+/// (`select_nth_unstable`) orders those. Each histogram is four interleaved ones, so keys that
+/// fall in one bucket one after the other do not wait on each other's increments, and its scan
+/// starts at the largest digit present.
 fn kth_largest_key(keys: &[u32], cand: &mut [u32], k: usize) -> u32 {
     let mut len = keys.len();
     let mut rank = k;
-    let mut prefix = 0u32;
-    for (pass, (shift, bits)) in [(21u32, 11u32), (10, 11), (0, 10)].into_iter().enumerate() {
-        let mask = (1u32 << bits) - 1;
-        let src: &[u32] = if pass == 0 { keys } else { &cand[..len] };
-        let mut hist = [0u32; 2048];
-        for &c in src {
-            hist[((c >> shift) & mask) as usize] += 1;
+    for (pass, shift) in [21u32, 10].into_iter().enumerate() {
+        if pass > 0 && len <= SELECT_BELOW {
+            break;
         }
-        // The digit holding the rank-th largest: count down from the top digit.
-        let mut d = mask as usize;
+        let src: &[u32] = if pass == 0 { keys } else { &cand[..len] };
+        let digit = |c: u32| ((c >> shift) & 0x7ff) as usize;
+        let mut hist = [[0u32; 4]; 2048];
+        let mut top = 0usize;
+        let mut quads = src.chunks_exact(4);
+        for q in &mut quads {
+            for (lane, &c) in q.iter().enumerate() {
+                hist[digit(c)][lane] += 1;
+            }
+            top = top.max(digit(q[0]).max(digit(q[1])).max(digit(q[2]).max(digit(q[3]))));
+        }
+        for &c in quads.remainder() {
+            hist[digit(c)][0] += 1;
+            top = top.max(digit(c));
+        }
+        let count = |d: usize| hist[d].iter().sum::<u32>() as usize;
+        // The digit holding the rank-th largest: count down from the largest digit present.
+        let mut d = top;
         let mut above = 0usize;
-        while above + (hist[d] as usize) < rank {
-            above += hist[d] as usize;
+        while above + count(d) < rank {
+            above += count(d);
             d -= 1;
         }
         rank -= above;
-        prefix |= (d as u32) << shift;
         // The candidates left: the keys with this digit (in place after the first pass: the
         // write position never passes the read position).
         let mut w = 0;
         for i in 0..len {
             let c = if pass == 0 { keys[i] } else { cand[i] };
-            if (c >> shift) & mask == d as u32 {
-                cand[w] = c;
-                w += 1;
-            }
+            cand[w] = c;
+            w += (digit(c) == d) as usize;
         }
         len = w;
     }
-    prefix
+    *cand[..len].select_nth_unstable_by(rank - 1, |a, b| b.cmp(a)).1
 }
+
+/// Candidates few enough to order by a selection rather than another radix pass.
+const SELECT_BELOW: usize = 256;
 
 impl Selector for TopKSelector {
     fn describe(&self) -> String {
