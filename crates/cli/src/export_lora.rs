@@ -81,7 +81,8 @@ pub struct ExportLoraArgs {
     /// Scale of the adapters (llama.cpp's --lora-scaled)
     #[arg(long = "scale", default_value_t = 1.0, value_parser = sift_session::ranges::weight_f32)]
     pub scale: f32,
-    /// How fused rows are quantized again (default: gptq with -f, else fresh)
+    /// How fused rows are quantized again (default: gptq with -f, else grid for adapters trained
+    /// quantization-aware, else fresh)
     #[arg(long = "rounding", value_enum)]
     pub rounding: Option<FuseRounding>,
     /// Calibration text for --rounding gptq / gptq-grid: the inputs whose products the rounding
@@ -124,7 +125,15 @@ pub fn run(a: ExportLoraArgs) -> anyhow::Result<()> {
     lora.user_scale = a.scale;
     let t0 = std::time::Instant::now();
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
-    let rounding = a.rounding.unwrap_or(if a.file.is_some() { FuseRounding::Gptq } else { FuseRounding::Fresh });
+    // Quantization-aware adapters were trained on the weights' own grid: fused onto it, they give
+    // exactly what was trained (calibration text, when given, still asks for GPTQ's feedback).
+    let rounding = a.rounding.unwrap_or(if a.file.is_some() {
+        FuseRounding::Gptq
+    } else if lora.info.qat {
+        FuseRounding::Grid
+    } else {
+        FuseRounding::Fresh
+    });
     anyhow::ensure!(
         a.file.is_none() || rounding.needs_text(),
         "-f (calibration text) is read only by --rounding gptq and gptq-grid"

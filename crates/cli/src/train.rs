@@ -56,16 +56,18 @@ pub struct TrainDistillArgs {
     /// logits over all of it)
     #[arg(long = "seq", default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=8192))]
     pub seq: u32,
-    /// Optimizer steps (AdamW)
-    #[arg(long = "steps", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    /// Optimizer steps (AdamW, a cosine decay over them): 150 windows of 256 tokens recover as
+    /// much as 300 did on the models measured (docs/sparsity.md)
+    #[arg(long = "steps", default_value_t = 150, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub steps: u32,
     /// Windows per optimizer step: their gradients are averaged (a batch of N windows at the
     /// memory of one; each step costs N windows' time)
     #[arg(long = "accumulate", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub accumulate: u32,
     /// Weight of a layer-wise loss added to the KL: the distance between the student's and the
-    /// dense model's residual streams after every layer (RMS-normalized; 0: the KL alone)
-    #[arg(long = "layer-loss", default_value_t = 0.0, value_parser = layer_loss_weight)]
+    /// dense model's residual streams after every layer (RMS-normalized; 0: the KL alone, about
+    /// half the time a step)
+    #[arg(long = "layer-loss", default_value_t = 4.0, value_parser = layer_loss_weight)]
     pub layer_loss: f32,
     /// Learning rate
     #[arg(long = "lr", default_value_t = 1e-3, value_parser = sift_session::ranges::learning_rate)]
@@ -101,12 +103,16 @@ pub struct TrainDistillArgs {
     /// selector, adapters on
     #[arg(long = "rounding", value_enum)]
     pub rounding: Option<crate::export_lora::FuseRounding>,
-    /// Quantization-aware: train the adapted ops as `W + s·B·A` rounded onto the weights' own
-    /// grid (straight through), so that the fused model (`--rounding grid`, the default with this
-    /// flag) computes what was trained, the correction kept through the rounding (the adapters
-    /// are then for fusing, not for --lora)
-    #[arg(long = "qat")]
+    /// Quantization-aware (the default, unless --no-fuse): train the adapted ops as `W + s·B·A`
+    /// rounded onto the weights' own grid (straight through), so that the fused model
+    /// (`--rounding grid`, the default then) computes what was trained, the correction kept
+    /// through the rounding; the adapters are then for fusing, not for --lora
+    #[arg(long = "qat", overrides_with = "no_qat")]
     pub qat: bool,
+    /// Plain adapters, computed beside the weights (--lora) or fused with GPTQ's rounding
+    /// (the default with --no-fuse)
+    #[arg(long = "no-qat", overrides_with = "qat")]
+    pub no_qat: bool,
 }
 
 /// The fused model's path beside the adapters `out`: `X.lora.gguf` → `X.gguf`, else
@@ -445,12 +451,24 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         a.file.display(),
         tokens.len()
     );
+    // Quantization-aware unless asked not to, or unless only the adapters are wanted (for
+    // --lora, where they are computed beside the unrounded weights).
+    let qat = a.qat || !(a.no_qat || a.no_fuse);
+    if let Some(l) = &init {
+        anyhow::ensure!(
+            l.info.qat == qat,
+            "--resume: '{}' was trained {}; continue it {}",
+            out.display(),
+            if l.info.qat { "quantization-aware" } else { "without quantization-aware rounding" },
+            if l.info.qat { "with --qat" } else { "with --no-qat" }
+        );
+    }
     let t0 = std::time::Instant::now();
     let mut student = Student::from_model(&plain)?;
-    if a.qat {
+    if qat {
         student.quantization_aware(&plain, &ops)?;
     }
-    let rounding = a.rounding.unwrap_or(if a.qat {
+    let rounding = a.rounding.unwrap_or(if qat {
         crate::export_lora::FuseRounding::Grid
     } else {
         crate::export_lora::FuseRounding::Gptq
@@ -489,7 +507,7 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         "sift: distilling {} under {} into rank-{rank} adapters{} on {} ({} trainable values, {:.1} s to load); {} tokens of text, windows of {seq}",
         plain.file.path().display(),
         selector.describe(),
-        if a.qat { ", quantization-aware" } else { "" },
+        if qat { ", quantization-aware" } else { "" },
         a.lora_ops,
         vars.iter().map(|v| v.as_tensor().elem_count()).sum::<usize>(),
         t0.elapsed().as_secs_f64(),
@@ -513,6 +531,7 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
             tokens: adam.step * (seq * a.accumulate as usize) as u64,
             seed: a.seed,
             loss,
+            qat,
         };
         sift_output::write(&adam_path(&out), &inputs, &adam.to_gguf()?)?;
         sift_output::write(&out, &inputs, &l.to_gguf(arch))?;
@@ -570,7 +589,7 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
             fused.display()
         );
     }
-    if a.qat {
+    if qat {
         eprintln!(
             "sift: note: these adapters were trained quantization-aware, to be fused onto the weights' grid (`sift export-lora --rounding grid`); beside the weights (--lora) they do not compute what was trained"
         );

@@ -70,6 +70,9 @@ pub struct DistillInfo {
     pub tokens: u64,
     pub seed: u64,
     pub loss: f32,
+    /// Trained quantization-aware (`sift train distill --qat`, `sift.distill.qat`): the adapters
+    /// are meant to be fused onto the weights' own grid, not computed beside them.
+    pub qat: bool,
 }
 
 /// The adapters of a model: per layer, per op (in [`OpKind::ALL`] order), one or none.
@@ -146,7 +149,8 @@ impl LoraAdapters {
             .meta("sift.distill.steps", WriteValue::U64(self.info.steps))
             .meta("sift.distill.tokens", WriteValue::U64(self.info.tokens))
             .meta("sift.distill.seed", WriteValue::U64(self.info.seed))
-            .meta("sift.distill.loss", WriteValue::F32(self.info.loss));
+            .meta("sift.distill.loss", WriteValue::F32(self.info.loss))
+            .meta("sift.distill.qat", WriteValue::U32(u32::from(self.info.qat)));
         for (l, row) in self.layers.iter().enumerate() {
             for (op, a) in OpKind::ALL.iter().zip(row) {
                 let Some(a) = a else { continue };
@@ -191,6 +195,7 @@ impl LoraAdapters {
             tokens: g.get_u64("sift.distill.tokens").unwrap_or(0),
             seed: g.get_u64("sift.distill.seed").unwrap_or(0),
             loss: g.get_f32("sift.distill.loss").unwrap_or(0.0),
+            qat: g.get_u64("sift.distill.qat").unwrap_or(0) != 0,
         };
         let read = |name: &str, rows: usize, cols: usize| -> Result<Vec<f32>, String> {
             let t = g.tensor(name).ok_or_else(|| format!("'{name}' is missing (every lora_a needs its lora_b)"))?;

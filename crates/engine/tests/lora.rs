@@ -2,7 +2,7 @@
 //! quantization; the fused GGUF changes only the adapted tensors, within a quantization step;
 //! hostile adapter files are refused naming the problem.
 
-use sift_engine::lora::{fuse, fused_row, LoraAdapters, OpAdapter, Rounding};
+use sift_engine::lora::{fuse, fused_row, DistillInfo, LoraAdapters, OpAdapter, Rounding};
 use sift_engine::sparsity::Site;
 use sift_model::layout::OpKind;
 use sift_model::Model;
@@ -123,8 +123,10 @@ fn hostile_adapter_files_are_refused() {
     let m = model();
     let mut l = LoraAdapters::empty(m.config.n_layer, 8.0);
     l.set(0, OpKind::Q, adapter(&m, 0, OpKind::Q, 4, 0.1));
+    l.info = DistillInfo { method: "dip".into(), ratio: 0.5, steps: 3, tokens: 768, seed: 7, loss: 0.25, qat: true };
     let good = l.to_gguf("llama");
-    assert!(LoraAdapters::from_gguf(&good, &m).is_ok());
+    // How the adapters were trained comes back with them (quantization-aware ones are fused).
+    assert_eq!(LoraAdapters::from_gguf(&good, &m).unwrap().info, l.info);
     let err = |b: &[u8]| LoraAdapters::from_gguf(b, &m).unwrap_err();
     assert!(err(&l.to_gguf("qwen2")).contains("for a 'qwen2' model"));
     let cut = err(&good[..good.len() / 2]);

@@ -405,7 +405,16 @@ fn build_engine(
     }
     // Adapters first: under a budget the memory they take is counted with the runtime.
     let lora = match &sparsity.lora {
-        Some(p) => Some(std::sync::Arc::new(sift_engine::lora::LoraAdapters::load(p, &model)?)),
+        Some(p) => {
+            let l = sift_engine::lora::LoraAdapters::load(p, &model)?;
+            if l.info.qat {
+                eprintln!(
+                    "sift: note: '{}' was trained quantization-aware, to be fused onto the weights' grid (`sift export-lora -m MODEL --lora FILE`, or the fused GGUF `sift train distill` wrote beside it); beside the weights it does not compute what was trained",
+                    p.display()
+                );
+            }
+            Some(std::sync::Arc::new(l))
+        }
         None => None,
     };
     let predictor = load_prefill_predictor(&model, path, sparsity)?;

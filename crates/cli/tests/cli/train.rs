@@ -82,6 +82,10 @@ fn train_distill_writes_adapters_that_lora_loads() {
     let o =
         sift(&[&train[..], &more[..], &["--steps", "1", "--ratio", "0.5", "--resume", "--rounding", "fresh"]].concat());
     assert!(o.status.success() && text(&o.stderr).contains("after 2 steps"), "{}", text(&o.stderr));
+    // The adapters were trained quantization-aware (the default): continuing them as plain ones
+    // is refused, naming the flag that continues them.
+    let o = sift(&[&train[..], &more[..], &["--steps", "1", "--resume", "--no-qat"]].concat());
+    assert!(!o.status.success() && text(&o.stderr).contains("with --qat"), "{}", text(&o.stderr));
     let gen = |lora: &str| {
         sift(&[
             "generate",
@@ -105,6 +109,8 @@ fn train_distill_writes_adapters_that_lora_loads() {
     };
     let o = gen(o_s);
     assert!(o.status.success(), "{}", text(&o.stderr));
+    // Beside the weights such adapters do not compute what was trained: said once, at load.
+    assert!(text(&o.stderr).contains("trained quantization-aware"), "{}", text(&o.stderr));
     assert!(text(&o.stdout).len() > "The".len(), "{}", text(&o.stdout));
     // The fused model beside the adapters runs as any GGUF, the same size as the original.
     let fused = dir.path().join("a.gguf");
