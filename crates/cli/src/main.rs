@@ -13,6 +13,7 @@ mod eval;
 mod export_lora;
 mod generate;
 mod inspect;
+mod outputs;
 mod pack;
 mod perplexity;
 mod plan;

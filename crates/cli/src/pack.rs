@@ -10,8 +10,8 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--col-type '{}' is not one of auto, wide, Q4_1, Q5_0, Q8_0", a.col_type))?;
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     let out = a.out.clone().unwrap_or_else(|| a.model.with_extension("sift"));
-    sift_output::check_new(&out, a.force)?;
-    anyhow::ensure!(out != a.model, "the output would overwrite the input; pass -o OUT.sift");
+    let order = a.unit_order.clone().unwrap_or_default();
+    crate::outputs::check(&out, a.force, &[&a.model, &order])?;
     let t0 = std::time::Instant::now();
     let unit_orders = match &a.unit_order {
         Some(path) => {

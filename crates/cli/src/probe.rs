@@ -125,7 +125,7 @@ fn engine_costs(
 
 pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
     if let Some(o) = &a.output {
-        sift_output::check_new(o, a.force)?;
+        crate::outputs::check(o, a.force, &[&a.model])?;
     }
     if a.gpu {
         return probe_gpu(&a);

@@ -195,7 +195,8 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(dir) = &a.sweep {
-        write_sweep(dir, &reports)?;
+        let calib = a.calib.clone().unwrap_or_default();
+        write_sweep(dir, &reports, &[&a.trace, &a.model, &calib])?;
         eprintln!(
             "sift: wrote {}/results.csv, hitrate.svg, tps.svg, reads.svg (and lambda-N.svg, loads-N.svg for tam-adaptive)",
             dir.display()
@@ -204,7 +205,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
+fn write_sweep(dir: &Path, reports: &[SimReport], inputs: &[&Path]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
     let mut csv = String::from(
         "budget_bytes,policy,preload,selector,cache_bytes,cache_fraction,hit_rate,bytes_preload,bytes_ondemand,tokens,tok_s,compute_s,stall_s\n",
@@ -227,7 +228,7 @@ fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
             r.stall_s
         ));
     }
-    std::fs::write(dir.join("results.csv"), csv)?;
+    crate::outputs::write_in(dir, "results.csv", inputs, csv.as_bytes())?;
     let mut by_policy: Vec<(String, Vec<&SimReport>)> = Vec::new();
     for r in reports {
         // The method's name keeps the legend short ("lfu / topk").
@@ -268,9 +269,9 @@ fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
         log_y: false,
         series: series(&|r| r.telemetry.bytes_read_per_token / (1 << 20) as f64),
     };
-    std::fs::write(dir.join("hitrate.svg"), hit.to_svg())?;
-    std::fs::write(dir.join("tps.svg"), tps.to_svg())?;
-    std::fs::write(dir.join("reads.svg"), reads.to_svg())?;
+    crate::outputs::write_in(dir, "hitrate.svg", inputs, hit.to_svg().as_bytes())?;
+    crate::outputs::write_in(dir, "tps.svg", inputs, tps.to_svg().as_bytes())?;
+    crate::outputs::write_in(dir, "reads.svg", inputs, reads.to_svg().as_bytes())?;
     // Adaptive TAM: λ and loads over the decode, for a few layers of each adaptive run.
     for (i, r) in reports.iter().filter(|r| !r.lambda.is_empty()).enumerate() {
         let n_layer = r.lambda.iter().map(|s| s.layer + 1).max().unwrap_or(1);
@@ -299,8 +300,8 @@ fn write_sweep(dir: &Path, reports: &[SimReport]) -> anyhow::Result<()> {
             log_y: false,
             series: per_layer(&|s| f64::from(s.loads)),
         };
-        std::fs::write(dir.join(format!("lambda-{i}.svg")), lambda.to_svg())?;
-        std::fs::write(dir.join(format!("loads-{i}.svg")), loads.to_svg())?;
+        crate::outputs::write_in(dir, &format!("lambda-{i}.svg"), inputs, lambda.to_svg().as_bytes())?;
+        crate::outputs::write_in(dir, &format!("loads-{i}.svg"), inputs, loads.to_svg().as_bytes())?;
     }
     Ok(())
 }

@@ -53,6 +53,9 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     };
     let mut engine = Engine::new(model, &opts);
     let csv_path = a.out.join("sweep.csv");
+    // Written as the runs finish (a long sweep shows its progress), so checked here as an output.
+    let (calib, eval) = (a.calib.clone().unwrap_or_default(), a.eval.clone().unwrap_or_default());
+    crate::outputs::check(&csv_path, true, &[&a.model, &a.file, &calib, &eval])?;
     let mut csv =
         std::fs::File::create(&csv_path).with_context(|| format!("cannot create '{}'", csv_path.display()))?;
     writeln!(csv, "model,method,ratio,ppl,ppl_err,active_mib_per_token,decode_tok_s,eval_acc,eval_acc_norm")?;
@@ -135,7 +138,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
         csv.flush()?;
         rows.push(row);
     }
-    write_plots(&a.out, &model_name, &rows)?;
+    write_plots(&a.out, &model_name, &rows, &[&a.model, &a.file, &calib, &eval])?;
     eprintln!("wrote {} and plots in {}", csv_path.display(), a.out.display());
     Ok(())
 }
@@ -157,7 +160,7 @@ fn decode_speed(engine: &mut Engine, tokens: &[u32], n: usize) -> anyhow::Result
     Ok(samples[1])
 }
 
-fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row]) -> anyhow::Result<()> {
+fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row], inputs: &[&std::path::Path]) -> anyhow::Result<()> {
     let dense = rows.iter().find(|r| r.method == "dense").cloned();
     let mut names: Vec<String> = Vec::new();
     for r in rows {
@@ -186,7 +189,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row]) -> anyhow::Resu
         log_y: true,
         series: series(&|r: &Row| (r.active_mib, r.ppl)),
     };
-    std::fs::write(dir.join("ppl_vs_bytes.svg"), quality.to_svg())?;
+    crate::outputs::write_in(dir, "ppl_vs_bytes.svg", inputs, quality.to_svg().as_bytes())?;
     if rows.iter().any(|r| r.acc_norm.is_finite()) {
         let acc = Chart {
             title: format!("{model}: accuracy vs active weight bytes"),
@@ -195,7 +198,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row]) -> anyhow::Resu
             log_y: false,
             series: series(&|r: &Row| (r.active_mib, r.acc_norm)),
         };
-        std::fs::write(dir.join("acc_vs_bytes.svg"), acc.to_svg())?;
+        crate::outputs::write_in(dir, "acc_vs_bytes.svg", inputs, acc.to_svg().as_bytes())?;
     }
     if rows.iter().any(|r| r.tok_s.is_finite()) {
         let speed = Chart {
@@ -205,7 +208,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row]) -> anyhow::Resu
             log_y: false,
             series: series(&|r: &Row| (r.ratio, r.tok_s)),
         };
-        std::fs::write(dir.join("toks_vs_ratio.svg"), speed.to_svg())?;
+        crate::outputs::write_in(dir, "toks_vs_ratio.svg", inputs, speed.to_svg().as_bytes())?;
     }
     Ok(())
 }

@@ -193,7 +193,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
     let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
-    sift_output::check_new(&out, a.force || a.resume)?;
+    crate::outputs::check(&out, a.force || a.resume, &[&a.model, &a.file])?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
     let eo = EngineOptions {
         n_threads: threads,
@@ -240,7 +240,7 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         })?;
         p.header.model = identity.clone();
         p.header.seed = a.seed;
-        p.save(&out)?;
+        p.save(&out, &[&a.model, &a.file])?;
         done += n;
         current = Some(p);
     }
@@ -260,7 +260,7 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         100.0 * hi,
         a.ratio
     );
-    p.save(&out)?;
+    p.save(&out, &[&a.model, &a.file])?;
     if a.compensator_steps > 0 {
         // The error targets: the same blocks again, each block's GLU masked by the oracle's and
         // the predictor's choice, through the down projection in its GGUF layout.
@@ -332,7 +332,7 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         } else {
             eprintln!("sift: the training text is too short for a held-out check ({} tokens, {} needed): the compensator is on by default", tokens.len(), 8 * ctx);
         }
-        p.save(&out)?;
+        p.save(&out, &[&a.model, &a.file])?;
     }
     eprintln!(
         "sift: wrote '{}': {} layers, r = {}, {} steps, loss {:.4}; top-{:.0}% recall on the training blocks {:.1}%{}",
@@ -429,9 +429,11 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
         s.push(format!("-{method}-{}.lora.gguf", sparsity.ratio));
         PathBuf::from(s)
     });
-    sift_output::check_new(&out, a.force || a.resume)?;
+    let calib = a.sparsity.calib.clone().unwrap_or_default();
+    let inputs = [a.model.as_path(), a.file.as_path(), calib.as_path()];
+    crate::outputs::check(&out, a.force || a.resume, &inputs)?;
     if !a.no_fuse {
-        sift_output::check_new(&fused_path(&out), a.force || a.resume)?;
+        crate::outputs::check(&fused_path(&out), a.force || a.resume, &inputs)?;
     }
     let init = if a.resume {
         let l = LoraAdapters::load(&out, &plain)

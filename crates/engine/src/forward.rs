@@ -90,7 +90,7 @@ pub(crate) struct Scratch {
 
 impl Scratch {
     /// A site's input (`n` rows) and its ops' outputs (`n` rows each, in [`site_ops`] order).
-    fn site_io(&mut self, c: &Config, site: Site, n: usize) -> (&[f32], Vec<&mut [f32]>) {
+    pub(crate) fn site_io(&mut self, c: &Config, site: Site, n: usize) -> (&[f32], Vec<&mut [f32]>) {
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let Scratch { h, att, g, u, q, k, v, o, .. } = self;
         match site {
@@ -171,7 +171,7 @@ pub struct Engine {
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
     pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
     /// LoRA adapters added as side products on each op's masked input (`--lora`).
-    lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
+    pub(crate) lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
     /// Parallel sequences (`-np`): the other slots' KV caches and a batch's runs.
     pub(crate) slots: crate::slots::Slots,
 }
@@ -279,6 +279,31 @@ impl Engine {
     /// ones, however many arrive at once (perplexity scores a window's second half as a batch).
     /// On an error nothing of the batch stays in the KV cache.
     pub fn eval_phase(&mut self, tokens: &[u32], want: Logits, phase: Phase) -> Result<&[f32], EvalError> {
+        self.eval_run(tokens, want, phase, None)
+    }
+
+    /// [`Engine::eval_phase`] for a part of a prompt that ends at position `prompt_end` (a
+    /// prompt read in chunks, as the server reads it): sparse prefill's blocks lie on the grid
+    /// of positions either way ([`crate::prefill::prompt_blocks`]), and its last dense block is
+    /// the prompt's, not the chunk's, so the chunks compute what the whole prompt computes in
+    /// one call.
+    pub fn eval_prompt_part(&mut self, tokens: &[u32], want: Logits, prompt_end: usize) -> Result<&[f32], EvalError> {
+        self.eval_run(tokens, want, Phase::Prompt, Some(prompt_end))
+    }
+
+    /// Whether prompts run in sparse blocks (`--prefill-sparsity`, and a batch size that holds a
+    /// block).
+    pub fn sparse_prefill(&self) -> bool {
+        self.prefill.0 > 0.0 && self.n_batch >= PREFILL_BLOCK
+    }
+
+    fn eval_run(
+        &mut self,
+        tokens: &[u32],
+        want: Logits,
+        phase: Phase,
+        prompt_end: Option<usize>,
+    ) -> Result<&[f32], EvalError> {
         self.check_tokens(tokens)?;
         if self.n_past + tokens.len() > self.n_ctx {
             return Err(EvalError::ContextFull {
@@ -295,16 +320,22 @@ impl Engine {
         if want == Logits::All {
             all.reserve(tokens.len() * n_vocab);
         }
-        // Sparse prefill runs a prompt in blocks of PREFILL_BLOCK tokens.
-        let sparse_prefill = self.prefill.0 > 0.0 && phase == Phase::Prompt;
-        let n_batch = if sparse_prefill { self.n_batch.min(PREFILL_BLOCK) } else { self.n_batch };
-        let n_batches = tokens.len().div_ceil(n_batch);
+        // The batches: with sparse prefill, the prompt's blocks on the grid of positions (each
+        // at most a block: the batch size holds one); else `n_batch` tokens at a time.
+        let (start, end) = (self.n_past, self.n_past + tokens.len());
+        let pieces: Vec<(std::ops::Range<usize>, bool)> = if self.sparse_prefill() && phase == Phase::Prompt {
+            let blocks = crate::prefill::prompt_blocks(start, end, prompt_end.unwrap_or(end).max(end));
+            blocks.into_iter().map(|(r, sparse)| (r.start - start..r.end - start, sparse && r.len() > 1)).collect()
+        } else {
+            (0..tokens.len()).step_by(self.n_batch).map(|i| (i..(i + self.n_batch).min(tokens.len()), false)).collect()
+        };
+        let n_batches = pieces.len();
         self.phase = phase;
         self.selector.begin_batch(phase);
         let n_past0 = self.n_past;
-        for (i, batch) in tokens.chunks(n_batch).enumerate() {
-            // The first block (the attention sinks) and the last one stay dense.
-            self.sparse_block = sparse_prefill && self.n_past > 0 && i + 1 < n_batches && batch.len() > 1;
+        for (i, (range, sparse)) in pieces.into_iter().enumerate() {
+            let batch = &tokens[range];
+            self.sparse_block = sparse;
             let rows = match want {
                 Logits::All => batch.len(),
                 Logits::Last if i + 1 == n_batches => 1,
@@ -485,7 +516,7 @@ impl Engine {
         // Feed-forward (SwiGLU).
         // A sparse prompt block's FFN (under a memory budget too: its rows and columns come
         // through the tiered store).
-        if self.sparse_block && !self.gpu_holds(l) && self.ffn_observer.is_none() && self.lora.is_none() {
+        if self.sparse_block && !self.gpu_holds(l) && self.ffn_observer.is_none() {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn)?;

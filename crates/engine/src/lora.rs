@@ -120,6 +120,61 @@ impl LoraAdapters {
         }
     }
 
+    /// Adds the adapter of `op` in `layer` to the outputs `rows` of that op only: `x` holds `n`
+    /// rows of the op's input, `out` `n` rows of `rows.len()` outputs (a sparse prompt block's
+    /// chosen gate or up rows).
+    pub fn apply_rows(&self, layer: usize, op: OpKind, x: &[f32], n: usize, rows: &[u32], out: &mut [f32]) {
+        let Some(a) = self.get(layer, op) else { return };
+        let s = self.scale(a.rank);
+        let k = rows.len();
+        let mut z = vec![0f32; a.rank];
+        for t in 0..n {
+            z.fill(0.0);
+            for (&xj, col) in x[t * a.n_in..(t + 1) * a.n_in].iter().zip(a.a_t.chunks_exact(a.rank)) {
+                if xj != 0.0 {
+                    for (zi, &w) in z.iter_mut().zip(col) {
+                        *zi += xj * w;
+                    }
+                }
+            }
+            let out = &mut out[t * k..(t + 1) * k];
+            for (&zi, brow) in z.iter().zip(a.b_t.chunks_exact(a.n_out)) {
+                let zi = s * zi;
+                for (o, &r) in out.iter_mut().zip(rows) {
+                    *o += zi * brow[r as usize];
+                }
+            }
+        }
+    }
+
+    /// Adds the adapter of `op` in `layer` on an input that is zero but at `units`: `vals` holds
+    /// `n` rows of the values there (a sparse prompt block's GLU over its chosen neurons), `out`
+    /// `n` rows of the op's outputs.
+    pub fn apply_units(&self, layer: usize, op: OpKind, units: &[u32], vals: &[f32], n: usize, out: &mut [f32]) {
+        let Some(a) = self.get(layer, op) else { return };
+        let s = self.scale(a.rank);
+        let k = units.len();
+        let mut z = vec![0f32; a.rank];
+        for t in 0..n {
+            z.fill(0.0);
+            for (&j, &v) in units.iter().zip(&vals[t * k..(t + 1) * k]) {
+                if v != 0.0 {
+                    let col = &a.a_t[j as usize * a.rank..(j as usize + 1) * a.rank];
+                    for (zi, &w) in z.iter_mut().zip(col) {
+                        *zi += v * w;
+                    }
+                }
+            }
+            let out = &mut out[t * a.n_out..(t + 1) * a.n_out];
+            for (&zi, brow) in z.iter().zip(a.b_t.chunks_exact(a.n_out)) {
+                let zi = s * zi;
+                for (o, &b) in out.iter_mut().zip(brow) {
+                    *o += zi * b;
+                }
+            }
+        }
+    }
+
     /// Adds every adapter of `site` in `layer` to its op's output: `x` holds `n` rows of the
     /// site's (masked) input, `outs` one output per op of the site, `n` rows each. Zero inputs
     /// (skipped by the selector) cost nothing.
@@ -367,6 +422,59 @@ mod tests {
         assert!(parse_name("blk.30.ffn_up.weight", 30).unwrap_err().contains("layer 30"));
         assert!(parse_name("token_embd.weight", 30).is_err());
         assert!(parse_name("blk.1.ffn_norm.weight", 30).is_err());
+    }
+
+    /// A sparse block's two forms of the side product — on chosen output rows, on an input
+    /// given by its non-zero units — equal the plain one's entries.
+    #[test]
+    fn rows_and_units_match_the_whole_product() {
+        let (n_in, n_out, r) = (6, 5, 3);
+        let a = OpAdapter {
+            n_in,
+            n_out,
+            rank: r,
+            a_t: (0..n_in * r).map(|i| (i as f32 * 0.37).sin()).collect(),
+            b_t: (0..n_out * r).map(|i| (i as f32 * 0.71).cos()).collect(),
+        };
+        let mut l = LoraAdapters::empty(1, 6.0);
+        l.set(0, OpKind::Gate, a.clone());
+        l.set(
+            0,
+            OpKind::Down,
+            OpAdapter {
+                n_in: n_out,
+                n_out: n_in,
+                rank: r,
+                a_t: transpose(&a.b_t, r, n_out),
+                b_t: transpose(&a.a_t, n_in, r),
+            },
+        );
+        let x: Vec<f32> = (0..2 * n_in).map(|i| (i as f32 * 1.3).sin()).collect();
+        let mut whole = vec![0f32; 2 * n_out];
+        let mut up = vec![0f32; 2 * n_out];
+        l.apply(0, Site::FfnIn, &x, 2, &mut [&mut whole[..], &mut up[..]]);
+        let rows = [1u32, 3, 4];
+        let mut picked = vec![0f32; 2 * rows.len()];
+        l.apply_rows(0, OpKind::Gate, &x, 2, &rows, &mut picked);
+        for t in 0..2 {
+            for (i, &r) in rows.iter().enumerate() {
+                assert!((picked[t * 3 + i] - whole[t * n_out + r as usize]).abs() < 1e-5);
+            }
+        }
+        // Down's input zero but at units 0, 2, 4.
+        let units = [0u32, 2, 4];
+        let vals: Vec<f32> = (0..2 * units.len()).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let mut dense = vec![0f32; 2 * n_out];
+        for t in 0..2 {
+            for (i, &u) in units.iter().enumerate() {
+                dense[t * n_out + u as usize] = vals[t * 3 + i];
+            }
+        }
+        let (mut want, mut got) = (vec![0f32; 2 * n_in], vec![0f32; 2 * n_in]);
+        l.apply(0, Site::FfnMid, &dense, 2, &mut [&mut want[..]]);
+        l.apply_units(0, OpKind::Down, &units, &vals, 2, &mut got);
+        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-5), "{want:?} {got:?}");
+        assert!(want.iter().any(|&v| v != 0.0));
     }
 
     /// The side product equals B·(A·x) computed plainly, and skips zero inputs.

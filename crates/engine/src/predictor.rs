@@ -14,12 +14,19 @@
 //! towards what the skipped neurons would have added.
 //!
 //! # The side file (`MODEL.prefill`, next to the model)
-//! `SIFTPRED`, u32 format version, u32 JSON header length, the JSON [`PredictorHeader`], then the
-//! f32 weights (little-endian) of every layer in order: `q` (d), `W1` (d × r, row-major), `W2`
-//! (r × n_ff), and with a compensator (`comp_rank` r' > 0) `C1` (d × r'), `C2` (r' × d).
-//! Version 1 files (no compensator) are still read. The header records the model it was trained on (file name, size, shape) and the
-//! CRC-32 of the weights; a file for another model, of another version, cut short or altered is
-//! refused with a message that says to train again.
+//! `SIFTPRED`, u32 format version, u32 JSON header length, u32 CRC-32 of everything after it
+//! (the header and the weights), the JSON [`PredictorHeader`], then the f32 weights
+//! (little-endian) of every layer in order: `q` (d), `W1` (d × r, row-major), `W2` (r × n_ff),
+//! and with a compensator (`comp_rank` r' > 0) `C1` (d × r'), `C2` (r' × d). The header records
+//! the model it was trained on (file name, size, shape); a file for another model, of another
+//! version, cut short or altered — in its weights or its header (the layer schedule's
+//! attention masses steer the run) — is refused with a message that says to train again.
+//! Versions 1 and 2 (no CRC word: only the weights under the header's `crc32`, the header's
+//! values checked one by one) are still read.
+//!
+//! The file is read within bounds: only a regular file (a FIFO or a device is refused without
+//! blocking), its header first, and the rest only when the header's shapes are the model's and
+//! the file's length is what they need.
 
 use crate::pool::{SharedMut, ThreadPool};
 use crate::vecops;
@@ -29,8 +36,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SIFTPRED";
-/// The side file's format version (2: an optional compensator; 1 is still read).
-pub const PREDICTOR_VERSION: u32 = 2;
+/// The side file's format version (3: the checksum covers the header; 2: an optional
+/// compensator; 1 and 2 are still read).
+pub const PREDICTOR_VERSION: u32 = 3;
 /// Largest header accepted (a hostile length must not allocate gigabytes).
 const MAX_HEADER: usize = 1 << 20;
 
@@ -225,21 +233,26 @@ impl ExpertPredictors {
     }
 
     /// Writes the side file (through [`sift_output::Output`]: a temporary file in the same folder,
-    /// renamed over `path` when whole; never over a device).
-    pub fn save(&self, path: &Path) -> Result<(), PredictorError> {
+    /// renamed over `path` when whole; never over a device or one of `inputs`).
+    pub fn save(&self, path: &Path, inputs: &[&Path]) -> Result<(), PredictorError> {
         let io = |source| PredictorError::Io { path: path.to_path_buf(), source };
         let mut data = Vec::with_capacity(4 * self.weights().count());
         for v in self.weights() {
             data.extend_from_slice(&v.to_le_bytes());
         }
         let mut header = self.header.clone();
+        header.version = PREDICTOR_VERSION;
         header.crc32 = crc32fast::hash(&data);
         let json = serde_json::to_vec(&header).expect("a header serializes");
-        let mut out = sift_output::Output::create(path, &[]).map_err(|e| io(e.into()))?;
+        let mut all = crc32fast::Hasher::new();
+        all.update(&json);
+        all.update(&data);
+        let mut out = sift_output::Output::create(path, inputs).map_err(|e| io(e.into()))?;
         let f = out.file();
         f.write_all(MAGIC).map_err(io)?;
         f.write_all(&PREDICTOR_VERSION.to_le_bytes()).map_err(io)?;
         f.write_all(&(json.len() as u32).to_le_bytes()).map_err(io)?;
+        f.write_all(&all.finalize().to_le_bytes()).map_err(io)?;
         f.write_all(&json).map_err(io)?;
         f.write_all(&data).map_err(io)?;
         out.commit().map_err(|e| io(e.into()))
@@ -247,35 +260,115 @@ impl ExpertPredictors {
 
     /// Reads a side file and checks it against `model` (the model it is used with).
     pub fn load(path: &Path, model: &Model) -> Result<ExpertPredictors, PredictorError> {
-        let bytes = std::fs::read(path).map_err(|source| PredictorError::Io { path: path.to_path_buf(), source })?;
-        let p = Self::parse(path, &bytes)?;
+        use std::io::{Read, Seek, SeekFrom};
+        let io = |source| PredictorError::Io { path: path.to_path_buf(), source };
+        let bad = |why: String| PredictorError::Format { path: path.to_path_buf(), why };
+        let (mut f, len) = sift_output::open_regular(path).map_err(io)?;
+        // The fixed part and the header first: they say how long the file must be.
+        let mut fixed = [0u8; 20];
+        let n = (len as usize).min(fixed.len());
+        f.read_exact(&mut fixed[..n]).map_err(io)?;
+        let (version, hlen) = Self::prefix(&fixed[..n]).map_err(bad)?;
+        let at = Self::header_at(version);
+        if hlen as u64 > len.saturating_sub(at as u64) {
+            return Err(bad(format!("a header of {hlen} bytes in a file of {len}")));
+        }
+        let mut head = vec![0u8; hlen];
+        f.seek(SeekFrom::Start(at as u64)).map_err(io)?;
+        f.read_exact(&mut head).map_err(io)?;
+        let header: PredictorHeader = serde_json::from_slice(&head).map_err(|e| bad(format!("header: {e}")))?;
         let want = model_identity(model);
         let c = &model.config;
-        let h = &p.header;
-        if h.model != want || (h.n_layer, h.n_embd, h.n_ff) != (c.n_layer, c.n_embd, c.n_ff) {
-            return Err(PredictorError::WrongModel { path: path.to_path_buf(), trained: h.model.clone(), model: want });
+        if header.model != want || (header.n_layer, header.n_embd, header.n_ff) != (c.n_layer, c.n_embd, c.n_ff) {
+            return Err(PredictorError::WrongModel { path: path.to_path_buf(), trained: header.model, model: want });
         }
-        Ok(p)
+        let data = Self::weight_bytes(&header).ok_or_else(|| {
+            bad(format!(
+                "r = {} and r' = {} for a model of width {} (at most the width)",
+                header.rank, header.comp_rank, header.n_embd
+            ))
+        })?;
+        let expect = (at + hlen) as u64 + data;
+        if len != expect {
+            return Err(bad(format!(
+                "{len} bytes where its header needs {expect} ({} layers of d = {}, r = {}, n_ff = {}): cut short or altered",
+                header.n_layer, header.n_embd, header.rank, header.n_ff
+            )));
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        f.seek(SeekFrom::Start(0)).map_err(io)?;
+        f.take(len).read_to_end(&mut bytes).map_err(io)?;
+        Self::parse(path, &bytes)
+    }
+
+    /// The format version and header length of a file's first bytes.
+    fn prefix(bytes: &[u8]) -> Result<(u32, usize), String> {
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
+            return Err("no SIFTPRED header".into());
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version == 0 || version > PREDICTOR_VERSION {
+            return Err(format!("format version {version}, this sift reads 1 to {PREDICTOR_VERSION}"));
+        }
+        if version >= 3 && bytes.len() < 20 {
+            return Err("no SIFTPRED header".into());
+        }
+        let hlen = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
+        if hlen > MAX_HEADER {
+            return Err(format!("a header of {hlen} bytes (at most {MAX_HEADER})"));
+        }
+        Ok((version, hlen))
+    }
+
+    /// Where the JSON header starts in a file of `version` (version 3 adds the CRC word).
+    fn header_at(version: u32) -> usize {
+        if version >= 3 {
+            20
+        } else {
+            16
+        }
+    }
+
+    /// Bytes of weights a header's shapes need (`None`: an inner width past the model's).
+    fn weight_bytes(h: &PredictorHeader) -> Option<u64> {
+        let (d, r, ff, nl, rc) = (h.n_embd as u64, h.rank as u64, h.n_ff as u64, h.n_layer as u64, h.comp_rank as u64);
+        if r > d || rc > d {
+            return None;
+        }
+        let per_layer = d
+            .checked_mul(r)?
+            .checked_add(d)?
+            .checked_add(r.checked_mul(ff)?)?
+            .checked_add(d.checked_mul(rc)?.checked_mul(2)?)?;
+        per_layer.checked_mul(nl)?.checked_mul(4)
     }
 
     /// Parses a side file's bytes (shape and checksum; not which model).
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<ExpertPredictors, PredictorError> {
         let bad = |why: String| PredictorError::Format { path: path.to_path_buf(), why };
-        if bytes.len() < 16 || &bytes[..8] != MAGIC {
-            return Err(bad("no SIFTPRED header".into()));
-        }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        if version == 0 || version > PREDICTOR_VERSION {
-            return Err(bad(format!("format version {version}, this sift reads 1 to {PREDICTOR_VERSION}")));
-        }
-        let hlen = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
-        if hlen > MAX_HEADER || 16 + hlen > bytes.len() {
+        let (version, hlen) = Self::prefix(bytes).map_err(bad)?;
+        let at = Self::header_at(version);
+        if at + hlen > bytes.len() {
             return Err(bad(format!("a header of {hlen} bytes in a file of {}", bytes.len())));
         }
+        if version >= 3 {
+            // Header and weights under one checksum: a flipped bit in the layer schedule or a
+            // shape is refused like one in the weights.
+            let want = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
+            if crc32fast::hash(&bytes[20..]) != want {
+                return Err(bad(
+                    "the checksum of its header and weights does not match (the file was altered or damaged)".into(),
+                ));
+            }
+        }
         let header: PredictorHeader =
-            serde_json::from_slice(&bytes[16..16 + hlen]).map_err(|e| bad(format!("header: {e}")))?;
+            serde_json::from_slice(&bytes[at..at + hlen]).map_err(|e| bad(format!("header: {e}")))?;
         let (d, r, ff, nl, rc) = (header.n_embd, header.rank, header.n_ff, header.n_layer, header.comp_rank);
-        // The header is not under the checksum: its values are checked one by one.
+        // Versions 1 and 2 keep the header outside the checksum, and a version 3 file may have
+        // been written with wrong values: they are checked one by one.
+        if version >= 3 && header.version != version {
+            return Err(bad(format!("header version {} in a version-{version} file", header.version)));
+        }
         if header.version == 0 || header.version > PREDICTOR_VERSION {
             return Err(bad(format!("header version {}, this sift reads 1 to {PREDICTOR_VERSION}", header.version)));
         }
@@ -296,7 +389,7 @@ impl ExpertPredictors {
             .and_then(|dr| d.checked_add(dr))
             .and_then(|x| x.checked_add(r.checked_mul(ff)?))
             .and_then(|x| x.checked_add(d.checked_mul(rc)?.checked_mul(2)?));
-        let data = &bytes[16 + hlen..];
+        let data = &bytes[at + hlen..];
         let want = per_layer.and_then(|p| p.checked_mul(nl)).and_then(|w| w.checked_mul(4));
         if want != Some(data.len()) || d == 0 || r == 0 || ff == 0 {
             return Err(bad(format!(
@@ -422,22 +515,49 @@ mod tests {
         assert_eq!(out, [2.5, 1.0, 1.0, -2.0, 1.0, 1.0, 1.0, 1.0]);
     }
 
+    /// A file in the layout of versions 1 and 2 (no CRC word; the weights' CRC in the header).
+    fn legacy_bytes(p: &ExpertPredictors, version: u32) -> Vec<u8> {
+        let data: Vec<u8> = p.weights().flat_map(|v| v.to_le_bytes()).collect();
+        let mut header = p.header.clone();
+        header.version = version;
+        header.crc32 = crc32fast::hash(&data);
+        let json = serde_json::to_vec(&header).unwrap();
+        [&MAGIC[..], &version.to_le_bytes(), &(json.len() as u32).to_le_bytes(), &json, &data].concat()
+    }
+
     #[test]
-    fn version_one_files_are_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.prefill");
+    fn version_one_and_two_files_are_still_read() {
+        let path = Path::new("m.prefill");
         let mut p = tiny();
+        let back = ExpertPredictors::parse(path, &legacy_bytes(&p, 2)).unwrap();
+        assert!(back.has_compensator());
+        assert_eq!(back.layers, p.layers);
         p.header.comp_rank = 0;
         for l in &mut p.layers {
             l.c1.clear();
             l.c2.clear();
         }
-        p.save(&path).unwrap();
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
-        let back = ExpertPredictors::parse(&path, &bytes).unwrap();
+        let back = ExpertPredictors::parse(path, &legacy_bytes(&p, 1)).unwrap();
         assert!(!back.has_compensator());
         assert_eq!(back.layers, p.layers);
+    }
+
+    /// One flipped bit in the header's layer schedule (found by an adversarial probe: the
+    /// schedule and the text changed, silently) is refused as a flipped weight is.
+    #[test]
+    fn the_checksum_covers_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prefill");
+        let mut p = tiny();
+        p.header.attn_mass = vec![0.25];
+        p.save(&path, &[]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(ExpertPredictors::parse(&path, &bytes).is_ok());
+        let at = bytes.windows(4).position(|w| w == b"0.25").unwrap();
+        let mut flipped = bytes.clone();
+        flipped[at + 2] ^= 0x01; // "0.35": still a share in [0, 1]
+        let e = ExpertPredictors::parse(&path, &flipped).unwrap_err().to_string();
+        assert!(e.contains("checksum of its header and weights"), "{e}");
     }
 
     #[test]
@@ -445,7 +565,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.prefill");
         let p = tiny();
-        p.save(&path).unwrap();
+        p.save(&path, &[]).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         let back = ExpertPredictors::parse(&path, &bytes).unwrap();
         assert_eq!(back.layers, p.layers);
@@ -457,8 +577,8 @@ mod tests {
             (flipped, "checksum"),
             (bytes[..bytes.len() - 4].to_vec(), "cut short"),
             (b"GGUF\x03\0\0\0junkjunkjunk".to_vec(), "SIFTPRED"),
-            ([&bytes[..8], &3u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 3"),
-            ([&bytes[..8], &1u32.to_le_bytes()[..], &bytes[12..]].concat(), "version-1 file with a compensator"),
+            ([&bytes[..8], &4u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 4"),
+            (legacy_bytes(&p, 1), "version-1 file with a compensator"),
         ] {
             let e = ExpertPredictors::parse(&path, &bad).unwrap_err().to_string();
             assert!(e.contains(what) && e.contains("sift train prefill"), "{e}");
@@ -472,12 +592,12 @@ mod tests {
             (|h, n| h.attn_mass = vec![-0.5; n], "attn_mass holds"),
             (|h, n| h.attn_mass = vec![0.5; n + 1], "attn_mass has"),
             (|h, _| h.keep = 0.0, "keep 0"),
-            (|h, _| h.version = 99, "header version 99"),
+            (|h, _| h.keep = 2.0, "keep 2 is not"),
         ];
         for (mutate, what) in cases {
             let mut q = tiny();
             mutate(&mut q.header, n);
-            q.save(&path).unwrap();
+            q.save(&path, &[]).unwrap();
             let e = ExpertPredictors::parse(&path, &std::fs::read(&path).unwrap()).unwrap_err().to_string();
             assert!(e.contains(what), "{what}: {e}");
         }

@@ -3,6 +3,8 @@
 //! and the FFN of a *sparse block* computes only `K = (1 − R)·n_ff` of its neurons, the same set
 //! for every token of the block: rows of gate and up, then the matching columns of down. The first
 //! block (it holds the attention sinks) and the last block of a prompt stay dense, as the paper's.
+//! The blocks lie on a grid fixed by position ([`prompt_blocks`]): a prompt fed in chunks (the
+//! server's), or after a cached prefix, is cut into the blocks it gets when read in one go.
 //!
 //! The neurons come from the trained expert predictor ([`crate::predictor`], `sift train
 //! prefill`), or without training ([`PrefillMasks`]): the **oracle** (the
@@ -22,6 +24,9 @@
 //!   many-token column kernel ([`sift_quant::exact_q8::ExactAxpyTokensFn`]), each column read once
 //!   for the whole block; without one, the dense kernel on the masked GLU (the same result within
 //!   the kernels' rounding, no saving).
+//!
+//! LoRA adapters (`--lora`) apply to sparse blocks as to dense ones: gate's and up's on the chosen
+//! rows, down's on the GLU of the chosen neurons.
 //!
 //! With a trained file that holds FastForward's error compensator, its correction is added to each
 //! sparse block's FFN output ([`crate::predictor::ExpertPredictors::compensate`]; off with
@@ -51,24 +56,58 @@ pub const PREFILL_BLOCK: usize = 128;
 
 /// FastForward's layerwise schedule (Algorithm 1): each layer's share of neurons kept, from its
 /// importance `mass[l]` (the attention mass its non-sink blocks receive) and the overall share
-/// `keep`: `b_l = min(1, mass_l / Σ_{j ≥ l} mass_j · T)`, `T` the budget left (`keep · L` at
-/// first), layer by layer. The mean of the result is `keep` (when no layer is capped at 1 or the
-/// rest can absorb it). Zero or invalid masses give the uniform schedule.
+/// `keep`: `b_l = min(1, mass_l / Σ mass_j · T)`, `T` the budget left (`keep · L` at first), one
+/// layer after another — in decreasing order of importance, so that a layer capped at 1 leaves
+/// its excess to the layers still to come. The paper's layer order lost that excess when a late
+/// layer capped (`--prefill-sparsity 0.01` skipped 5 % of the neurons, not 1 %); in this order
+/// the mean of the result is `keep` exactly (the shares are proportional to the masses below
+/// the cap). Zero or invalid masses give the uniform schedule.
 pub fn linear_schedule(mass: &[f64], keep: f32) -> Vec<f32> {
     let n = mass.len();
     if n == 0 || mass.iter().any(|m| !m.is_finite() || *m < 0.0) || mass.iter().sum::<f64>() <= 0.0 {
         return vec![keep; n];
     }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]).then(a.cmp(&b)));
     let mut total = keep as f64 * n as f64;
     let mut left: f64 = mass.iter().sum();
-    let mut out = Vec::with_capacity(n);
-    for &m in mass {
+    let mut out = vec![0f32; n];
+    for l in order {
+        let m = mass[l];
         let b = if left > 0.0 { (m / left * total).min(1.0) } else { 0.0 };
         total -= b;
         left -= m;
-        out.push(b as f32);
+        out[l] = b as f32;
     }
     out
+}
+
+/// FastForward's block grid over a prompt: block `b` holds positions `128·b .. 128·(b + 1)`,
+/// counted from the start of the sequence (not from where a call, a server's chunk or a cached
+/// prefix starts), so the same prompt is cut into the same blocks however it is fed. A block is
+/// sparse when it is not the first (the attention sinks), not the prompt's last (the one holding
+/// position `prompt_end − 1`), and whole in `start..end` (the positions evaluated now: a block
+/// split between two calls has no one set of tokens to choose for, and runs dense).
+///
+/// Returns the pieces of `start..end` cut at the block boundaries, each with whether it is a
+/// sparse block.
+pub fn prompt_blocks(start: usize, end: usize, prompt_end: usize) -> Vec<(std::ops::Range<usize>, bool)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < end {
+        let b = at / PREFILL_BLOCK;
+        let (lo, hi) = (b * PREFILL_BLOCK, (b + 1) * PREFILL_BLOCK);
+        let piece = at..hi.min(end);
+        let sparse = b > 0 && piece.start == lo && piece.end == hi && hi < prompt_end;
+        out.push((piece.clone(), sparse));
+        at = piece.end;
+    }
+    out
+}
+
+/// The sparse blocks of a prompt of `n` tokens read from position 0 in one go.
+pub fn sparse_blocks(n: usize) -> usize {
+    prompt_blocks(0, n, n).iter().filter(|(_, s)| *s).count()
 }
 
 /// How a sparse prompt block's FFN neurons are chosen.
@@ -166,8 +205,13 @@ impl Engine {
         let k = ((keep as f64 * (ff / group) as f64).round() as usize).clamp(1, ff / group) * group;
         match masks {
             PrefillMasks::Oracle => {
-                // The dense gate and up, the GLU, and its norm per neuron over the block.
+                // The dense gate and up (with their adapters), the GLU, and its norm per neuron
+                // over the block.
                 self.project_site(l, n, Site::FfnIn)?;
+                if let Some(lora) = self.lora.clone() {
+                    let (x, mut outs) = self.s.site_io(&self.model.config, Site::FfnIn, n);
+                    lora.apply(l, Site::FfnIn, x, n, &mut outs);
+                }
                 vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
                 let p = &mut self.prefill_scratch;
                 p.score.clear();
@@ -204,6 +248,12 @@ impl Engine {
         self.stats.prefill_neurons[0] += (n * k) as u64;
         self.stats.prefill_neurons[1] += (n * ff) as u64;
         self.sparse_down(l, n, k, e)?;
+        // Down's adapter on the GLU of the chosen neurons (zero elsewhere), as on a dense
+        // block's masked input.
+        if let Some(lora) = &self.lora {
+            let p = &self.prefill_scratch;
+            lora.apply_units(l, OpKind::Down, &p.units, &p.gs[..n * k], n, &mut self.s.o[..n * e]);
+        }
         // The error compensator (§3.3): what the skipped neurons would have added, estimated
         // from each token's FFN input.
         if let (Some(p), true) = (&self.predictor, self.prefill_compensate) {
@@ -216,7 +266,7 @@ impl Engine {
     /// the GLU of the chosen neurons in `gs` (n × k).
     fn sparse_gate_up(&mut self, l: usize, n: usize, k: usize) -> Result<(), EvalError> {
         let e = self.model.config.n_embd;
-        let Engine { model, pool, s, source, prefill_scratch: p, .. } = self;
+        let Engine { model, pool, s, source, prefill_scratch: p, lora, .. } = self;
         let lw = &model.layers[l];
         let (gate, up) = (&lw.w_gate, &lw.w_up);
         // The chosen rows of gate, then of up, side by side in `rows`. A repacked matrix (its
@@ -272,6 +322,11 @@ impl Engine {
         grow(&mut p.us, n * k, 0.0);
         let mut jobs = [MatJob { w: &cg, stride: k, out: &mut p.gs }, MatJob { w: &cu, stride: k, out: &mut p.us }];
         matmul_many(pool, &p.rows, &s.acts, n, &mut jobs);
+        // The adapters of gate and up on the chosen rows only.
+        if let Some(lora) = lora {
+            lora.apply_rows(l, OpKind::Gate, &s.h[..n * e], n, &p.units, &mut p.gs);
+            lora.apply_rows(l, OpKind::Up, &s.h[..n * e], n, &p.units, &mut p.us);
+        }
         vecops::silu_mul_rows(pool, &mut p.gs, &p.us);
         Ok(())
     }
@@ -453,7 +508,7 @@ fn hash01(seed: u64, j: u64) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{gather_group, linear_schedule};
+    use super::{gather_group, linear_schedule, prompt_blocks, sparse_blocks, PREFILL_BLOCK};
     use sift_model::QTensor;
     use sift_quant::{packed, scalar, WeightType};
 
@@ -521,16 +576,58 @@ mod tests {
         assert!(tested > 0, "Q4_K repacks on every CPU");
     }
 
-    /// By hand: masses 1, 1, 2 at keep 0.5: T = 1.5; b1 = 1/4 · 1.5 = 0.375, T = 1.125;
-    /// b2 = 1/3 · 1.125 = 0.375, T = 0.75; b3 = 2/2 · 0.75 = 0.75. A layer capped at 1 leaves the
-    /// rest to the others.
+    /// By hand: masses 1, 1, 2 at keep 0.5: T = 1.5; the largest first, b3 = 2/4 · 1.5 = 0.75,
+    /// T = 0.75; b1 = 1/2 · 0.75 = 0.375, T = 0.375; b2 = 1/1 · 0.375. A layer capped at 1
+    /// leaves the rest to the others, wherever it lies.
     #[test]
     fn algorithm_one_by_hand() {
         assert_eq!(linear_schedule(&[1.0, 1.0, 2.0], 0.5), vec![0.375, 0.375, 0.75]);
-        let capped = linear_schedule(&[8.0, 1.0, 1.0], 0.5);
-        assert_eq!(capped[0], 1.0);
-        assert!((capped.iter().sum::<f32>() - 1.5).abs() < 1e-6, "{capped:?}");
+        for masses in [[8.0, 1.0, 1.0], [1.0, 1.0, 8.0]] {
+            let capped = linear_schedule(&masses, 0.5);
+            assert_eq!(capped.iter().copied().fold(0f32, f32::max), 1.0, "{capped:?}");
+            assert!((capped.iter().sum::<f32>() - 1.5).abs() < 1e-6, "{capped:?}");
+        }
         assert_eq!(linear_schedule(&[0.0, 0.0], 0.3), vec![0.3, 0.3]);
         assert_eq!(linear_schedule(&[1.0, f64::NAN], 0.3), vec![0.3, 0.3]);
+    }
+
+    /// The schedule's mean is the share asked for, at every share, on masses that rise towards
+    /// the last layers (where the paper's order left the capped layers' excess unspent: 0.01
+    /// asked, a mean of 0.05 skipped), as real attention masses do.
+    #[test]
+    fn the_schedule_keeps_what_is_asked_on_average() {
+        let rising: Vec<f64> = (0..30).map(|l| 0.2 + 0.03 * l as f64).collect();
+        for keep in [0.99f32, 0.9, 0.7, 0.5, 0.3, 0.1] {
+            let s = linear_schedule(&rising, keep);
+            let mean = s.iter().sum::<f32>() / s.len() as f32;
+            assert!((mean - keep).abs() < 1e-5, "keep {keep}: mean {mean} of {s:?}");
+            assert!(s.iter().all(|&b| (0.0..=1.0).contains(&b)), "{s:?}");
+            // The more important layer never keeps less.
+            assert!(s.windows(2).all(|w| w[0] <= w[1]), "{s:?}");
+        }
+    }
+
+    /// The block grid is fixed by position: the same prompt read in one go, in chunks of 256 or
+    /// after a cached prefix of 384 gives the same sparse blocks; a block split between calls,
+    /// the first and the prompt's last run dense.
+    #[test]
+    fn the_block_grid_is_fixed_by_position() {
+        let sparse = |v: Vec<(std::ops::Range<usize>, bool)>| -> Vec<usize> {
+            v.into_iter().filter(|(_, s)| *s).map(|(r, _)| r.start / PREFILL_BLOCK).collect()
+        };
+        let whole = sparse(prompt_blocks(0, 700, 700));
+        assert_eq!(whole, vec![1, 2, 3, 4]);
+        let chunked: Vec<usize> =
+            (0..700).step_by(256).flat_map(|s| sparse(prompt_blocks(s, (s + 256).min(700), 700))).collect();
+        assert_eq!(chunked, whole);
+        assert_eq!(sparse(prompt_blocks(384, 700, 700)), vec![3, 4]);
+        // Starting inside block 3: it runs dense, the grid stays.
+        assert_eq!(sparse(prompt_blocks(400, 700, 700)), vec![4]);
+        let pieces = prompt_blocks(400, 700, 700);
+        assert_eq!(pieces.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), vec![400..512, 512..640, 640..700]);
+        // A prompt ending on a block boundary: its last whole block is the dense one.
+        assert_eq!(sparse(prompt_blocks(0, 384, 384)), vec![1]);
+        assert_eq!(sparse_blocks(256), 0);
+        assert_eq!(sparse_blocks(257), 1);
     }
 }

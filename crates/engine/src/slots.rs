@@ -34,6 +34,10 @@ pub struct SlotRun<'a> {
     pub tokens: &'a [u32],
     /// Whether the run's last token's logits are wanted.
     pub logits: bool,
+    /// Where the prompt these tokens are part of ends (a prompt read in chunks; `None`: at the
+    /// run's end): sparse prefill's last dense block is the prompt's
+    /// ([`Engine::eval_prompt_part`]).
+    pub prompt_end: Option<usize>,
 }
 
 /// The rows of a batch one sequence holds, while the batch runs.
@@ -261,7 +265,10 @@ impl Engine {
         // The runs apart, each exactly as alone.
         for (i, r) in runs.iter().enumerate().filter(|(i, _)| !together.contains(i)) {
             self.use_slot(r.slot);
-            let logits = self.eval(r.tokens, Logits::Last)?;
+            let logits = match r.prompt_end {
+                Some(end) if r.tokens.len() > 1 => self.eval_prompt_part(r.tokens, Logits::Last, end)?,
+                _ => self.eval(r.tokens, Logits::Last)?,
+            };
             if r.logits {
                 rows[i] = Some(logits[..n_vocab].to_vec());
             }

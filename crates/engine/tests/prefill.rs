@@ -166,3 +166,101 @@ fn the_sparse_block_on_the_down_copy_equals_the_masked_dense_ffn() {
     assert_eq!(e.set_prefill_down_copy(false).unwrap(), 0);
     assert_eq!(last_logits(&mut e, &ids), want);
 }
+
+/// The first `n` ids of the text.
+fn long_prompt(n: usize) -> Vec<u32> {
+    let model = sift_model::Model::load(gguf()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/wiki.test.head16k.raw")).unwrap();
+    tok.encode(&text, true, false).unwrap()[..n].to_vec()
+}
+
+/// The block grid is fixed by position (an adversarial probe found the server's text depending
+/// on what was cached: its 256-token chunks each got a dense last block, and a block grid that
+/// started at the cached length). A 600-token prompt under oracle masks at 0.5 gives the same
+/// logits, bit for bit, read in one call, in the server's chunks of 256 that know where the
+/// prompt ends, and after a cached prefix of 384 tokens left by another prompt; the one call
+/// has three sparse blocks (1-3; 4, 512..600, is the last), the chunks as many.
+#[test]
+fn a_prompt_in_chunks_or_after_a_cached_prefix_gives_the_logits_of_one_read() {
+    let ids = long_prompt(600);
+    let o = EngineOptions { n_ctx: 1024, ..opts(0.5, PrefillMasks::Oracle, 512) };
+    let mut e = Engine::new(sift_model::Model::load(gguf()).unwrap(), &o);
+    let whole = last_logits(&mut e, &ids);
+    let sparse_neurons = e.sparsity_stats().prefill_neurons[1];
+    assert_eq!(sparse_neurons, (3 * 128 * 30 * 1536) as u64, "blocks 1-3 sparse");
+    // The server's chunks.
+    e.truncate(0);
+    e.reset_stats();
+    let mut chunked = Vec::new();
+    for c in ids.chunks(256) {
+        chunked = e.eval_prompt_part(c, Logits::Last, ids.len()).unwrap().to_vec();
+    }
+    assert_eq!(chunked, whole, "chunks of 256");
+    assert_eq!(e.sparsity_stats().prefill_neurons[1], sparse_neurons);
+    // Another prompt sharing the first 384 tokens (its own last block, 384..500, dense), then
+    // this one after the shared 384.
+    let mut other = ids[..384].to_vec();
+    other.extend_from_slice(&ids[100..216]);
+    last_logits(&mut e, &other);
+    e.truncate(384);
+    let cached = e.eval_prompt_part(&ids[384..], Logits::Last, ids.len()).unwrap().to_vec();
+    assert_eq!(cached, whole, "after a cached prefix of 384");
+    // The old grid (chunks' own last blocks dense) computes something else: the test can fail.
+    e.truncate(0);
+    let mut old = Vec::new();
+    for c in ids.chunks(256) {
+        old = e.eval(c, Logits::Last).unwrap().to_vec();
+    }
+    assert_ne!(old, whole, "each chunk's last block dense");
+}
+
+/// `--lora` with sparse prefill (it turned sparse prefill off silently): the adapters apply to
+/// sparse blocks as to dense ones. Every neuron kept through the sparse block's path (oracle:
+/// the dense gate/up, then the chosen GLU; random: the chosen rows gathered, then the adapters
+/// on them) gives the dense prefill's logits with the same adapters; at 0.5, the adapters still
+/// move the sparse logits.
+#[test]
+fn adapters_apply_to_sparse_blocks() {
+    use sift_engine::lora::{LoraAdapters, OpAdapter};
+    use sift_model::layout::OpKind;
+    let ids = prompt();
+    let m = sift_model::Model::load(gguf()).unwrap();
+    let mut lora = LoraAdapters::empty(m.config.n_layer, 8.0);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+    };
+    for l in 0..m.config.n_layer {
+        for op in [OpKind::Gate, OpKind::Up, OpKind::Down] {
+            let w = m.layers[l].op(op);
+            let rank = 4;
+            let a_t = (0..w.cols * rank).map(|_| next()).collect();
+            let b_t = (0..rank * w.rows).map(|_| next()).collect();
+            lora.set(l, op, OpAdapter { n_in: w.cols, n_out: w.rows, rank, a_t, b_t });
+        }
+    }
+    let lora = std::sync::Arc::new(lora);
+    let run = |ratio: f32, masks: PrefillMasks, adapters: bool| {
+        let mut e = Engine::new(sift_model::Model::load(gguf()).unwrap(), &opts(ratio, masks, 512));
+        e.set_lora(adapters.then(|| lora.clone()));
+        let out = last_logits(&mut e, &ids);
+        (out, e.sparsity_stats().prefill_neurons)
+    };
+    let (dense, _) = run(0.0, PrefillMasks::Oracle, true);
+    let (plain, _) = run(0.0, PrefillMasks::Oracle, false);
+    assert!(diff(&dense, &plain).0 > 0.1, "the adapters change the logits");
+    for masks in [PrefillMasks::Oracle, PrefillMasks::Random] {
+        let (got, st) = run(1e-6, masks, true);
+        assert_eq!(st[1], (128 * 30 * 1536) as u64, "{masks:?}: one sparse block ran");
+        let (max, _) = diff(&got, &dense);
+        assert!(max <= 1e-3, "{masks:?}, every neuron kept, adapters on: max {max} from the dense prefill's");
+    }
+    let (with, st) = run(0.5, PrefillMasks::Oracle, true);
+    assert_eq!(st[0] * 2, st[1]);
+    let (without, _) = run(0.5, PrefillMasks::Oracle, false);
+    assert!(diff(&with, &without).0 > 0.1, "the adapters change the sparse logits");
+}

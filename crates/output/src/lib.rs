@@ -152,11 +152,13 @@ pub fn write(dst: &Path, inputs: &[&Path], bytes: &[u8]) -> Result<(), OutputErr
     out.commit()
 }
 
-/// Reads `path` whole if it is a regular file of at most `max` bytes. It is opened without
-/// blocking (a FIFO with no writer would otherwise block the open) and checked with `fstat`
-/// before any read, so FIFOs, devices and directories are refused at once, naming the path.
-pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Error, ErrorKind, Read};
+/// Opens `path` for reading if it is a regular file, and says how long it is. It is opened
+/// without blocking (a FIFO with no writer would otherwise block the open) and checked with
+/// `fstat` before any read, so FIFOs, devices and directories are refused at once, naming the
+/// path. For side files whose header bounds the rest: read the header, check the length, then
+/// the rest (never "until the end" of something that has none).
+pub fn open_regular(path: &Path) -> std::io::Result<(File, u64)> {
+    use std::io::{Error, ErrorKind};
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
     #[cfg(unix)]
@@ -165,12 +167,20 @@ pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
         opts.custom_flags(libc::O_NONBLOCK);
     }
     let f = opts.open(path)?;
-    if !f.metadata()?.is_file() {
+    let meta = f.metadata()?;
+    if !meta.is_file() {
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!("{} is not a regular file (a FIFO, device or directory): use a regular file", path.display()),
         ));
     }
+    Ok((f, meta.len()))
+}
+
+/// Reads `path` whole if it is a regular file ([`open_regular`]) of at most `max` bytes.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    let (f, _) = open_regular(path)?;
     let mut bytes = Vec::new();
     f.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {

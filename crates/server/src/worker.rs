@@ -14,7 +14,7 @@ use crate::metrics::{MemoryGauges, Metrics};
 use crate::openai::{GenRequest, PromptInput, TokenLogprob};
 use serde_json::{json, Value};
 use sift_engine::generate::Generator;
-use sift_engine::sparsity::Phase;
+use sift_engine::prefill::PREFILL_BLOCK;
 use sift_engine::{GenerateOptions, Logits};
 use sift_model::chat::{ChatMessage, ChatTemplate};
 use sift_model::tokenizer::Tokenizer;
@@ -315,7 +315,7 @@ pub fn spawn(
             l: loaded,
             rx,
             pending: VecDeque::new(),
-            cached: Vec::new(),
+            cached: Cached::default(),
             metrics,
             queued: q2,
             abort: a2,
@@ -350,7 +350,7 @@ struct Worker {
     /// Jobs received while another ran.
     pending: VecDeque<Job>,
     /// The tokens in the KV cache.
-    cached: Vec<u32>,
+    cached: Cached,
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
     abort: Arc<AtomicBool>,
@@ -538,6 +538,73 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// A KV cache's tokens and how far they can be reused: the first `exact` positions were computed
+/// as reading a prompt afresh computes them. With dense prefill that is all of them; with sparse
+/// prefill (FastForward's blocks) the positions before the last prompt's last block — its blocks
+/// 1.. ran sparse, but its last block ran dense and the tokens decoded after it one at a time,
+/// where a longer prompt reads them in sparse blocks.
+#[derive(Default)]
+pub(super) struct Cached {
+    pub(super) tokens: Vec<u32>,
+    pub(super) exact: usize,
+}
+
+impl Cached {
+    /// The prompt tokens a request for `tokens` keeps from this cache: the common prefix, but at
+    /// least two tokens evaluated (a single token runs on the decode path, whose rounding differs
+    /// from a prompt batch's); with sparse prefill, no further than the exact positions and cut
+    /// to a block boundary, so the rest of the prompt is read in the blocks a fresh read gives it.
+    /// The same request then gets the same text whether or not its prefix was cached.
+    pub(super) fn reusable(&self, tokens: &[u32], sparse_prefill: bool) -> usize {
+        let common =
+            self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(2));
+        if !sparse_prefill {
+            return common;
+        }
+        let c = common.min(self.exact);
+        if c >= PREFILL_BLOCK {
+            c / PREFILL_BLOCK * PREFILL_BLOCK
+        } else {
+            c
+        }
+    }
+
+    /// Keeps the first `n` tokens.
+    pub(super) fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.exact = self.exact.min(n);
+    }
+
+    /// After a prompt of `n` tokens was read (see the type's docs).
+    pub(super) fn prompt_read(&mut self, n: usize, sparse_prefill: bool) {
+        self.exact = if sparse_prefill { PREFILL_BLOCK * ((n.max(1) - 1) / PREFILL_BLOCK).max(1) } else { usize::MAX };
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.tokens.clear();
+        self.exact = 0;
+    }
+}
+
+/// The chunks a prompt's positions `from..n` are read in. With sparse prefill they end on
+/// multiples of `size` (a multiple of the block) counted from position 0, so a block never
+/// straddles two chunks and the chunks compute what one read of the prompt computes
+/// ([`sift_engine::Engine::eval_prompt_part`]); else [`batches`] of `size`.
+fn prompt_chunks(from: usize, n: usize, size: usize, sparse_prefill: bool) -> Vec<std::ops::Range<usize>> {
+    if !sparse_prefill {
+        return batches(n - from, size).into_iter().map(|r| r.start + from..r.end + from).collect();
+    }
+    let size = (size / PREFILL_BLOCK).max(1) * PREFILL_BLOCK;
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < n {
+        let end = ((at / size + 1) * size).min(n);
+        out.push(at..end);
+        at = end;
+    }
+    out
 }
 
 /// Splits `n` prompt tokens into batches of at most `size`, none of one token when `n > 1`: a

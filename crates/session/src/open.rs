@@ -219,9 +219,9 @@ fn note_wide_columns(engine: &Engine, sparsity: &SparsityOptions, eo: &EngineOpt
 }
 
 /// Makes the 8-bit copy of the down projections sparse prompt blocks read (`--prefill-down copy`,
-/// with `--prefill-sparsity`; not with adapters, under which blocks run dense).
+/// with `--prefill-sparsity`).
 fn attach_prefill_down(engine: &mut Engine, sparsity: &SparsityOptions) -> anyhow::Result<()> {
-    if sparsity.prefill_sparsity <= 0.0 || sparsity.prefill_down != "copy" || sparsity.lora.is_some() {
+    if sparsity.prefill_sparsity <= 0.0 || sparsity.prefill_down != "copy" {
         return Ok(());
     }
     // The copy is an extra byte per weight: never where the machine cannot hold it (with room

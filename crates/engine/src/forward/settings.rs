@@ -20,7 +20,7 @@ impl Engine {
     }
 
     /// Adds `lora`'s low-rank products to the ops it adapts, on their masked inputs (`--lora`;
-    /// `None`: none). Sparse prompt blocks (FastForward) then run through the ordinary sites.
+    /// `None`: none), sparse prompt blocks' chosen neurons included.
     pub fn set_lora(&mut self, lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>) {
         self.lora = lora;
     }

@@ -72,14 +72,18 @@ impl Worker {
                 top: vec![],
             });
             let n_vocab = self.l.session.engine.config().n_vocab;
+            let sparse = self.l.session.engine.sparse_prefill();
+            // With sparse prefill, whole blocks per chunk (a block split between two calls
+            // would run dense).
+            let size = if sparse { PREFILL_BLOCK } else { ECHO_CHUNK };
             let mut start = 0;
-            for r in batches(tokens.len(), ECHO_CHUNK) {
+            for r in prompt_chunks(0, tokens.len(), size, sparse) {
                 let chunk = &tokens[r];
                 if self.cancelled(job) {
                     self.reset();
                     return Err(Stop::Cancelled);
                 }
-                let logits = match self.l.session.engine.eval_phase(chunk, Logits::All, Phase::Prompt) {
+                let logits = match self.l.session.engine.eval_prompt_part(chunk, Logits::All, tokens.len()) {
                     Ok(l) => l,
                     Err(e) => return Err(self.engine_error(e)),
                 };
@@ -92,37 +96,36 @@ impl Worker {
                         self.logits.extend_from_slice(row);
                     }
                 }
-                self.cached.extend_from_slice(chunk);
+                self.cached.tokens.extend_from_slice(chunk);
                 start += chunk.len();
                 self.poll();
             }
+            self.cached.prompt_read(tokens.len(), sparse);
             return Ok(echo);
         }
-        // Keep the common prefix, but evaluate at least two tokens: a single token runs on the
-        // decode path (the pack's column kernels under sparsity), whose rounding differs from a
-        // prompt batch's, and the same request must give the same text whether or not its
-        // prefix was cached.
-        let common =
-            self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len().saturating_sub(2));
+        // The common prefix stays (see `Cached::reusable`: the same request gives the same text
+        // whether or not its prefix was cached).
+        let sparse = self.l.session.engine.sparse_prefill();
+        let common = self.cached.reusable(tokens, sparse);
         self.l.session.engine.truncate(common);
         self.cached.truncate(common);
-        let rest = &tokens[common..];
-        for r in batches(rest.len(), PROMPT_CHUNK) {
-            let chunk = &rest[r];
+        for r in prompt_chunks(common, tokens.len(), PROMPT_CHUNK, sparse) {
+            let chunk = &tokens[r];
             if self.cancelled(job) {
                 self.reset();
                 return Err(Stop::Cancelled);
             }
-            match self.l.session.engine.eval(chunk, Logits::Last) {
+            match self.l.session.engine.eval_prompt_part(chunk, Logits::Last, tokens.len()) {
                 Ok(l) => {
                     self.logits.clear();
                     self.logits.extend_from_slice(l);
                 }
                 Err(e) => return Err(self.engine_error(e)),
             }
-            self.cached.extend_from_slice(chunk);
+            self.cached.tokens.extend_from_slice(chunk);
             self.poll();
         }
+        self.cached.prompt_read(tokens.len(), sparse);
         Ok(echo)
     }
 
@@ -147,8 +150,7 @@ impl Worker {
         let k = req.logprobs;
         let t_prompt = Instant::now();
         // The prompt's tokens reused from the KV cache (as `prompt` counts them).
-        let cached_before = self.cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
-        let cached_before = cached_before.min(tokens.len().saturating_sub(2));
+        let cached_before = self.cached.reusable(&tokens, self.l.session.engine.sparse_prefill());
         let echo = self.prompt(job, &tokens, k)?;
         let prompt_s = t_prompt.elapsed().as_secs_f64();
         Metrics::inc(&self.metrics.prompt_tokens, tokens.len() as u64);
@@ -220,7 +222,7 @@ impl Worker {
                 }
                 Err(e) => return Err(self.engine_error(e)),
             }
-            self.cached.push(next);
+            self.cached.tokens.push(next);
             self.poll();
         };
         tail.push_str(&g.finish());

@@ -14,7 +14,7 @@
 //! Requests asking for their prompt's log-probabilities (`echo` with `logprobs`) need every
 //! position's logits: their prompt is read in one go at admission (the others wait for it).
 
-use super::{batches, token_logprob, Event, Job, Stop, Timings, Worker};
+use super::{prompt_chunks, token_logprob, Cached, Event, Job, Stop, Timings, Worker};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, SlotGauge};
 use crate::openai::TokenLogprob;
@@ -29,7 +29,7 @@ use std::time::Instant;
 #[derive(Default)]
 pub(super) struct Slot {
     /// The tokens in this slot's KV cache.
-    pub(super) cached: Vec<u32>,
+    pub(super) cached: Cached,
     task: Option<Task>,
     /// Tokens generated here since the start (`/metrics`).
     generated: u64,
@@ -138,8 +138,8 @@ impl Worker {
             ));
             return self.end_job(job, Err(Stop::Failed(e)));
         }
-        let shared: Vec<usize> =
-            self.slots.iter().map(|s| s.cached.iter().zip(&tokens).take_while(|(a, b)| a == b).count()).collect();
+        let sparse = self.l.session.engine.sparse_prefill();
+        let shared: Vec<usize> = self.slots.iter().map(|s| s.cached.reusable(&tokens, sparse)).collect();
         let s = slot.unwrap_or_else(|| {
             (0..self.slots.len())
                 .filter(|&i| self.slots[i].task.is_none())
@@ -181,14 +181,14 @@ impl Worker {
             }
             return;
         }
-        // The common prefix stays, but at least two tokens are evaluated (as with one slot).
-        let common = shared[s].min(task.tokens.len().saturating_sub(2));
+        // The common prefix stays (as with one slot: `Cached::reusable`).
+        let common = shared[s];
         self.l.session.engine.truncate(common);
         self.slots[s].cached.truncate(common);
         let n = task.tokens.len();
         task.cache_n = common;
         let size = self.ubatch.min(self.l.session.engine.n_batch()).max(2);
-        task.chunks = batches(n - common, size).into_iter().map(|r| r.start + common..r.end + common).collect();
+        task.chunks = prompt_chunks(common, n, size, sparse).into();
         self.slots[s].task = Some(task);
     }
 
@@ -227,7 +227,15 @@ impl Worker {
         }
         let batch: Vec<SlotRun<'_>> = runs
             .iter()
-            .map(|(s, r, t)| SlotRun { slot: *s, tokens: t, logits: !matches!(r, Run::Prompt { last: false }) })
+            .map(|(s, r, t)| SlotRun {
+                slot: *s,
+                tokens: t,
+                logits: !matches!(r, Run::Prompt { last: false }),
+                prompt_end: match r {
+                    Run::Prompt { .. } => self.slots[*s].task.as_ref().map(|t| t.tokens.len()),
+                    Run::Decode => None,
+                },
+            })
             .collect();
         let logits = match self.l.session.engine.eval_slots(&batch) {
             Ok(l) => l.to_vec(),
@@ -245,12 +253,14 @@ impl Worker {
         let n_vocab = self.l.session.engine.config().n_vocab;
         let mut rows = logits.chunks(n_vocab);
         let n_runs = runs.len();
+        let sparse = self.l.session.engine.sparse_prefill();
         for (s, run, toks) in runs {
-            self.slots[s].cached.extend_from_slice(&toks);
+            self.slots[s].cached.tokens.extend_from_slice(&toks);
             let Some(mut task) = self.slots[s].task.take() else { continue };
             match run {
                 Run::Prompt { last: false } => self.slots[s].task = Some(task),
                 Run::Prompt { last: true } => {
+                    self.slots[s].cached.prompt_read(task.tokens.len(), sparse);
                     let row = rows.next().expect("a row per run that asked");
                     task.prompt_s = task.t_prompt.elapsed().as_secs_f64();
                     self.prompt_done(s, task, row);
