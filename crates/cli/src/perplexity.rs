@@ -3,6 +3,7 @@
 use crate::args::PerplexityArgs;
 use anyhow::Context;
 use sift_engine::perplexity::{perplexity_windows, text_windows, windows_to_score, Scored};
+use sift_engine::prefill::{sparse_blocks, PREFILL_BLOCK};
 use sift_engine::EngineOptions;
 use std::fs::File;
 use std::io::Write;
@@ -19,10 +20,22 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
         a.file.display()
     );
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads);
+    // Sparse prefill applies to the part of each window read as a prompt (its first half, or all
+    // but --score-last): said when that part holds no sparse block.
+    let sparse_prefill = a.sparsity.prefill_sparsity > 0.0;
+    let prompt_part = a.score_last.map_or(a.ctx_size / 2, |n| a.ctx_size.saturating_sub(n));
+    if sparse_prefill && sparse_blocks(prompt_part) == 0 {
+        eprintln!(
+            "sift: note: --prefill-sparsity changes nothing at -c {}: the {prompt_part} tokens of a window read as a prompt hold no sparse block (its first and last {PREFILL_BLOCK}-token blocks stay dense); use -c {} or more, or --score-last N",
+            a.ctx_size,
+            2 * (2 * PREFILL_BLOCK + 1)
+        );
+    }
     let eo = a.threading.apply(a.kv.apply(EngineOptions {
         n_threads: threads,
         n_ctx: a.ctx_size,
-        n_batch: a.batch_size.min(a.ctx_size).max(1),
+        // A sparse prefill block is one batch, whatever the window.
+        n_batch: a.batch_size.min(a.ctx_size.max(if sparse_prefill { PREFILL_BLOCK } else { 1 })).max(1),
         ..EngineOptions::default()
     }));
     let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory)?;

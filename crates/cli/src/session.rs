@@ -47,6 +47,10 @@ pub fn options(
     let sparse =
         sparsity.method.is_some_and(|m| m != sift_engine::sparsity::Method::Dense) || sparsity.config.is_some();
     let columns = memory.memory.is_some() || (sparse && !sparsity.dense_kernels);
+    anyhow::ensure!(
+        memory.pack_dir.is_none() || columns,
+        "--pack-dir says where the column file of --memory (or of a sparse decode on a .gguf) goes, and neither is asked for: add --memory BYTES, or drop --pack-dir"
+    );
     let model =
         if columns && model.exists() { column_file(model, memory.pack_dir.as_deref())? } else { model.to_path_buf() };
     Ok(SessionOptions { model, engine, sparsity: sparsity.clone(), memory: memory.clone() })

@@ -190,6 +190,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The windows of the compensator's held-out check: their prompt halves (512 tokens) hold two
+/// sparse blocks.
+const HELD_OUT_CTX: usize = 1024;
+
 fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
     let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
@@ -213,7 +217,7 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     };
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
     let tokens = tok.encode(&text, true, false).context("cannot tokenize the training text")?;
-    let mut engine = Engine::new(model, &eo);
+    let mut engine = Engine::new(model, &EngineOptions { n_ctx: eo.n_ctx.max(HELD_OUT_CTX), ..eo.clone() });
     let t0 = std::time::Instant::now();
     let data = collect_blocks(&mut engine, &tokens, a.seq_blocks, a.blocks, &mut |k| {
         eprint!("\rsift: collecting activations: block {k}/{}   ", a.blocks);
@@ -299,8 +303,11 @@ fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
         })?;
         eprintln!();
         // Kept on by default only if it lowers the perplexity of held-out text (the end of the
-        // training text, past what the blocks used) under sparse prefill with the predictor.
-        let ctx = eo.n_ctx;
+        // training text, past what the blocks used) under sparse prefill with the predictor, in
+        // windows whose prompt half holds sparse blocks (with --seq-blocks 4 or less the
+        // training context's half held none: the check compared two equal numbers).
+        let ctx = eo.n_ctx.max(HELD_OUT_CTX);
+        debug_assert!(sift_engine::prefill::sparse_blocks(ctx / 2) >= 2);
         if tokens.len() >= 8 * ctx {
             let held = &tokens[tokens.len() - 4 * ctx..];
             engine.set_prefill_sparsity(a.ratio);

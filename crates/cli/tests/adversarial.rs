@@ -248,12 +248,15 @@ fn existing_outputs_need_force() {
     let keep = dir.path().join("notes.txt");
     std::fs::write(&keep, b"precious").unwrap();
     let k = keep.to_str().unwrap();
+    let input = dir.path().join("text.txt");
+    std::fs::write(&input, b"Some text.").unwrap();
+    let t = input.to_str().unwrap();
     for args in [
         vec!["pack", m, "-o", k],
-        vec!["calibrate", m, "-f", k, "-o", k],
+        vec!["calibrate", m, "-f", t, "-o", k],
         vec!["trace", "-m", m, "-p", "hi", "-n", "2", "-o", k],
         vec!["probe", "--quick", "-o", k],
-        vec!["train", "prefill", "-m", m, "-f", k, "-o", k],
+        vec!["train", "prefill", "-m", m, "-f", t, "-o", k],
     ] {
         let out = run_with_limit(&args, Duration::from_secs(60));
         let err = text(&out.stderr);
@@ -268,6 +271,140 @@ fn existing_outputs_need_force() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_ne!(std::fs::read(&keep).unwrap(), b"precious");
+}
+
+/// No command writes over one of its inputs, whatever `--force` says (an adversarial probe
+/// replaced a model by a predictor, a training text by its calibration, a pack's source GGUF by
+/// a trace): compared by file identity, a pack's source GGUF counting as an input, the
+/// autopacked column file too; every input left as it was.
+#[test]
+fn outputs_never_replace_inputs_even_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.gguf");
+    std::fs::copy(model(), &m).unwrap();
+    let words = dir.path().join("text.txt");
+    std::fs::write(&words, "The quick brown fox jumps over the lazy dog. ".repeat(200)).unwrap();
+    // A hard link: the same file under another name.
+    let linked = dir.path().join("linked.txt");
+    std::fs::hard_link(&words, &linked).unwrap();
+    let pack = dir.path().join("p.sift");
+    let (m_s, t_s, l_s, p_s) =
+        (m.to_str().unwrap(), words.to_str().unwrap(), linked.to_str().unwrap(), pack.to_str().unwrap());
+    let out = run_with_limit(&["pack", m_s, "-o", p_s], Duration::from_secs(120));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let auto = dir.path().join("m.sift");
+    let auto_s = auto.to_str().unwrap();
+    let sum = |p: &Path| std::fs::read(p).map(|b| crc(&b)).unwrap_or(0);
+    let before: Vec<u32> = [&m, &words, &pack].iter().map(|p| sum(p)).collect();
+    for args in [
+        vec!["train", "prefill", "-m", m_s, "-f", t_s, "-o", m_s, "--force"],
+        vec!["train", "prefill", "-m", m_s, "-f", t_s, "-o", l_s, "--force"],
+        vec!["probe", "--quick", "-m", m_s, "-o", m_s, "--force"],
+        vec!["calibrate", m_s, "-f", t_s, "-o", t_s, "--force"],
+        vec!["calibrate", m_s, "-f", t_s, "-o", l_s, "--force"],
+        vec!["trace", "-m", p_s, "-p", "hi", "-n", "2", "-o", m_s, "--force"],
+        vec!["trace", "-m", p_s, "-p", "hi", "-n", "2", "-o", p_s, "--force"],
+        vec!["trace", "-m", m_s, "--memory", "60%", "-p", "hi", "-n", "2", "-o", auto_s, "--force"],
+        vec!["pack", m_s, "-o", m_s, "--force"],
+        vec!["export-lora", "-m", m_s, "--lora", t_s, "-o", t_s, "--force"],
+    ] {
+        let out = run_with_limit(&args, Duration::from_secs(120));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", args.join(" "));
+        assert!(err.contains("an input of this command"), "{}: {err}", args.join(" "));
+    }
+    let after: Vec<u32> = [&m, &words, &pack].iter().map(|p| sum(p)).collect();
+    assert_eq!(before, after, "an input changed");
+    // The autopack made for the trace is a pack still.
+    assert_eq!(&std::fs::read(&auto).unwrap()[..8], b"SIFTPACK");
+}
+
+/// CRC-32 (IEEE), bitwise: enough to tell a changed file in a test.
+fn crc(b: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &x in b {
+        c ^= x as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+/// Side files and flags found accepted or ignored silently by an adversarial probe: a predictor
+/// that is a device or a FIFO (read until memory ran out, or forever), flags that would change
+/// the result but were not applied, a non-pack file where `--memory` builds its pack, an
+/// adapter with a value of -3.6e35 — each now refused naming the file or the flag.
+#[test]
+fn side_files_and_flags_that_are_not_applied_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // A copy (a symbolic link would put the column file of --memory beside its target).
+    let m = dir.path().join("m.gguf");
+    std::fs::copy(model(), &m).unwrap();
+    let m_s = m.to_str().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let link = dir.path().join("m.gguf.prefill");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let f = fifo.to_str().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut a = vec!["generate", "-m", m_s, "-p", "Hello", "-n", "2", "-t", "2"];
+        a.extend_from_slice(extra);
+        run_with_limit(&a, Duration::from_secs(60))
+    };
+    for (extra, want) in [
+        (vec!["--prefill-sparsity", "0.5", "--prefill-predictor", "/dev/zero"], "/dev/zero is not a regular file"),
+        (vec!["--prefill-sparsity", "0.5", "--prefill-predictor", f], "fifo is not a regular file"),
+        // MODEL.prefill beside the model, a symbolic link to a FIFO.
+        (vec!["--prefill-sparsity", "0.5"], "is not a regular file"),
+        (vec!["--prefill-predictor", "/dev/zero"], "--prefill-predictor sets how sparse prefill runs"),
+        (vec!["--prefill-masks", "oracle"], "--prefill-masks sets how sparse prefill runs"),
+        (vec!["--prefill-compensator", "on"], "add --prefill-sparsity"),
+        (vec!["--prefill-down", "columns"], "add --prefill-sparsity"),
+        (vec!["--prefill-sparsity", "0.5", "-b", "64"], "-b 64 holds less than a block"),
+        (vec!["--pack-dir", "/tmp"], "--pack-dir says where"),
+        (vec!["--gpu-attention", "on"], "--gpu-attention places"),
+        (vec!["--gpu-group-size", "8"], "--gpu-group-size sizes"),
+    ] {
+        let out = gen(&extra);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    std::fs::remove_file(&link).unwrap();
+    // The compensator asked for where there is none.
+    let out = gen(&["--prefill-sparsity", "0.5", "--prefill-masks", "oracle", "--prefill-compensator", "on"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--prefill-compensator on") && err.contains("sift train prefill"), "{err}");
+    // A file that is not a pack where --memory builds one: refused, left alone.
+    let notes = dir.path().join("m.sift");
+    std::fs::write(&notes, b"my notes").unwrap();
+    let out = gen(&["--memory", "60%"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("m.sift is not a sift pack") && err.contains("--pack-dir"), "{err}");
+    assert_eq!(std::fs::read(&notes).unwrap(), b"my notes");
+    // An adapter whose one value is -3.6e35: refused at load, naming the file and the tensor.
+    let model = sift_model::Model::load(model()).unwrap();
+    let mut lora = sift_engine::lora::LoraAdapters::empty(model.config.n_layer, 8.0);
+    let w = &model.layers[3].w_down;
+    let mut a_t = vec![0.01f32; w.cols * 2];
+    a_t[7] = -3.6e35;
+    lora.set(
+        3,
+        sift_model::layout::OpKind::Down,
+        sift_engine::lora::OpAdapter { n_in: w.cols, n_out: w.rows, rank: 2, a_t, b_t: vec![0.01; 2 * w.rows] },
+    );
+    let bad = dir.path().join("bad.lora.gguf");
+    std::fs::write(&bad, lora.to_gguf("llama")).unwrap();
+    let out = gen(&["--lora", bad.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bad.lora.gguf") && err.contains("blk.3.ffn_down.weight.lora_a") && err.contains("-3.6e35"),
+        "{err}"
+    );
 }
 
 /// A prompt longer than the context: a file whose size alone shows it (refused before it is

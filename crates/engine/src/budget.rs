@@ -126,14 +126,22 @@ impl Engine {
                 |reason: String| EvalError::KvBudget { positions, kv_mib: mib(bytes(target)), k_type, v_type, reason };
             let plan = &store.plan;
             let fixed = plan.fixed() - plan.kv_growth + growth;
+            // What of the fixed parts a user can give up, named.
+            let predictor = match &self.predictor {
+                Some(p) => format!(
+                    " (the expert predictor of sparse prefill holds {:.1} MiB of them: --prefill-masks oracle or --prefill-sparsity 0 frees it)",
+                    mib(p.bytes() as u64)
+                ),
+                None => String::new(),
+            };
             if fixed > plan.budget {
                 return Err(refuse(format!(
-                    "with it the parts that are not weight cache take {:.1} MiB of the {:.1} MiB budget",
+                    "with it the parts that are not weight cache take {:.1} MiB of the {:.1} MiB budget{predictor}",
                     mib(fixed),
                     mib(plan.budget)
                 )));
             }
-            store.set_kv_growth(growth).map_err(|e| refuse(e.to_string()))?;
+            store.set_kv_growth(growth).map_err(|e| refuse(format!("{e}{predictor}")))?;
         }
         self.kv.set_capacity(target);
         Ok(())

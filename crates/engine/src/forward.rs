@@ -51,8 +51,8 @@ pub enum EvalError {
     Store(#[from] TierError),
     #[error("GPU: {0}")]
     Gpu(#[from] sift_gpu::GpuError),
-    #[error("the model computed non-finite values (NaN or infinity) in {where_} for tokens {first}..{end}: its weights are damaged or out of range (check the file with `sift inspect`, or fetch it again)")]
-    NonFinite { where_: String, first: usize, end: usize },
+    #[error("the model computed non-finite values (NaN or infinity) in {where_} for tokens {first}..{end}: its weights are damaged or out of range (check the file with `sift inspect`, or fetch it again){}", if *lora { "; LoRA adapters are attached (--lora): run without them to tell which file" } else { "" })]
+    NonFinite { where_: String, first: usize, end: usize, lora: bool },
 }
 
 /// Whether every value is finite (NaN and infinities make `v · 0` NaN; one vectorized pass).
@@ -425,8 +425,9 @@ impl Engine {
             _ => n_layer,
         };
         let e = self.model.config.n_embd;
+        let lora = self.lora.is_some();
         let non_finite =
-            |where_: String, n_past: usize| EvalError::NonFinite { where_, first: n_past, end: n_past + n };
+            |where_: String, n_past: usize| EvalError::NonFinite { where_, first: n_past, end: n_past + n, lora };
         for l in 0..cpu_layers {
             self.layer(l, n)?;
             // A damaged model must not pass silently (NaN logits would read as end of text).

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 const MAX_FILE: u64 = 4 << 30;
 /// The largest rank accepted.
 pub const MAX_RANK: usize = 1024;
+/// The largest adapter weight accepted (in magnitude).
+pub const MAX_VALUE: f32 = 1e4;
 
 /// Problems with an adapter file.
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +278,14 @@ impl LoraAdapters {
             };
             if let Some(bad) = v.iter().position(|x| !x.is_finite()) {
                 return Err(format!("'{name}' holds a non-finite value at {bad}"));
+            }
+            // Trained adapters hold values far below one; one of 1e35 overflows the model a few
+            // layers on, where the error could no longer name this file.
+            if let Some(bad) = v.iter().position(|x| x.abs() > MAX_VALUE) {
+                return Err(format!(
+                    "'{name}' holds {:e} at {bad}, beyond ±{MAX_VALUE:e}: adapter weights that large overflow the model (a damaged file?)",
+                    v[bad]
+                ));
             }
             Ok(v)
         };

@@ -196,6 +196,11 @@ impl ExpertPredictors {
         }
     }
 
+    /// Bytes the weights hold in memory.
+    pub fn bytes(&self) -> usize {
+        4 * self.weights().count()
+    }
+
     /// Whether the file holds a compensator.
     pub fn has_compensator(&self) -> bool {
         self.header.comp_rank > 0

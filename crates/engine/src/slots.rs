@@ -364,7 +364,12 @@ impl Engine {
             for l in 0..self.model.layers.len() {
                 self.layer(l, n)?;
                 if !crate::forward::all_finite(&self.s.x[..n * e]) {
-                    return Err(EvalError::NonFinite { where_: format!("layer {l}"), first: 0, end: n });
+                    return Err(EvalError::NonFinite {
+                        where_: format!("layer {l}"),
+                        first: 0,
+                        end: n,
+                        lora: self.lora.is_some(),
+                    });
                 }
             }
             // The rows whose logits are wanted (the last of their runs) moved to the end, in
@@ -383,7 +388,12 @@ impl Engine {
             if k > 0 {
                 self.output_head(n, k)?;
                 if !crate::forward::all_finite(self.head_logits(k)) {
-                    return Err(EvalError::NonFinite { where_: "the output head".into(), first: 0, end: n });
+                    return Err(EvalError::NonFinite {
+                        where_: "the output head".into(),
+                        first: 0,
+                        end: n,
+                        lora: self.lora.is_some(),
+                    });
                 }
                 let mut out = std::mem::take(&mut self.slots.logits);
                 out.clear();

@@ -83,7 +83,15 @@ pub fn pack_for(
         }
     };
     let pack = dir.join(name);
-    if pack.exists() {
+    if let Ok(meta) = std::fs::metadata(&pack) {
+        // Only a pack is ever replaced: never a FIFO or a device (its read would block or never
+        // end), nor a file of the user's that happens to have the name.
+        anyhow::ensure!(
+            meta.is_file(),
+            "{} is not a regular file; --memory on '{}' builds its column file there: move it, or give --pack-dir DIR",
+            pack.display(),
+            model.display()
+        );
         match sift_store::read_toc(&pack) {
             Ok(Some(toc)) if toc.source().path == source => match toc.source().matches(&source) {
                 Ok(()) => return Ok(pack),
@@ -96,6 +104,11 @@ pub fn pack_for(
                 model.display()
             )),
             Ok(None) => anyhow::bail!("{} is a GGUF, not a pack; move it or give --pack-dir DIR", pack.display()),
+            Err(sift_store::PackError::Foreign { .. }) => anyhow::bail!(
+                "{} is not a sift pack, and --memory on '{}' would build its column file there: move that file, or give --pack-dir DIR",
+                pack.display(),
+                model.display()
+            ),
             Err(e) => notice(&format!("{} cannot be used ({e}): building it again", pack.display())),
         }
     }

@@ -63,6 +63,7 @@ impl Session {
     /// [`Session::open`] on a model and tokenizer already loaded (by [`load`]).
     pub fn build(model: Model, tok: Arc<Tokenizer>, opts: &SessionOptions) -> anyhow::Result<Session> {
         opts.sparsity.validate()?;
+        opts.check_flags()?;
         let eo = opts.engine_options();
         let model_size = model.columns.as_ref().map_or(0, |p| p.gguf_len);
         let (engine, planned, profile) = build_engine(model, &opts.model, &eo, &opts.sparsity, &opts.memory)?;
@@ -121,9 +122,11 @@ fn load_prefill_predictor(
     use sift_engine::predictor::{default_path, ExpertPredictors};
     use sift_engine::prefill::PrefillMasks;
     let wanted = sparsity.prefill_masks;
-    // Oracle or random masks use a file only when one is named (its compensator).
+    // Oracle or random masks use a file only when one is named or its compensator asked for.
     if sparsity.prefill_sparsity <= 0.0
-        || !(matches!(wanted, None | Some(PrefillMasks::Predicted)) || sparsity.prefill_predictor.is_some())
+        || !(matches!(wanted, None | Some(PrefillMasks::Predicted))
+            || sparsity.prefill_predictor.is_some()
+            || sparsity.prefill_compensator == Some(true))
     {
         return Ok(None);
     }
@@ -132,6 +135,12 @@ fn load_prefill_predictor(
         None => [default_path(path), default_path(model.file.path())].into_iter().find(|p| p.exists()),
     };
     let Some(file) = found else {
+        anyhow::ensure!(
+            sparsity.prefill_compensator != Some(true),
+            "--prefill-compensator on: the error compensator is part of an expert predictor file, and there is none beside '{}'; train one with `sift train prefill -m {} -f TEXT` (its compensator by default) or pass --prefill-predictor FILE",
+            path.display(),
+            path.display()
+        );
         anyhow::ensure!(
             wanted.is_none(),
             "--prefill-masks predicted: no expert predictor beside '{}'; train one with `sift train prefill -m {} -f TEXT` (or pass --prefill-predictor FILE)",
@@ -156,6 +165,11 @@ fn attach_prefill_predictor(
         return Ok(());
     };
     let wanted = sparsity.prefill_masks;
+    anyhow::ensure!(
+        sparsity.prefill_compensator != Some(true) || p.has_compensator(),
+        "--prefill-compensator on: '{}' holds no error compensator (it was trained with --compensator-steps 0); train one with `sift train prefill`, or drop the flag",
+        file.display()
+    );
     let on = sparsity.prefill_compensator.unwrap_or(p.header.comp_on);
     engine.set_prefill_compensator(on);
     let why = match (sparsity.prefill_compensator, p.header.comp_check) {
@@ -452,6 +466,18 @@ fn build_engine(
     let mut store = TieredStore::new(&model, path, &opts, &inputs)?;
     if opts.policy == Policy::Static {
         pin_hot_set(&model, &mut store, sparsity.calib.as_deref())?;
+    }
+    if let Some((file, p)) = &predictor {
+        // Counted with the runtime (it was loaded before the runtime was measured): said, so
+        // that a small cache or a KV cache that does not fit later is not a surprise.
+        eprintln!(
+            "sift: the expert predictor '{}' holds {} and sparse blocks' scratch {} of the {} budget; the column cache gets {}",
+            file.display(),
+            mib(p.bytes() as u64),
+            mib(Engine::sparse_block_bytes(&model, eo)),
+            mib(store.plan.budget),
+            mib(store.plan.cache)
+        );
     }
     let mut engine = Engine::new(model, eo);
     engine.set_lora(lora);

@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use sift_engine::prefill::PrefillMasks;
+use sift_engine::prefill::{PrefillMasks, PREFILL_BLOCK};
 use sift_engine::sparsity::{
     build_selector_with_norms, Calibration, ColumnNorms, Method, Ratios, Selector, SparsityConfig,
 };
@@ -38,7 +38,51 @@ impl SessionOptions {
         eo.prefill_sparsity = self.sparsity.prefill_sparsity;
         eo.prefill_masks = self.sparsity.prefill_masks.unwrap_or_default();
         self.memory.adjust(&mut eo);
+        if eo.prefill_sparsity > 0.0 && self.memory.enabled() {
+            // A sparse block is one batch (its neurons are chosen for the block's tokens).
+            eo.n_batch = self.engine.n_batch.min(PREFILL_BLOCK).max(eo.n_batch);
+        }
         eo
+    }
+
+    /// Refuses flags that would change the result but are not applied with the others given
+    /// (a flag is applied, refused with what to do, or said to change nothing — never ignored
+    /// silently): sparse prefill's refinements without `--prefill-sparsity`, a batch too small
+    /// for its blocks, the hybrid decode's settings without `--gpu-policy`.
+    pub fn check_flags(&self) -> anyhow::Result<()> {
+        let sp = &self.sparsity;
+        if sp.prefill_sparsity <= 0.0 {
+            let given = [
+                ("--prefill-predictor", sp.prefill_predictor.is_some()),
+                ("--prefill-masks", sp.prefill_masks.is_some()),
+                ("--prefill-compensator", sp.prefill_compensator.is_some()),
+                ("--prefill-schedule uniform", sp.prefill_schedule != "layerwise"),
+                ("--prefill-down columns", sp.prefill_down != "copy"),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                anyhow::bail!(
+                    "{flag} sets how sparse prefill runs, which is off: add --prefill-sparsity R (the share of FFN neurons a prompt block skips), or drop {flag}"
+                );
+            }
+        } else {
+            let b = self.engine_options().n_batch;
+            anyhow::ensure!(
+                b >= PREFILL_BLOCK,
+                "--prefill-sparsity reads prompts in blocks of {PREFILL_BLOCK} tokens, one batch each: -b {b} holds less than a block; use -b {PREFILL_BLOCK} or more"
+            );
+        }
+        let gpu = &self.memory.gpu;
+        if gpu.gpu_policy.is_none() {
+            if gpu.gpu_attention != sift_engine::hybrid::AttentionPlacement::Auto {
+                anyhow::bail!(
+                    "--gpu-attention places the hybrid decode's attention: it needs --gpu-policy POLICY with --gpu-memory BYTES (and a GPU), or drop it"
+                );
+            }
+            if gpu.gpu_group_size.is_some() {
+                anyhow::bail!("--gpu-group-size sizes the hybrid decode's unit groups: it needs --gpu-policy POLICY with --gpu-memory BYTES, or drop it");
+            }
+        }
+        Ok(())
     }
 }
 
