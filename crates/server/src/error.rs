@@ -81,6 +81,11 @@ impl ApiError {
     }
 
     /// 413: the request body is over the limit.
+    /// 413 for an answer larger than the request's share of the request memory.
+    pub fn too_large_answer(msg: String) -> Self {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("response_too_large"), msg)
+    }
+
     pub fn too_large(limit: usize) -> Self {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -18,6 +18,7 @@ use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use sift_model::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,8 +40,13 @@ pub struct AppState {
     pub tokenizer_gate: tokio::sync::Semaphore,
     /// The request memory (KiB): each request with a body holds its share
     /// ([`crate::router`]'s `request_memory`) from before its body is read until it is answered.
-    pub request_memory: tokio::sync::Semaphore,
+    pub request_memory: Arc<tokio::sync::Semaphore>,
 }
+
+/// The bytes of the request memory a request holds ([`crate::router`] puts it in the request's
+/// extensions): what its answer may take.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestShare(pub u64);
 
 impl AppState {
     /// The request memory's capacity in KiB (12 × `--max-body`).
@@ -343,7 +349,15 @@ fn field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Value> {
 /// `add_special_tokens` (default false, llama-server's default) prepends BOS when the model adds
 /// one. Answers `{"tokens": [...], "count": n, "max_model_len": n_ctx}`; with `with_pieces`, each
 /// token is `{"id", "piece"}`.
-pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Response {
+///
+/// The answer is written as text, its length known before it is made: it must fit the share of
+/// the request memory the request holds (until its last byte is sent), or the request gets 413
+/// naming the limit. (Built as a JSON value per token, a 2 MB text's pieces took ~490 MB.)
+pub async fn tokenize(
+    State(s): S,
+    share: Option<axum::Extension<RequestShare>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let r = async {
         // One tokenizer request at a time (the others wait with their bodies, at most
         // --max-body each): its work is the budget's request reserve.
@@ -363,39 +377,122 @@ pub async fn tokenize(State(s): S, body: Result<Bytes, BytesRejection>) -> Respo
         };
         let add_special = flag(&["add_special_tokens", "add_special"], "add_special_tokens")?;
         let with_pieces = flag(&["with_pieces"], "with_pieces")?;
+        drop(v);
         let tok = s.worker.info.tok.clone();
         // Long texts take milliseconds: off the async threads.
         let ids = tokio::task::spawn_blocking(move || tok.encode(&text, add_special, true))
             .await
             .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
             .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
-        drop(v);
         let tok = &s.worker.info.tok;
-        let response = if with_pieces {
-            let tokens: Vec<Value> =
-                ids.iter().map(|&id| json!({"id": id, "piece": String::from_utf8_lossy(tok.piece(id))})).collect();
-            Json(json!({"tokens": tokens, "count": ids.len(), "max_model_len": s.worker.info.n_ctx})).into_response()
-        } else {
-            // Written directly: a JSON value per id took 32 bytes each, 10+ MB for a long text.
-            let mut out = String::with_capacity(ids.len() * 7 + 64);
-            out.push_str("{\"tokens\":[");
-            for (i, id) in ids.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&id.to_string());
-            }
-            out.push_str(&format!("],\"count\":{},\"max_model_len\":{}}}", ids.len(), s.worker.info.n_ctx));
-            ([(header::CONTENT_TYPE, "application/json")], out).into_response()
-        };
+        let n_ctx = s.worker.info.n_ctx;
+        let pieces = with_pieces.then_some(&**tok);
+        let len = tokens_answer_len(&ids, pieces, n_ctx);
+        // The answer and the ids beside it, within the request's share (what is left of it
+        // after the parsing, which is over).
+        let limit = share.map_or(u64::MAX, |e| e.0 .0);
+        let need = len as u64 + 4 * ids.len() as u64;
+        if need > limit {
+            return Err(ApiError::too_large_answer(format!(
+                "the answer for these {} tokens{} would take {:.1} MB, more than this request's {:.1} MB share of the server's request memory (12 x --max-body); send the text in parts{}",
+                ids.len(),
+                if with_pieces { " with their pieces" } else { "" },
+                need as f64 / 1e6,
+                limit as f64 / 1e6,
+                if with_pieces { ", or leave out with_pieces" } else { "" }
+            )));
+        }
+        let out = tokens_answer(&ids, pieces, n_ctx, len);
         drop(ids);
         if large {
             sift_session::budget::trim_heap();
         }
-        Ok(response)
+        Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `/tokenize`'s answer, written straight into a string of exactly `len` bytes
+/// ([`tokens_answer_len`]): `{"tokens":[1,2],...}`, or with pieces `{"tokens":[{"id":1,"piece":"a"},...],...}`.
+fn tokens_answer(ids: &[u32], pieces: Option<&Tokenizer>, n_ctx: usize, len: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(len);
+    out.push_str("{\"tokens\":[");
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match pieces {
+            Some(p) => {
+                let _ = write!(out, "{{\"id\":{id},\"piece\":");
+                push_json_str(&mut out, &String::from_utf8_lossy(p.piece(*id)));
+                out.push('}');
+            }
+            None => {
+                let _ = write!(out, "{id}");
+            }
+        }
+    }
+    let _ = write!(out, "],\"count\":{},\"max_model_len\":{n_ctx}}}", ids.len());
+    debug_assert_eq!(out.len(), len, "the answer's length was counted right");
+    out
+}
+
+/// The length of [`tokens_answer`]'s string, counted without making it.
+fn tokens_answer_len(ids: &[u32], pieces: Option<&Tokenizer>, n_ctx: usize) -> usize {
+    let digits = |v: u64| v.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let mut len = "{\"tokens\":[".len() + ids.len().saturating_sub(1);
+    for &id in ids {
+        len += digits(id as u64);
+        if let Some(p) = pieces {
+            len += "{\"id\":,\"piece\":}".len() + json_str_len(&String::from_utf8_lossy(p.piece(id)));
+        }
+    }
+    len + "],\"count\":,\"max_model_len\":}".len() + digits(ids.len() as u64) + digits(n_ctx as u64)
+}
+
+/// How JSON writes a character inside a string: its escape, if it needs one.
+fn json_escape(c: char) -> Option<&'static str> {
+    Some(match c {
+        '"' => "\\\"",
+        '\\' => "\\\\",
+        '\n' => "\\n",
+        '\r' => "\\r",
+        '\t' => "\\t",
+        '\u{08}' => "\\b",
+        '\u{0c}' => "\\f",
+        c if (c as u32) < 0x20 => "\\u00",
+        _ => return None,
+    })
+}
+
+/// Appends `s` as a JSON string (quotes and escapes).
+fn push_json_str(out: &mut String, s: &str) {
+    use std::fmt::Write;
+    out.push('"');
+    for c in s.chars() {
+        match json_escape(c) {
+            Some("\\u00") => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            Some(e) => out.push_str(e),
+            None => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// The bytes [`push_json_str`] appends for `s`.
+fn json_str_len(s: &str) -> usize {
+    2 + s
+        .chars()
+        .map(|c| match json_escape(c) {
+            Some("\\u00") => 6,
+            Some(e) => e.len(),
+            None => c.len_utf8(),
+        })
+        .sum::<usize>()
 }
 
 /// `POST /detokenize {"tokens": [ids]}`: the text of token ids, special tokens included.

@@ -74,6 +74,9 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
     // --max-body is kept for it, and requests hold their share of it from before their body is
     // read until they are answered (`router`'s `request_memory`).
     let reserve = (cfg.max_body as u64).saturating_mul(REQUEST_RESERVE_BODIES);
+    // Requests' large blocks (bodies, answers) go back to the system when freed, not to a heap
+    // that stays resident beside the budget.
+    sift_session::budget::release_large_blocks();
     let (worker, thread) =
         worker::spawn(cfg.session.clone(), metrics.clone(), cfg.max_queue, reserve, cfg.parallel, cfg.ubatch)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -90,7 +93,9 @@ pub fn run(cfg: ServerConfig) -> anyhow::Result<()> {
         created: handlers::now_secs(),
         next_id: AtomicU64::new(1),
         tokenizer_gate: tokio::sync::Semaphore::new(1),
-        request_memory: tokio::sync::Semaphore::new(usize::try_from(reserve >> 10).unwrap_or(usize::MAX).max(1)),
+        request_memory: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(reserve >> 10).unwrap_or(usize::MAX).max(1),
+        )),
         cfg,
     });
     let result = rt.block_on(async move {

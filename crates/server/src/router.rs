@@ -5,7 +5,8 @@
 //! 404 / 405 for unknown routes and methods.
 
 use crate::error::ApiError;
-use crate::handlers::{self, AppState};
+use crate::handlers::{self, AppState, RequestShare};
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH};
 use axum::http::Method;
@@ -13,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::BodyExt;
 use std::sync::Arc;
 
 /// Compares without stopping at the first different byte.
@@ -44,23 +46,51 @@ const MIN_REQUEST_KIB: u64 = 64;
 
 /// A request with a body waits, before the body is read, until its share of the request memory
 /// is free: its declared length (at most `--max-body`) times what its route makes of each byte.
-/// The share is held until the response head is sent, so concurrent requests never take more
-/// than the reserve kept in the budget for them (`sift serve --memory`).
-async fn request_memory(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+/// The share is held until the response head is sent — for the tokenizer's routes, whose answers
+/// are as large as their texts, until the answer's last byte is sent — so concurrent requests
+/// never take more than the reserve kept in the budget for them (`sift serve --memory`). The
+/// handler finds the share's size in the request's extensions ([`RequestShare`]): what its
+/// answer may take.
+async fn request_memory(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     if req.method() == Method::GET {
         return next.run(req).await;
     }
     let max_body = s.cfg.max_body as u64;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let body = declared.unwrap_or(max_body).min(max_body);
-    let per_byte =
-        if req.uri().path().ends_with("tokenize") { TOKENIZE_BYTES_PER_BODY_BYTE } else { OTHER_BYTES_PER_BODY_BYTE };
+    let tokenizer = req.uri().path().ends_with("tokenize");
+    let per_byte = if tokenizer { TOKENIZE_BYTES_PER_BODY_BYTE } else { OTHER_BYTES_PER_BODY_BYTE };
     let capacity = s.request_memory_kib();
     let kib = ((body * per_byte) >> 10).max(MIN_REQUEST_KIB).min(capacity as u64) as u32;
-    let Ok(_share) = s.request_memory.acquire_many(kib).await else {
+    let Ok(share) = s.request_memory.clone().acquire_many_owned(kib).await else {
         return ApiError::shutting_down().into_response();
     };
-    next.run(req).await
+    req.extensions_mut().insert(RequestShare(u64::from(kib) << 10));
+    let resp = next.run(req).await;
+    if !tokenizer {
+        return resp;
+    }
+    // The share goes with the body: released when it is sent (or dropped with the connection),
+    // and the heap trimmed then.
+    let held = HeldShare(Some(share));
+    resp.map(|body| {
+        Body::new(body.map_frame(move |frame| {
+            let _held = &held;
+            frame
+        }))
+    })
+}
+
+/// A tokenizer request's share of the request memory, held by its answer's body: given back,
+/// and the heap trimmed of the answer, when the body is dropped.
+struct HeldShare(Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl Drop for HeldShare {
+    fn drop(&mut self) {
+        // The body (and the answer it held) goes first, then the share.
+        sift_session::budget::trim_heap();
+        self.0.take();
+    }
 }
 
 /// The request time limit (`--timeout`): the request's handling, body included, up to the
