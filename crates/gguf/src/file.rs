@@ -11,6 +11,25 @@ use std::ops::Range;
 
 use crate::{Gguf, GgufError};
 
+/// Opens `path` for reading only if it is a regular file: opened without blocking (a FIFO with
+/// no writer would block the open forever) and checked with `fstat` before anything is mapped
+/// or read (a device such as `/dev/zero` never ends).
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
+    }
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "it is not a regular file (a FIFO or a device): use a model file",
+        ));
+    }
+    Ok(file)
+}
+
 /// A GGUF file opened read-only with mmap, with its parsed header.
 pub struct GgufFile {
     pub gguf: Gguf,
@@ -41,11 +60,7 @@ impl GgufFile {
     fn open_section(path: impl AsRef<Path>, section: Option<(u64, u64)>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
         let io_err = |source: io::Error| GgufError::Io { path: path.clone(), source };
-        let file = File::open(&path).map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        if meta.is_dir() {
-            return Err(io_err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory")));
-        }
+        let file = open_regular(&path).map_err(io_err)?;
         // SAFETY: the map is read-only and we never create a mutable view of it. Memory
         // mapping is unsafe because another process could modify or truncate the file while
         // it is mapped, which would change bytes under our feet (breaking `&[u8]`'s
@@ -246,7 +261,7 @@ impl MappedFile {
     /// Maps `path` read-only.
     pub fn open(path: impl AsRef<Path>) -> io::Result<MappedFile> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path)?;
+        let file = open_regular(&path)?;
         // SAFETY: as in `GgufFile::open_section`: a read-only map never viewed mutably; a file
         // changed under it can give wrong bytes or SIGBUS, never an out-of-bounds slice, since
         // every range taken from it is checked against its length first.

@@ -416,7 +416,9 @@ impl DeviceProfile {
     /// Reads and checks a profile file.
     pub fn load(path: &Path) -> Result<DeviceProfile, ProfileError> {
         let shown = path.display().to_string();
-        let text = std::fs::read(path).map_err(|source| ProfileError::Io { path: shown.clone(), source })?;
+        // A profile is a few KiB of TOML: a regular file of at most 16 MiB.
+        let text = sift_output::read_regular(path, 16 << 20)
+            .map_err(|source| ProfileError::Io { path: shown.clone(), source })?;
         let text = String::from_utf8(text)
             .map_err(|e| ProfileError::Parse { path: shown.clone(), message: format!("not UTF-8 text ({e})") })?;
         DeviceProfile::from_toml(&text, &shown)

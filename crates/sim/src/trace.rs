@@ -131,7 +131,8 @@ impl Trace {
     pub fn read(path: &Path) -> Result<Trace, TraceError> {
         let io = |source| TraceError::Io { path: path.into(), source };
         let bad = |why: String| TraceError::Format { path: path.into(), why };
-        let mut r = BufReader::new(File::open(path).map_err(io)?);
+        // Only a regular file (a FIFO would block the open, a device never end).
+        let mut r = BufReader::new(sift_output::open_regular(path).map_err(io)?.0);
         let mut magic = [0u8; 8];
         read_exact(&mut r, &mut magic).map_err(|e| e.map_or_else(|| bad("too short".into()), io))?;
         if &magic != MAGIC {

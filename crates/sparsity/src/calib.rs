@@ -311,7 +311,11 @@ impl Calibration {
 
     pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| CalibrationError::Io { path: p.clone(), source: e })?;
+        // A regular file of at most 1 GiB (a FIFO would block, a device never end).
+        let bytes = sift_output::read_regular(path, 1 << 30)
+            .map_err(|e| CalibrationError::Io { path: p.clone(), source: e })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| CalibrationError::Parse { path: p.clone(), msg: format!("not UTF-8 text ({e})") })?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| CalibrationError::Parse { path: p.clone(), msg: e.to_string() })?;
         match v.get("version").and_then(|v| v.as_u64()) {

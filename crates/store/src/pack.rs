@@ -219,7 +219,7 @@ impl PackToc {
 /// `Ok(None)`: the file is a GGUF, not a pack.
 pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     use std::io::Read;
-    let mut f = File::open(path).map_err(io(path))?;
+    let (mut f, _) = sift_output::open_regular(path).map_err(io(path))?;
     let mut magic = [0u8; 8];
     let n = f.read(&mut magic).map_err(io(path))?;
     if n >= 4 && &magic[..4] == b"GGUF" {
@@ -360,7 +360,7 @@ fn verify_sections(path: &Path, toc: &PackToc) -> Result<(), PackError> {
         sections.push((g.offset, g.len, g.crc32, format!("group of layers {:?}", g.layers())));
     }
     sections.sort_by_key(|s| s.0);
-    let mut f = std::fs::File::open(path).map_err(io(path))?;
+    let (mut f, _) = sift_output::open_regular(path).map_err(io(path))?;
     let mut buf = vec![0u8; 1 << 20];
     for (off, len, crc, what) in sections {
         section_end(path, &what, off, len, toc.total)?;
@@ -493,7 +493,7 @@ fn read_unit_orders(
         return Ok(());
     }
     let toc_err = |msg: String| PackError::Toc { path: path.into(), msg };
-    let file = File::open(path).map_err(io(path))?;
+    let (file, _) = sift_output::open_regular(path).map_err(io(path))?;
     for t in orders {
         let what = format!("layer {} site {} unit order", t.layer, t.site);
         let lc = layers.get_mut(t.layer).ok_or_else(|| toc_err(format!("{what}: no such layer")))?;

@@ -54,12 +54,12 @@ fn a_short_run_learns_is_reproducible_and_resumes() {
     let path = dir.path().join("m.prefill");
     let mut a = a;
     a.header.model = identity;
-    a.save(&path).unwrap();
+    a.save(&path, &[]).unwrap();
     let back = ExpertPredictors::load(&path, &e.model).unwrap();
     assert_eq!(back.layers, a.layers);
     let mut other = a.clone();
     other.header.model = "another.gguf (1 bytes, 1 layers, 1 x 1)".into();
-    other.save(&path).unwrap();
+    other.save(&path, &[]).unwrap();
     let err = ExpertPredictors::load(&path, &e.model).unwrap_err().to_string();
     assert!(err.contains("not for this model") && err.contains("sift train prefill"), "{err}");
 }
@@ -121,7 +121,7 @@ fn a_short_compensator_run_learns_and_is_kept_in_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.prefill");
     p.header.model = identity;
-    p.save(&path).unwrap();
+    p.save(&path, &[]).unwrap();
     let back = ExpertPredictors::load(&path, &e.model).unwrap();
     assert_eq!(back.layers, p.layers);
     assert_eq!(back.header.comp_rank, sift_engine::predictor::compensator_rank(e.config().n_embd));
