@@ -204,6 +204,10 @@ def generic(src, rng, head_flips, body_flips, head=4096, foreign=(), body_from=N
         cat = "foreign-model" if other in (M, P) and src in (M, P) else "foreign"
         muts.append((f"foreign:{os.path.basename(other)}", cat, copy_then(other)))
     muts.append(("directory", "dir", lambda dst: os.mkdir(dst)))
+    # Not regular files: a FIFO with no writer (a plain open blocks forever) and a device that
+    # never ends (a plain read takes memory until it runs out); both through the file's own name.
+    muts.append(("fifo", "dir", lambda dst: os.mkfifo(dst)))
+    muts.append(("->/dev/zero", "dir", lambda dst: os.symlink("/dev/zero", dst)))
     muts.append(("missing", "missing", lambda dst: None))
     return muts
 
@@ -444,26 +448,34 @@ def calib_crafted(src):
             e.append((f"drop:{k}", lambda o, k=k: setk(o, [k], DEL)))
     return json_crafted(src, e)
 
-def header_json_crafted(src, magic_len, len_fmt, edits):
-    """Files with MAGIC, a length, a JSON header and a payload (trace, predictor)."""
+def header_json_crafted(src, magic_len, len_fmt, edits, crc=False):
+    """Files with MAGIC, a length, a JSON header and a payload (trace, predictor). With `crc`, a
+    CRC-32 of the header and the payload follows the length (predictor version 3): each edit is
+    made twice, with the old CRC (refused by the checksum) and with one made for it ("+crc": the
+    header's values then meet their own checks)."""
     with open(src, "rb") as f:
         b = f.read()
     ln = struct.calcsize(len_fmt)
     (hl,) = struct.unpack_from(len_fmt, b, magic_len)
-    hdr = json.loads(b[magic_len + ln:magic_len + ln + hl])
-    rest = b[magic_len + ln + hl:]
+    at = magic_len + ln + (4 if crc else 0)
+    hdr = json.loads(b[at:at + hl])
+    rest = b[at + hl:]
     out = []
     for label, fn in edits:
-        def make(dst, fn=fn):
-            h = fn(json.loads(json.dumps(hdr)))
-            if isinstance(h, tuple):  # (raw header bytes, length field override)
-                raw, lfield = h
-            else:
-                raw = json.dumps(h, separators=(",", ":")).encode()
-                lfield = len(raw)
-            with open(dst, "wb") as f:
-                f.write(b[:magic_len] + struct.pack(len_fmt, lfield) + raw + rest)
-        out.append((label, "crafted", make))
+        for fix in ([False, True] if crc else [False]):
+            def make(dst, fn=fn, fix=fix):
+                h = fn(json.loads(json.dumps(hdr)))
+                if isinstance(h, tuple):  # (raw header bytes, length field override)
+                    raw, lfield = h
+                else:
+                    raw = json.dumps(h, separators=(",", ":")).encode()
+                    lfield = len(raw)
+                word = b""
+                if crc:
+                    word = struct.pack("<I", zlib.crc32(raw + rest)) if fix else b[magic_len + ln:at]
+                with open(dst, "wb") as f:
+                    f.write(b[:magic_len] + struct.pack(len_fmt, lfield) + word + raw + rest)
+            out.append((label + ("+crc" if fix else ""), "crafted", make))
     return out
 
 def trace_crafted(src):
@@ -495,7 +507,7 @@ def trace_crafted(src):
     ])
 
 def pred_crafted(src):
-    return header_json_crafted(src, 12, "<I", [
+    return header_json_crafted(src, 12, "<I", crc=True, edits=[
         ("version=1", lambda h: setk(h, ["version"], 1)),
         ("version=99", lambda h: setk(h, ["version"], 99)),
         ("n_layer=29", lambda h: setk(h, ["n_layer"], 29)),

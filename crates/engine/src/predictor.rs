@@ -580,7 +580,8 @@ mod tests {
         flipped[n - 2] ^= 0x40;
         for (bad, what) in [
             (flipped, "checksum"),
-            (bytes[..bytes.len() - 4].to_vec(), "cut short"),
+            // (`load` says "cut short" first, from the header's shapes and the file's length.)
+            (bytes[..bytes.len() - 4].to_vec(), "checksum"),
             (b"GGUF\x03\0\0\0junkjunkjunk".to_vec(), "SIFTPRED"),
             ([&bytes[..8], &4u32.to_le_bytes()[..], &bytes[12..]].concat(), "version 4"),
             (legacy_bytes(&p, 1), "version-1 file with a compensator"),

@@ -305,6 +305,54 @@ fn a_pack_refers_to_its_gguf_and_refuses_a_changed_moved_or_truncated_one() {
     // The same bytes back (a new modification time): the whole file is hashed, and accepted.
     std::fs::write(moved.join("m.gguf"), &bytes).unwrap();
     assert!(open_model(&moved.join("m.sift")).is_ok());
+    // Edited in place with its modification time set back (`touch -r`, which an adversarial
+    // probe found accepted: a different text, no warning): one weight byte, outside the first
+    // and last MiB and between the sampled blocks, then the old time restored. The changed
+    // status-change time has the whole file hashed: refused.
+    let src = moved.join("m.gguf");
+    let mtime = std::fs::metadata(&src).unwrap().modified().unwrap();
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+        let at = bytes.len() as u64 / 3 + 1234;
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&[bytes[at as usize] ^ 0x10]).unwrap();
+        f.set_modified(mtime).unwrap();
+    }
+    assert_eq!(std::fs::metadata(&src).unwrap().modified().unwrap(), mtime, "the time was set back");
+    let m = err(&moved.join("m.sift"));
+    assert!(m.contains("contents differ"), "{m}");
+    // A pack's record of its source, as written now, holds the sampled blocks and the ctime.
+    let toc = sift_store::read_toc(&moved.join("m.sift")).unwrap().unwrap();
+    assert!(toc.source().sample_crc32.is_some() && toc.source().ctime_ns > 0);
+}
+
+/// The sampled fingerprint alone (a pack whose record has no ctime, as older packs): a page of
+/// the GGUF changed where the samples fall, the times and size unchanged, is refused.
+#[test]
+fn the_sampled_fingerprint_sees_a_changed_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("m.gguf");
+    std::fs::copy(gguf(), &g).unwrap();
+    let size = std::fs::metadata(&g).unwrap().len();
+    let mut rec = sift_store::SourceGguf::of(&g, 0).unwrap();
+    rec.ctime_ns = 0;
+    assert!(rec.matches(&g).is_ok());
+    // The 100th sampled block (see `sift_store::source::sample_crc32`), one byte flipped.
+    let at = (size - 4096) / (sift_store::source::SAMPLES - 1) * 100 + 17;
+    let mtime = std::fs::metadata(&g).unwrap().modified().unwrap();
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&g).unwrap();
+        let mut b = [0u8; 1];
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&[b[0] ^ 1]).unwrap();
+        f.set_modified(mtime).unwrap();
+    }
+    let e = rec.matches(&g).unwrap_err().to_string();
+    assert!(e.contains("sampled blocks"), "{e}");
 }
 
 #[test]

@@ -547,3 +547,46 @@ pub async fn tokenizer_info(State(s): S) -> Json<Value> {
         "chat_template": i.chat_template,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/tokenize`'s answer, written by hand, is the JSON serde reads back — the ids, each
+    /// piece as the tokenizer's bytes read lossily, the counts — and exactly as long as counted
+    /// before it was made (its size is checked against the request's share with that count).
+    /// Real SmolLM2 tokenizer; text with quotes, backslashes, control characters, multi-byte
+    /// characters split over tokens.
+    #[test]
+    fn the_tokens_answer_is_json_of_the_length_counted() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(path.exists(), "{} missing: run scripts/fetch-model.sh first", path.display());
+        let model = sift_model::Model::load(&path).unwrap();
+        let tok = Tokenizer::from_gguf(&model.file.gguf).unwrap();
+        let text = "He said \"hi\\there\"\n\tcontrol \u{1} \u{1f} bell \u{7}; 漢字 and 🦀 crabs, é.";
+        let ids = tok.encode(text, true, true).unwrap();
+        for pieces in [None, Some(&tok)] {
+            let len = tokens_answer_len(&ids, pieces, 8192);
+            let out = tokens_answer(&ids, pieces, 8192, len);
+            assert_eq!(out.len(), len);
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["count"], ids.len());
+            assert_eq!(v["max_model_len"], 8192);
+            let got = v["tokens"].as_array().unwrap();
+            assert_eq!(got.len(), ids.len());
+            for (g, &id) in got.iter().zip(&ids) {
+                match pieces {
+                    None => assert_eq!(g.as_u64(), Some(id as u64)),
+                    Some(t) => {
+                        assert_eq!(g["id"].as_u64(), Some(id as u64));
+                        assert_eq!(g["piece"].as_str().unwrap(), String::from_utf8_lossy(t.piece(id)));
+                    }
+                }
+            }
+        }
+        // No tokens at all.
+        let len = tokens_answer_len(&[], Some(&tok), 7);
+        assert_eq!(tokens_answer(&[], Some(&tok), 7, len), "{\"tokens\":[],\"count\":0,\"max_model_len\":7}");
+    }
+}
