@@ -189,7 +189,13 @@ fn attach_prefill_predictor(
     let schedule = if sparsity.prefill_schedule == "layerwise" && !p.header.attn_mass.is_empty() {
         let keep = sift_engine::prefill::linear_schedule(&p.header.attn_mass, 1.0 - sparsity.prefill_sparsity);
         let (lo, hi) = keep.iter().fold((f32::MAX, f32::MIN), |(a, b), &k| (a.min(k), b.max(k)));
-        let line = format!("; layerwise schedule: layers keep {:.0}% to {:.0}%", 100.0 * lo, 100.0 * hi);
+        let mean = keep.iter().map(|&k| k as f64).sum::<f64>() / keep.len().max(1) as f64;
+        let line = format!(
+            "; layerwise schedule: layers keep {:.0}% to {:.0}%, {:.1}% on average",
+            100.0 * lo,
+            100.0 * hi,
+            100.0 * mean
+        );
         engine.set_prefill_schedule(Some(keep));
         line
     } else {
