@@ -1,24 +1,23 @@
-//! The worker: ONE std thread owns the [`Engine`], the [`Tokenizer`] and the [`ChatTemplate`] and
-//! runs one sequence at a time, off the async runtime. Handlers send it [`Msg`]s over a channel;
-//! a generation job carries its own event channel (pieces of text with their log-probabilities)
-//! and a cancel flag, which the worker checks between tokens (and between prompt chunks). Admin
-//! messages (budget changes, stats) are answered between tokens, so they never wait for a long
-//! generation; generation jobs that arrive meanwhile wait in order.
+//! The worker: ONE std thread owns the [`Engine`], the [`Tokenizer`] and the [`ChatTemplate`],
+//! off the async runtime, and runs the server's one decode loop ([`scheduler`]: `-np` slots,
+//! one by default). Handlers send it [`Msg`]s over a channel; a generation job carries its own
+//! event channel (pieces of text with their log-probabilities) and a cancel flag, which the
+//! worker checks at every step (a prompt chunk or a token). Admin messages (budget changes,
+//! stats) are answered between steps, so they never wait for a long generation; generation jobs
+//! that arrive while every slot is busy wait in order.
 //!
-//! Between requests the KV cache keeps the previous sequence; a request that starts with the same
-//! tokens evaluates only the rest (as `sift chat` does), except when it asks for the prompt's own
-//! log-probabilities (`echo` + `logprobs`), which need every position's logits.
+//! Between requests each slot's KV cache keeps its previous sequence; a request that starts with
+//! the same tokens evaluates only the rest (as `sift chat` does), except when it asks for the
+//! prompt's own log-probabilities (`echo` + `logprobs`), which need every position's logits.
 
 use crate::error::ApiError;
 use crate::metrics::{MemoryGauges, Metrics};
 use crate::openai::{GenRequest, PromptInput, TokenLogprob};
 use serde_json::{json, Value};
-use sift_engine::generate::Generator;
 use sift_engine::prefill::PREFILL_BLOCK;
-use sift_engine::{GenerateOptions, Logits};
+use sift_engine::Logits;
 use sift_model::chat::{ChatMessage, ChatTemplate};
 use sift_model::tokenizer::Tokenizer;
-use sift_session::report::DecodeProbe;
 use sift_session::{Session, SessionOptions};
 use sift_sim::bound::DecodeTelemetry;
 use sift_sim::profile::DeviceProfile;
@@ -29,11 +28,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-mod request;
-mod slots;
+mod prompt;
+mod scheduler;
 
-/// Tokens per prompt chunk: the worker checks for cancellation and admin messages between chunks.
-const PROMPT_CHUNK: usize = 256;
 /// Tokens per chunk when every position's logits are needed (echo): bounds the logits buffer.
 const ECHO_CHUNK: usize = 64;
 
@@ -315,13 +312,12 @@ pub fn spawn(
             l: loaded,
             rx,
             pending: VecDeque::new(),
-            cached: Cached::default(),
             metrics,
             queued: q2,
             abort: a2,
             logits: Vec::new(),
             profile,
-            slots: if parallel > 1 { (0..parallel).map(|_| slots::Slot::default()).collect() } else { Vec::new() },
+            slots: (0..parallel.max(1)).map(|_| scheduler::Slot::default()).collect(),
             next_prompt: 0,
             ubatch,
         };
@@ -347,10 +343,8 @@ pub fn spawn(
 struct Worker {
     l: Loaded,
     rx: mpsc::Receiver<Msg>,
-    /// Jobs received while another ran.
+    /// Jobs received while the slots were busy.
     pending: VecDeque<Job>,
-    /// The tokens in the KV cache.
-    cached: Cached,
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
     abort: Arc<AtomicBool>,
@@ -358,8 +352,8 @@ struct Worker {
     /// The device profile a budgeted decode's bound takes the disk's bandwidth and the compute
     /// model from (`--profile`).
     profile: Option<DeviceProfile>,
-    /// With `-np N > 1`: the slots (see `slots`); empty with one sequence at a time.
-    slots: Vec<slots::Slot>,
+    /// The `-np` slots (one by default; see `scheduler`).
+    slots: Vec<scheduler::Slot>,
     /// The slot whose prompt chunk goes first at the next step (turns, for fairness).
     next_prompt: usize,
     /// Prompt tokens a slot reads per step (`-ub`).
@@ -374,42 +368,6 @@ enum Stop {
 }
 
 impl Worker {
-    fn run(&mut self) {
-        if self.slots.len() > 1 {
-            return self.run_slots();
-        }
-        loop {
-            let msg = match self.pending.pop_front() {
-                Some(j) => Msg::Generate(j),
-                None => match self.rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => return,
-                },
-            };
-            match msg {
-                Msg::Generate(job) => {
-                    self.queued.fetch_sub(1, Ordering::SeqCst);
-                    Metrics::dec(&self.metrics.queued);
-                    // A bug that panics inside the engine fails this request, not the server:
-                    // the KV cache is dropped (its contents are unknown) and the next job runs.
-                    let events = job.events.clone();
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.job(job)));
-                    if let Err(p) = ran {
-                        let what = panic_text(&p);
-                        eprintln!("sift: a request failed inside the engine ({what}); the KV cache was reset");
-                        self.reset();
-                        self.metrics.running.store(0, Ordering::SeqCst);
-                        Metrics::inc(&self.metrics.errors, 1);
-                        let _ = events.send(Event::Error(ApiError::internal(format!(
-                            "the engine failed on this request ({what}); the server goes on"
-                        ))));
-                    }
-                }
-                other => self.admin(other),
-            }
-        }
-    }
-
     /// Handles admin messages and queues jobs that arrived meanwhile; called between tokens.
     fn poll(&mut self) {
         while let Ok(m) = self.rx.try_recv() {
@@ -489,27 +447,6 @@ impl Worker {
 
     fn cancelled(&self, job: &Job) -> bool {
         job.cancel.load(Ordering::SeqCst) || self.abort.load(Ordering::SeqCst) || job.events.is_closed()
-    }
-
-    fn job(&mut self, job: Job) {
-        if self.abort.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::Error(ApiError::shutting_down()));
-            return;
-        }
-        if job.cancel.load(Ordering::SeqCst) || job.events.is_closed() {
-            Metrics::inc(&self.metrics.cancelled, 1);
-            return;
-        }
-        Metrics::inc(&self.metrics.running, 1);
-        let mut result = Ok(());
-        for (index, p) in job.req.prompts.iter().enumerate() {
-            result = self.choice(&job, index, p);
-            if result.is_err() {
-                break;
-            }
-        }
-        self.end_job(job, result);
-        self.poll();
     }
 
     /// A job is over: done, cancelled or failed; counted, and the client told why it stopped.

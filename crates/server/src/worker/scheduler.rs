@@ -1,18 +1,24 @@
-//! Parallel slots (`-np N`, llama-server's `--parallel`): continuous batching of several
-//! requests in one engine.
+//! The server's one decode loop: a scheduler over `-np` slots (llama-server's `--parallel`; one
+//! by default) with continuous batching of their requests in one engine.
 //!
 //! Each slot is a sequence with its own KV cache (`Engine::set_slots`: the context is split as
 //! llama-server splits it). A request takes a free slot (the one whose cached tokens share the
-//! longest prefix with its prompt, reused as one slot's cache is reused with one slot) and joins
-//! the running batch at the next step. Every step evaluates, in one `Engine::eval_slots` call, the
-//! next token of each generating slot and the next chunk (`-ub` tokens) of each prompt being
-//! read, as many as `-b` tokens allow (a long prompt does not stall the others' decoding), then samples each
-//! finished row. A request that ends, fails or whose client goes away frees its slot at that step.
-//! With temperature 0 a request gets exactly the text it gets alone: the engine computes each
-//! run as it would alone, and prompts are cut into the same chunks whoever else runs.
+//! longest prefix with its prompt, reused as `Cached::reusable` allows) and joins the running
+//! batch at the next step. Every step evaluates, in one `Engine::eval_slots` call, the next token
+//! of each generating slot and the next chunk (`-ub` tokens) of each prompt being read, as many
+//! as `-b` tokens allow (a long prompt does not stall the others' decoding), then samples each
+//! finished row. A choice is a small state machine — its prompt read chunk by chunk, then
+//! sampled from the prompt's logits, then stepped a token at a time until it finishes — that
+//! owns sampling, log-probabilities, stop strings, timings and events; a request that ends,
+//! fails or whose client goes away frees its slot at that step. With temperature 0 a request
+//! gets exactly the text it gets alone: the engine computes each run as it would alone, and
+//! prompts are cut into the same chunks whoever else runs. Between steps the worker answers
+//! admin messages and polls the live budget.
 //!
 //! Requests asking for their prompt's log-probabilities (`echo` with `logprobs`) need every
 //! position's logits: their prompt is read in one go at admission (the others wait for it).
+//! With one slot under `--memory`, a choice's decode is measured against its bound
+//! (`timings.decode`); with several, a tracer would change how the slots share a step.
 
 use super::{prompt_chunks, token_logprob, Cached, Event, Job, Stop, Timings, Worker};
 use crate::error::ApiError;
@@ -20,6 +26,7 @@ use crate::metrics::{Metrics, SlotGauge};
 use crate::openai::TokenLogprob;
 use sift_engine::generate::Generator;
 use sift_engine::{GenerateOptions, SlotRun};
+use sift_session::report::DecodeProbe;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -50,6 +57,8 @@ struct Task {
     echo: Vec<TokenLogprob>,
     echo_text: String,
     decode: Option<Decode>,
+    /// Under `--memory` with one slot: the decode measured against its bound.
+    probe: Option<DecodeProbe>,
 }
 
 struct Decode {
@@ -68,8 +77,8 @@ enum Run {
 }
 
 impl Worker {
-    /// The worker's loop with several slots.
-    pub(super) fn run_slots(&mut self) {
+    /// The worker's loop.
+    pub(super) fn run(&mut self) {
         loop {
             let busy = self.slots.iter().any(|s| s.task.is_some());
             if !busy && self.pending.is_empty() {
@@ -132,7 +141,8 @@ impl Worker {
         let need = tokens.len() + usize::from(req.max_tokens > 0);
         if need > n_ctx {
             let e = ApiError::context_length(format!(
-                "This model's maximum context length is {n_ctx} tokens per slot (-c divided by -np); the prompt has {} tokens{}",
+                "This model's maximum context length is {n_ctx} tokens{}; the prompt has {} tokens{}",
+                self.per_slot(),
                 tokens.len(),
                 if req.max_tokens > 0 { " and at least one more is needed to generate" } else { "" }
             ));
@@ -163,13 +173,12 @@ impl Worker {
             echo: Vec::new(),
             echo_text,
             decode: None,
+            probe: None,
             tokens,
         };
         if task.job.req.echo && task.job.req.logprobs.is_some() {
-            // Every position's logits, read now (the single-slot path's code, on this slot).
-            std::mem::swap(&mut self.cached, &mut self.slots[s].cached);
-            let r = self.prompt(&task.job, &task.tokens, task.job.req.logprobs);
-            std::mem::swap(&mut self.cached, &mut self.slots[s].cached);
+            // Every position's logits, read now.
+            let r = self.echo_prompt(s, &task.job, &task.tokens, task.job.req.logprobs);
             match r {
                 Ok(echo) => {
                     task.echo = echo;
@@ -310,6 +319,15 @@ impl Worker {
             ignore_eos: req.ignore_eos,
             sampler: req.sampler.clone(),
         };
+        // Under --memory with one slot, the decode is measured against its bound (a tracer
+        // left by a cancelled request is replaced).
+        if self.slots.len() == 1 && self.profile.is_some() {
+            self.l.session.engine.set_tracer(None);
+            match DecodeProbe::start(&mut self.l.session.engine) {
+                Ok(p) => task.probe = p,
+                Err(e) => return self.end_job(task.job, Err(Stop::Failed(ApiError::internal(e.to_string())))),
+            }
+        }
         let now = Instant::now();
         task.decode = Some(Decode {
             g: Generator::new(&opts, &task.tokens),
@@ -374,7 +392,16 @@ impl Worker {
         let n_gen = d.g.n_sampled();
         let decode_s = d.t0.elapsed().as_secs_f64();
         let cache_n = task.cache_n.min(task.tokens.len());
-        let timings = Timings::new(cache_n, task.tokens.len() - cache_n, task.prompt_s, n_gen, decode_s);
+        let mut timings = Timings::new(cache_n, task.tokens.len() - cache_n, task.prompt_s, n_gen, decode_s);
+        if let (Some(p), Some(profile)) = (task.probe.take(), &self.profile) {
+            match p.finish(&mut self.l.session.engine, decode_s, profile) {
+                Ok(t) => {
+                    self.metrics.set_decode(&t);
+                    timings.decode = Some(t);
+                }
+                Err(e) => eprintln!("sift: the decode's bound: {e}"),
+            }
+        }
         if task.job.events.send(Event::Done { index, finish, n_gen, timings }).is_err() {
             return self.end_job(task.job, Err(Stop::Cancelled));
         }
@@ -384,8 +411,17 @@ impl Worker {
         self.end_job(task.job, Ok(()));
     }
 
+    /// " per slot (-c divided by -np)" with several slots: what a context-length error adds.
+    pub(super) fn per_slot(&self) -> &'static str {
+        if self.slots.len() > 1 {
+            " per slot (-c divided by -np)"
+        } else {
+            ""
+        }
+    }
+
     /// Drops slot `s`'s cache (after an engine error its contents are unknown).
-    fn reset_slot(&mut self, s: usize) {
+    pub(super) fn reset_slot(&mut self, s: usize) {
         self.l.session.engine.use_slot(s);
         self.l.session.engine.truncate(0);
         self.slots[s].cached.clear();
