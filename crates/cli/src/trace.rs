@@ -71,7 +71,7 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         model: name,
         n_layer: c.n_layer,
         n_embd: c.n_embd,
-        dims: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff],
+        dims: sift_model::layout::SiteDims::of(&c).units,
         selector: engine.selector().describe(),
         n_ctx: engine.n_ctx(),
         n_batch: eo.n_batch,

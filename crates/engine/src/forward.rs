@@ -17,7 +17,7 @@ use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
 use crate::prefill::{PrefillMasks, PrefillScratch, PREFILL_BLOCK};
-use crate::source::{site_ops, MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
+use crate::source::{MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
 use crate::sparse::{column_matmul_batch, column_matmul_part, tensor_job, ColJob};
 use crate::trace::{SparsityStats, Tracer};
 use crate::vecops::{self, rms_norm_rows};
@@ -89,7 +89,7 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    /// A site's input (`n` rows) and its ops' outputs (`n` rows each, in [`site_ops`] order).
+    /// A site's input (`n` rows) and its ops' outputs (`n` rows each, in [`Site::ops`] order).
     pub(crate) fn site_io(&mut self, c: &Config, site: Site, n: usize) -> (&[f32], Vec<&mut [f32]>) {
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let Scratch { h, att, g, u, q, k, v, o, .. } = self;
@@ -226,10 +226,7 @@ impl Engine {
             Some(cols) if opts.column_kernels => Box::new(cols),
             _ => Box::new(MappedRows { row_gather: opts.column_kernels }),
         };
-        let stats = SparsityStats {
-            units: [c.n_embd as u64, c.n_embd_q() as u64, c.n_embd as u64, c.n_ff as u64],
-            ..Default::default()
-        };
+        let stats = SparsityStats { units: SiteDims::of(&c).units.map(|u| u as u64), ..Default::default() };
         let mut kv = KvCache::new(&c, kv_types.0, kv_types.1);
         kv.set_capacity(KV_PAGE.min(n_ctx));
         Engine {
@@ -562,11 +559,12 @@ impl Engine {
         let live_cache = selector.wants_cache_state() && source.cached_mask(l, site, &mut s.cached);
         let c = &model.config;
         let Scratch { h, att, g, active, keep, cached, .. } = s;
-        let (x, len) = match site {
-            Site::AttnIn | Site::FfnIn => (h, c.n_embd),
-            Site::AttnOut => (att, c.n_embd_q()),
-            Site::FfnMid => (g, c.n_ff),
+        let x = match site {
+            Site::AttnIn | Site::FfnIn => h,
+            Site::AttnOut => att,
+            Site::FfnMid => g,
         };
+        let len = site.width(c);
         let i = site.index();
         let mut subset = false;
         for row in x[..n * len].chunks_exact_mut(len) {
@@ -638,7 +636,7 @@ impl Engine {
             };
             match weights {
                 SiteWeights::Rows { file, layer, gather } => {
-                    let ws: Vec<&QTensor> = site_ops(site).iter().map(|&op| layer.op(op)).collect();
+                    let ws: Vec<&QTensor> = site.ops().iter().map(|&op| layer.op(op)).collect();
                     acts.quantize_for(pool, &ws, x, width, n);
                     let mut jobs: Vec<MatJob<'_>> = ws
                         .iter()
@@ -656,7 +654,7 @@ impl Engine {
                 }
                 SiteWeights::RowChunk { file, op, w, row0 } => {
                     if part == 0 {
-                        let ws: Vec<&QTensor> = site_ops(site).iter().map(|&op| model.layers[l].op(op)).collect();
+                        let ws: Vec<&QTensor> = site.ops().iter().map(|&op| model.layers[l].op(op)).collect();
                         acts.quantize_for(pool, &ws, x, width, n);
                     }
                     let out = &mut *outs[op];

@@ -396,7 +396,7 @@ impl GpuLayers {
         outs: &mut [&mut [f32]],
     ) -> Result<(), GpuError> {
         let ms = &self.held[l - self.placement.first_layer].mats;
-        let ops = crate::source::site_ops(site);
+        let ops = site.ops();
         let mut jobs: Vec<GpuJob<'_>> =
             ops.iter().zip(outs.iter_mut()).map(|(&op, out)| GpuJob { w: &ms[op_index(op)], out }).collect();
         self.dev.matmul_many(x, width, n, &mut jobs)

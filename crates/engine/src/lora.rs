@@ -14,7 +14,7 @@
 
 use crate::sparsity::Site;
 use sift_gguf::{GgmlType, Gguf, GgufWriter, WriteValue};
-use sift_model::layout::{OpKind, SITE_OPS};
+use sift_model::layout::OpKind;
 use sift_model::Model;
 use std::path::{Path, PathBuf};
 
@@ -182,7 +182,7 @@ impl LoraAdapters {
     /// (skipped by the selector) cost nothing.
     pub fn apply(&self, layer: usize, site: Site, x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
         let Some(row) = self.layers.get(layer) else { return };
-        for (&op, out) in SITE_OPS[site.index()].iter().zip(outs.iter_mut()) {
+        for (&op, out) in site.ops().iter().zip(outs.iter_mut()) {
             let Some(a) = &row[op_index(op)] else { continue };
             let s = self.scale(a.rank);
             let mut z = vec![0f32; a.rank];

@@ -40,7 +40,7 @@
 use crate::forward::{Engine, EvalError};
 use crate::matmul::{matmul_many, MatJob};
 use crate::pool::{SharedMut, ThreadPool};
-use crate::source::{site_ops, SiteWeights};
+use crate::source::SiteWeights;
 use crate::vecops;
 use sift_model::layout::OpKind;
 use sift_model::{Model, QTensor};
@@ -316,7 +316,7 @@ impl Engine {
         }
         let cg = QTensor { rows: k, range: 0..gb, ..gate.clone() };
         let cu = QTensor { rows: k, range: gb..gb + ub, ..up.clone() };
-        let ws: Vec<&QTensor> = site_ops(Site::FfnIn).iter().map(|&op| lw.op(op)).collect();
+        let ws: Vec<&QTensor> = Site::FfnIn.ops().iter().map(|&op| lw.op(op)).collect();
         s.acts.quantize_for(pool, &ws, &s.h[..n * e], e, n);
         grow(&mut p.gs, n * k, 0.0);
         grow(&mut p.us, n * k, 0.0);

@@ -309,12 +309,7 @@ impl Engine {
     /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
     /// computed as a lone token (its own selection and columns), moved back.
     pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
-        let c = &self.model.config;
-        let width = match site {
-            Site::AttnIn | Site::FfnIn => c.n_embd,
-            Site::AttnOut => c.n_embd_q(),
-            Site::FfnMid => c.n_ff,
-        };
+        let width = site.width(&self.model.config);
         let mut union = std::mem::take(&mut self.slots.union);
         union.clear();
         union.resize(width, false);

@@ -1,7 +1,6 @@
 //! What the engine reports about a token's path: the [`Tracer`] hook (`sift trace`) and the
 //! per-site [`SparsityStats`].
 
-use crate::source::site_ops;
 use crate::Engine;
 use sift_model::QTensor;
 use sift_sparsity::Site;
@@ -95,7 +94,7 @@ impl Engine {
         let mut b = [0u64; 4];
         for lw in &self.model.layers {
             for site in Site::ALL {
-                b[site.index()] += site_ops(site).iter().map(|&op| n(lw.op(op))).sum::<u64>();
+                b[site.index()] += site.ops().iter().map(|&op| n(lw.op(op))).sum::<u64>();
             }
         }
         (b, n(&self.model.output))

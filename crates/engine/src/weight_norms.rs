@@ -26,7 +26,7 @@ pub enum NormsError {
 /// The norms of every site's input channels in every layer of `model` (module docs).
 pub fn column_norms(model: &Model) -> Result<ColumnNorms, NormsError> {
     let c = &model.config;
-    let dims = SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] };
+    let dims = SiteDims::of(c);
     let path = model.file.path();
     let file = File::open(path).map_err(|source| NormsError::Io { path: path.display().to_string(), source })?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 2);

@@ -9,6 +9,89 @@ use serde::{Deserialize, Serialize};
 use sift_quant::ColFormat;
 use std::ops::Range;
 
+/// Where in a layer a linear op reads its input (a selection site). Ops that share an input share
+/// the selection. A site's geometry — its ops ([`Site::ops`]), where they lie among a layer's
+/// seven ([`Site::op_range`]), its width ([`Site::width`], [`SiteDims`]) — is written here once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Site {
+    /// Output of the attention norm, read by q, k and v.
+    AttnIn = 0,
+    /// Output of attention, read by o.
+    AttnOut = 1,
+    /// Output of the FFN norm, read by gate and up.
+    FfnIn = 2,
+    /// The GLU activation silu(gate) * up, read by down. Its units are the FFN neurons.
+    FfnMid = 3,
+}
+
+impl Site {
+    pub const ALL: [Site; 4] = [Site::AttnIn, Site::AttnOut, Site::FfnIn, Site::FfnMid];
+
+    /// The name used in config and calibration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Site::AttnIn => "qkv",
+            Site::AttnOut => "o",
+            Site::FfnIn => "gate_up",
+            Site::FfnMid => "down",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Site> {
+        match s {
+            "qkv" | "q" | "k" | "v" | "attn_in" => Some(Site::AttnIn),
+            "o" | "attn_out" => Some(Site::AttnOut),
+            "gate_up" | "gate" | "up" | "ffn_in" => Some(Site::FfnIn),
+            "down" | "glu" | "ffn_mid" => Some(Site::FfnMid),
+            _ => None,
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The ops that read this site's activation.
+    pub fn ops(self) -> &'static [OpKind] {
+        SITE_OPS[self.index()]
+    }
+
+    /// Where this site's ops lie among a layer's seven, in [`OpKind::ALL`] order.
+    pub fn op_range(self) -> Range<usize> {
+        match self {
+            Site::AttnIn => 0..3,
+            Site::AttnOut => 3..4,
+            Site::FfnIn => 4..6,
+            Site::FfnMid => 6..7,
+        }
+    }
+
+    /// The site's units (its activation's width) in a model of `c`: the embedding for the two
+    /// normed residuals, the attention's output width, the FFN's neurons.
+    pub fn width(self, c: &crate::Config) -> usize {
+        match self {
+            Site::AttnIn | Site::FfnIn => c.n_embd,
+            Site::AttnOut => c.n_embd_q(),
+            Site::FfnMid => c.n_ff,
+        }
+    }
+}
+
+/// Model shape facts a selector needs: the layers, and each site's units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteDims {
+    pub n_layer: usize,
+    /// Units at each site, in [`Site::ALL`] order: n_embd, n_embd_q, n_embd, n_ff.
+    pub units: [usize; 4],
+}
+
+impl SiteDims {
+    /// The sites of a model of `c`.
+    pub fn of(c: &crate::Config) -> SiteDims {
+        SiteDims { n_layer: c.n_layer, units: Site::ALL.map(|s| s.width(c)) }
+    }
+}
+
 /// The seven sparsifiable linear ops of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,11 +111,16 @@ impl OpKind {
     /// The selection site whose activation this op reads (an index into [`SITE_OPS`]: attention
     /// input, attention output, FFN input, GLU activation).
     pub fn site_index(self) -> usize {
+        self.site().index()
+    }
+
+    /// The selection site whose activation this op reads.
+    pub fn site(self) -> Site {
         match self {
-            OpKind::Q | OpKind::K | OpKind::V => 0,
-            OpKind::O => 1,
-            OpKind::Gate | OpKind::Up => 2,
-            OpKind::Down => 3,
+            OpKind::Q | OpKind::K | OpKind::V => Site::AttnIn,
+            OpKind::O => Site::AttnOut,
+            OpKind::Gate | OpKind::Up => Site::FfnIn,
+            OpKind::Down => Site::FfnMid,
         }
     }
 }
@@ -234,5 +322,27 @@ impl PackIndex {
     /// The group holding `layer`.
     pub fn group_of(&self, layer: usize) -> Option<&GroupTensor> {
         self.groups.iter().find(|g| g.layers().contains(&layer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A site's geometry agrees with itself: its ops are the ones that name it as their site,
+    /// they lie at its op range in `OpKind::ALL`, and the sites partition the seven ops.
+    #[test]
+    fn site_geometry_is_one_map() {
+        let mut seen = Vec::new();
+        for site in Site::ALL {
+            assert_eq!(&OpKind::ALL[site.op_range()], site.ops(), "{site:?}");
+            for &op in site.ops() {
+                assert_eq!(op.site(), site);
+                assert_eq!(op.site_index(), site.index());
+                seen.push(op);
+            }
+            assert_eq!(Site::from_name(site.name()), Some(site));
+        }
+        assert_eq!(seen, OpKind::ALL);
     }
 }

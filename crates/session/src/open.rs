@@ -500,8 +500,7 @@ fn pin_hot_set(model: &Model, store: &mut TieredStore, calib: Option<&Path>) -> 
     )?;
     let c = sift_engine::sparsity::Calibration::load(file)?;
     let cfg = &model.config;
-    let dims = SiteDims { n_layer: cfg.n_layer, units: [cfg.n_embd, cfg.n_embd_q(), cfg.n_embd, cfg.n_ff] };
-    c.check_dims(dims).with_context(|| format!("--calib {}", file.display()))?;
+    c.check_dims(SiteDims::of(cfg)).with_context(|| format!("--calib {}", file.display()))?;
     for l in 0..cfg.n_layer {
         for op in OpKind::ALL {
             let ranking = c.hot_ranking(l, Site::ALL[op.site_index()]).with_context(|| {

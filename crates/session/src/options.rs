@@ -253,9 +253,7 @@ impl SparsityOptions {
     /// The selector these flags describe, for `model`.
     pub fn selector(&self, model: &sift_model::Model) -> anyhow::Result<Box<dyn Selector>> {
         self.validate()?;
-        let c = &model.config;
-        let dims =
-            sift_engine::sparsity::SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] };
+        let dims = sift_engine::sparsity::SiteDims::of(&model.config);
         let cfg = self.config(dims.n_layer)?;
         let calib = match &self.calib {
             Some(p) => Some(Calibration::load(p)?),

@@ -80,7 +80,7 @@ fn record(pack: &Path, out: &Path, threads: usize) -> anyhow::Result<()> {
         model: pack.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
         n_layer: c.n_layer,
         n_embd: c.n_embd,
-        dims: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff],
+        dims: sift_model::layout::SiteDims::of(&c).units,
         selector: engine.selector().describe(),
         n_ctx: engine.n_ctx(),
         n_batch: opts.engine.n_batch,

@@ -119,8 +119,7 @@ pub fn simulate(
     let SimOptions { tiered, replay, calibration, label, .. } = opts;
     if let Some(cal) = &calibration {
         // Its hot rankings are pinned by unit id: refuse one made for another model shape.
-        let units = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
-        cal.check_dims(SiteDims { n_layer: c.n_layer, units }).map_err(|e| SimError::Invalid(e.to_string()))?;
+        cal.check_dims(SiteDims::of(c)).map_err(|e| SimError::Invalid(e.to_string()))?;
     }
     let policy = tiered.policy;
     let (selector_name, mut online) = match replay {

@@ -78,7 +78,7 @@ impl TraceHeader {
     /// Checks the trace fits `model`'s shape.
     pub fn check_model(&self, path: &Path, model: &sift_model::Model) -> Result<(), TraceError> {
         let c = &model.config;
-        let dims = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
+        let dims = sift_model::layout::SiteDims::of(c).units;
         if self.n_layer != c.n_layer || self.n_embd != c.n_embd || self.dims != dims {
             return Err(TraceError::WrongModel {
                 path: path.into(),

@@ -44,46 +44,7 @@ pub use weight_aware::{ColumnNorms, WeightAwareSelector};
 use std::fmt;
 use std::str::FromStr;
 
-/// Where in a layer a linear op reads its input. Ops that share an input share the selection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Site {
-    /// Output of the attention norm, read by q, k and v.
-    AttnIn = 0,
-    /// Output of attention, read by o.
-    AttnOut = 1,
-    /// Output of the FFN norm, read by gate and up.
-    FfnIn = 2,
-    /// The GLU activation silu(gate) * up, read by down. Its units are the FFN neurons.
-    FfnMid = 3,
-}
-
-impl Site {
-    pub const ALL: [Site; 4] = [Site::AttnIn, Site::AttnOut, Site::FfnIn, Site::FfnMid];
-
-    /// The name used in config and calibration files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Site::AttnIn => "qkv",
-            Site::AttnOut => "o",
-            Site::FfnIn => "gate_up",
-            Site::FfnMid => "down",
-        }
-    }
-
-    pub fn from_name(s: &str) -> Option<Site> {
-        match s {
-            "qkv" | "q" | "k" | "v" | "attn_in" => Some(Site::AttnIn),
-            "o" | "attn_out" => Some(Site::AttnOut),
-            "gate_up" | "gate" | "up" | "ffn_in" => Some(Site::FfnIn),
-            "down" | "glu" | "ffn_mid" => Some(Site::FfnMid),
-            _ => None,
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+pub use sift_model::layout::{Site, SiteDims};
 
 /// Whether the engine is reading a prompt or generating. Most selectors act the same in both;
 /// core-neuron selection observes the prompt (dense) and fixes its set for generation.
@@ -267,14 +228,6 @@ pub enum SelectorError {
     Calibration(#[from] CalibrationError),
     #[error("{0}")]
     Invalid(String),
-}
-
-/// Model shape facts a selector needs.
-#[derive(Clone, Copy, Debug)]
-pub struct SiteDims {
-    pub n_layer: usize,
-    /// Units at each site: n_embd, n_embd_q, n_embd, n_ff.
-    pub units: [usize; 4],
 }
 
 /// Builds the selector a config asks for. A calibration is checked against `dims` first

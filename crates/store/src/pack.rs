@@ -527,7 +527,7 @@ fn check_unit_orders(src: &Path, model: &Model, orders: &UnitOrders) -> Result<(
             msg: format!("unit orders for {} layers, the model has {}", orders.len(), c.n_layer),
         });
     }
-    let dims = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
+    let dims = sift_model::layout::SiteDims::of(c).units;
     for (l, sites) in orders.iter().enumerate() {
         for (site, order) in sites.iter().enumerate() {
             let Some(order) = order else { continue };

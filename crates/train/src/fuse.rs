@@ -74,7 +74,7 @@ impl InputMoments {
         windows: &[&[u32]],
     ) -> anyhow::Result<InputMoments> {
         let c = &model.config;
-        let widths = [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff];
+        let widths = sift_model::layout::SiteDims::of(c).units;
         let mut layers: Vec<Vec<SiteMoments>> =
             (0..c.n_layer).map(|_| widths.iter().map(|&w| SiteMoments::new(w)).collect()).collect();
         let mut tokens = 0;

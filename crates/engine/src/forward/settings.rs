@@ -168,7 +168,7 @@ impl Engine {
     /// Units at each selection site, for building selectors.
     pub fn site_dims(&self) -> SiteDims {
         let c = &self.model.config;
-        SiteDims { n_layer: c.n_layer, units: [c.n_embd, c.n_embd_q(), c.n_embd, c.n_ff] }
+        SiteDims::of(c)
     }
 
     /// Replaces the selection method (the sequence state of the old one is dropped).

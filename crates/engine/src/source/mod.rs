@@ -24,15 +24,9 @@ pub use mapped::{MappedColumns, MappedRows};
 pub use tiered::TieredSource;
 
 use crate::sparse::ColOp;
-use sift_model::layout::{OpKind, SITE_OPS};
 use sift_model::{LayerWeights, Model, QTensor};
 use sift_sparsity::Site;
 use sift_store::tiered::{TierError, TieredStore};
-
-/// The ops whose products read `site`'s activation, in kernel order.
-pub fn site_ops(site: Site) -> &'static [OpKind] {
-    SITE_OPS[site.index()]
-}
 
 /// One op's active columns: `data` holds them `op.col_bytes` apart, `idx[i]` is the column of
 /// `data` that holds input `units[i]`.
@@ -128,10 +122,5 @@ pub(crate) fn column_ops(model: &Model) -> Option<Vec<Vec<ColOp>>> {
 
 /// The column ops of `site` among a layer's seven.
 pub(crate) fn site_col_ops(ops: &[ColOp], site: Site) -> &[ColOp] {
-    match site {
-        Site::AttnIn => &ops[0..3],
-        Site::AttnOut => &ops[3..4],
-        Site::FfnIn => &ops[4..6],
-        Site::FfnMid => &ops[6..7],
-    }
+    &ops[site.op_range()]
 }

@@ -4,7 +4,7 @@
 //! needs; a prompt batch streams each op's GGUF rows through the store's prefill buffer, a chunk
 //! of rows at a time, and the dense kernels run on each chunk.
 
-use super::{column_ops, site_col_ops, site_ops, ColumnPart, SiteWeights, WeightSource};
+use super::{column_ops, site_col_ops, ColumnPart, SiteWeights, WeightSource};
 use crate::sparse::{ColOp, COLUMN_PIECE};
 use sift_model::Model;
 use sift_sparsity::Site;
@@ -23,8 +23,7 @@ impl TieredSource {
     pub fn new(model: &Model, store: TieredStore) -> Result<TieredSource, TierError> {
         let cols = column_ops(model)
             .ok_or_else(|| TierError::Unsupported("a memory budget needs a sift pack's column layout".into()))?;
-        let c = &model.config;
-        let widest = c.n_embd.max(c.n_embd_q()).max(c.n_ff) as u32;
+        let widest = Site::ALL.iter().map(|s| s.width(&model.config)).max().unwrap_or(0) as u32;
         Ok(TieredSource { store, cols, all_units: (0..widest).collect(), units_done: 0 })
     }
 }
@@ -54,7 +53,7 @@ impl WeightSource for TieredSource {
         active: Option<&'a [u32]>,
         part: usize,
     ) -> Result<Option<SiteWeights<'a>>, TierError> {
-        let ops = site_ops(site);
+        let ops = site.ops();
         if n > 1 {
             // Part `part` is a chunk of rows of one op, the ops in kernel order.
             let mut p = part;
@@ -71,12 +70,7 @@ impl WeightSource for TieredSource {
             }
             return Ok(None);
         }
-        let c = &model.config;
-        let width = match site {
-            Site::AttnIn | Site::FfnIn => c.n_embd,
-            Site::AttnOut => c.n_embd_q(),
-            Site::FfnMid => c.n_ff,
-        };
+        let width = site.width(&model.config);
         let units = active.unwrap_or(&self.all_units[..width]);
         if part == 0 {
             self.units_done = 0;
@@ -110,7 +104,7 @@ impl WeightSource for TieredSource {
     fn cached_mask(&self, l: usize, site: Site, out: &mut Vec<bool>) -> bool {
         // The site's first op stands for it (gate and up, or q, k and v, see the same columns
         // and policy decisions).
-        self.store.cached_mask(l, site_ops(site)[0], out);
+        self.store.cached_mask(l, site.ops()[0], out);
         true
     }
 

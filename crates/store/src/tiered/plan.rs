@@ -298,7 +298,8 @@ impl MemoryPlan {
 /// the cache's size.
 pub(super) fn index_units_bytes(model: &Model) -> u64 {
     let c = &model.config;
-    let per_layer = 3 * c.n_embd + c.n_embd_q() + 2 * c.n_embd + c.n_ff;
+    // Every op's inputs: its site's width.
+    let per_layer: usize = sift_model::layout::OpKind::ALL.iter().map(|op| op.site().width(c)).sum();
     (c.n_layer * per_layer * UnitCache::BYTES_PER_UNIT) as u64
 }
 
