@@ -13,6 +13,10 @@
 //! to ~0.6 and greedy tokens part after near ties (measured on SmolLM2's paths), more than a
 //! tolerance that would still catch a regression.
 //!
+//! The record's key is `sift_quant::Isa::kernel_key()` (since issue 58): the instruction set, and
+//! on AVX-512 VNNI whether the column kernels have VBMI and BITALG (`Avx512VnniNoVbmi` without:
+//! their column kernels are the AVX2 ones, other bits than the record made with them).
+//!
 //! Re-blessed at issue 15's second step (exact columns, pack version 2), a declared change: every
 //! path that computes on the pack's columns changed, because the columns now hold the GGUF's own
 //! weights instead of a re-quantization (e.g. `all-columns-dense` now gives the same eight tokens
@@ -300,7 +304,8 @@ fn matches(got: &Value, want: &Value, exact: bool) -> bool {
 
 #[test]
 fn every_path_gives_the_golden_logits() {
-    let isa = format!("{:?}", sift_quant::Isa::detect());
+    // Keyed by every feature that changes the kernels (VBMI and BITALG for the column kernels).
+    let isa = sift_quant::Isa::kernel_key();
     let got = all_paths();
     let file = fixture(&isa);
     if std::env::var_os("SIFT_BLESS_GOLDEN").is_some() {

@@ -83,14 +83,11 @@ fn final_logits_match_llama_cpp() {
 }
 
 /// Qwen2.5-0.5B Q4_K_M (qwen2: q/k/v biases, NEOX RoPE, Q5_0/Q8_0/Q4_K/Q6_K weights). The model
-/// is optional (`scripts/fetch-model.sh qwen2.5-0.5b`); without it this test says so and passes.
+/// comes with the test command (`scripts/fetch-model.sh qwen2.5-0.5b`).
 #[test]
 fn qwen2_final_logits_match_llama_cpp() {
     let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !p.exists() {
-        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
-        return;
-    }
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh qwen2.5-0.5b first", p.display());
     check_final_logits(Model::load(&p).unwrap(), "logits_qwen2.json");
 }
 
@@ -101,10 +98,7 @@ fn qwen2_final_logits_match_llama_cpp() {
 #[test]
 fn qwen2_repacked_weights_match_llama_cpp() {
     let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !p.exists() {
-        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
-        return;
-    }
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh qwen2.5-0.5b first", p.display());
     let load = || {
         let mut m = Model::load(&p).unwrap();
         let packed = m.load_into_memory(true).unwrap();
@@ -135,10 +129,7 @@ fn qwen2_repacked_weights_match_llama_cpp() {
 #[test]
 fn qwen2_repacked_in_the_mapping_is_repacked_in_memory_and_the_file_unchanged() {
     let p = root().join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !p.exists() {
-        eprintln!("SKIPPED: {} absent (scripts/fetch-model.sh qwen2.5-0.5b)", p.display());
-        return;
-    }
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh qwen2.5-0.5b first", p.display());
     let mut mapped = Model::load(&p).unwrap();
     let n = mapped.repack_mapped().unwrap();
     assert!(n > 0 && mapped.file.is_file_backed(), "nothing repacked in the mapping");

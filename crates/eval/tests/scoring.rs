@@ -23,15 +23,12 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-/// The model and its tokenizer, or `None` (after saying why) when the file is missing.
+/// The model and its tokenizer (the test command fetches the file).
 fn model() -> Option<(Model, Tokenizer)> {
     let p = std::env::var_os("SIFT_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !p.exists() {
-        eprintln!("SKIPPED: model file {} is missing (run scripts/fetch-model.sh)", p.display());
-        return None;
-    }
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
     let m = Model::load(&p).expect("load model");
     let tok = Tokenizer::from_gguf(&m.file.gguf).expect("tokenizer");
     Some((m, tok))

@@ -173,6 +173,18 @@ impl Isa {
         self <= Isa::hardware()
     }
 
+    /// The kernels [`Isa::detect`] leads to, named for records keyed by numerics (the engine's
+    /// golden logits): the instruction set, and at AVX-512 VNNI whether the column kernels have
+    /// VBMI and BITALG (without them they take the AVX2 kernels' 8-bit path: other bits).
+    pub fn kernel_key() -> String {
+        let isa = Isa::detect();
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512Vnni && !crate::x86::exact_vnni::has_vnni_vbmi() {
+            return format!("{isa:?}NoVbmi");
+        }
+        format!("{isa:?}")
+    }
+
     /// Every instruction set this CPU can run, scalar first (for tests).
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();

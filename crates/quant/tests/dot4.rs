@@ -320,10 +320,7 @@ fn dot4_short_rows_panic() {
 /// Rows of every 2-D tensor of a model file against four quantized random activation rows.
 fn check_model(file_name: &str, expect: &[WeightType]) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(file_name);
-    if !path.exists() {
-        println!("SKIPPED: {} not found (scripts/fetch-model.sh downloads it)", path.display());
-        return;
-    }
+    assert!(path.exists(), "{} missing: run scripts/fetch-model.sh (and qwen2.5-0.5b) first", path.display());
     let file = sift_gguf::GgufFile::open(&path).expect("open model");
     let mut rng = StdRng::seed_from_u64(0x5eed_d076);
     let mut seen = std::collections::BTreeMap::<&str, usize>::new();

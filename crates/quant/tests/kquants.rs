@@ -331,10 +331,7 @@ fn model_path() -> std::path::PathBuf {
 #[test]
 fn dots_agree_on_real_weights() {
     let path = model_path();
-    if !path.exists() {
-        eprintln!("skipping: {} not found (scripts/fetch-model.sh)", path.display());
-        return;
-    }
+    assert!(path.exists(), "{} missing: run scripts/fetch-model.sh qwen2.5-0.5b first", path.display());
     let file = sift_gguf::GgufFile::open(&path).expect("open model");
     let mut rng = StdRng::seed_from_u64(0x5eed_0004);
     let mut seen = std::collections::BTreeMap::<&str, usize>::new();

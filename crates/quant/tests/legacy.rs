@@ -552,10 +552,7 @@ fn short_rows_panic_instead_of_reading_out_of_bounds() {
 #[test]
 fn real_model_rows() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !std::path::Path::new(path).exists() {
-        println!("SKIPPED: {path} not found (scripts/fetch-model.sh downloads it)");
-        return;
-    }
+    assert!(std::path::Path::new(path).exists(), "{path} missing: run scripts/fetch-model.sh first");
     let file = sift_gguf::GgufFile::open(path).expect("open model");
     let info = file.gguf.tensor("blk.0.ffn_down.weight").expect("tensor").clone();
     let t = WeightType::from_ggml_id(info.ty.id()).expect("supported type");

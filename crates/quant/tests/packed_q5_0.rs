@@ -155,10 +155,7 @@ fn packed_q5_0_groups_agree_on_real_weights() {
     let path = std::env::var_os("SIFT_TEST_GGUF").map(Into::into).unwrap_or_else(|| {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     });
-    if !path.exists() {
-        eprintln!("skipping: {} not found", path.display());
-        return;
-    }
+    assert!(path.exists(), "{} missing: run scripts/fetch-model.sh qwen2.5-0.5b first", path.display());
     let file = sift_gguf::GgufFile::open(&path).expect("open model");
     let mut rng = StdRng::seed_from_u64(0x5eed_0b03);
     let mut checked = 0;

@@ -5,21 +5,17 @@ use sift_sim::probe::{probe, ProbeOptions};
 use sift_sim::profile::{DeviceProfile, PROBE_QDS, PROBE_SIZES, WEIGHT_TYPES};
 use std::path::PathBuf;
 
-fn model() -> Option<PathBuf> {
+fn model() -> PathBuf {
     let p = std::env::var_os("SIFT_MODEL").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
     });
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipped: {} missing (run scripts/fetch-model.sh)", p.display());
-        None
-    }
+    assert!(p.exists(), "{} missing: run scripts/fetch-model.sh first", p.display());
+    p
 }
 
 #[test]
 fn quick_probe_measures_plausible_numbers_and_round_trips() {
-    let Some(file) = model() else { return };
+    let file = model();
     let opts =
         ProbeOptions { file: file.clone(), threads: 2, quick: true, name: "test-machine".into(), work_cap: None };
     let mut lines = Vec::new();
