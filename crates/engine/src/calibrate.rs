@@ -284,7 +284,7 @@ impl Engine {
         let mut out = Vec::with_capacity(self.model.layers.len());
         for l in 0..self.model.layers.len() {
             out.push(self.s.x[..n * e].to_vec());
-            self.layer(l, n)?;
+            self.layer(l, n, &crate::forward::ExecPlan::SITES)?;
         }
         Ok(out)
     }
@@ -298,7 +298,7 @@ impl Engine {
         self.n_past = 0;
         self.phase = phase;
         self.s.x[..n * e].copy_from_slice(&x[..n * e]);
-        self.layer(l, n)?;
+        self.layer(l, n, &crate::forward::ExecPlan::SITES)?;
         Ok(self.s.x[..n * e].to_vec())
     }
 }

@@ -123,6 +123,41 @@ impl Scratch {
     }
 }
 
+/// How one forward batch runs, chosen once before its layers ([`Engine::eval_phase`],
+/// [`Engine::eval_slots`]) rather than tested at every site: the FFN's step and whether the
+/// batch's rows run their products together or one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExecPlan {
+    pub ffn: FfnStep,
+    pub rows: RowMode,
+}
+
+impl ExecPlan {
+    /// A batch's rows together through the selection sites.
+    pub const SITES: ExecPlan = ExecPlan { ffn: FfnStep::Sites, rows: RowMode::Together };
+}
+
+/// What a layer's FFN does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FfnStep {
+    /// Gate and up at the FFN input site, SiLU·up, down at the GLU site (each site as the
+    /// selector and the weight source say).
+    Sites,
+    /// FastForward's sparse prompt block: the chosen neurons' rows and columns only
+    /// ([`crate::prefill`]).
+    SparseBlock,
+}
+
+/// How a batch's rows run a site's products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowMode {
+    /// All rows in one product (dense kernels on rows give each row the same bits).
+    Together,
+    /// One row at a time, each as a lone token (its own active columns; [`Engine::eval_slots`]'s
+    /// row-by-row mode): the rows read as lone tokens at each layer's start.
+    OneAtATime,
+}
+
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
 pub struct Engine {
     pub model: Model,
@@ -157,7 +192,6 @@ pub struct Engine {
     pub(crate) prefill_scratch: PrefillScratch,
     /// Sparse blocks' down projections from an 8-bit neuron-major copy ([`crate::prefill::DownCopy`]).
     pub(crate) prefill_down: Option<std::sync::Arc<crate::prefill::DownCopy>>,
-    sparse_block: bool,
     /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
     gpu: Option<GpuLayers>,
     /// FastForward's trained expert predictor (`--prefill-masks predicted`).
@@ -251,7 +285,6 @@ impl Engine {
             prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
             prefill_scratch: PrefillScratch::default(),
             prefill_down: None,
-            sparse_block: false,
             gpu: None,
             predictor: None,
             ffn_observer: None,
@@ -332,14 +365,14 @@ impl Engine {
         let n_past0 = self.n_past;
         for (i, (range, sparse)) in pieces.into_iter().enumerate() {
             let batch = &tokens[range];
-            self.sparse_block = sparse;
             let rows = match want {
                 Logits::All => batch.len(),
                 Logits::Last if i + 1 == n_batches => 1,
                 Logits::Last => 0,
             };
-            let r = self.forward_batch(batch, rows);
-            self.sparse_block = false;
+            let plan =
+                ExecPlan { ffn: if sparse { FfnStep::SparseBlock } else { FfnStep::Sites }, rows: RowMode::Together };
+            let r = self.forward_batch(batch, rows, &plan);
             if let Err(e) = r {
                 // The batch's KV entries are garbage: forget them, return no logits.
                 self.n_past = n_past0;
@@ -397,8 +430,9 @@ impl Engine {
         &self.s.logits[..k * self.model.config.n_vocab]
     }
 
-    /// Runs one batch through every layer; leaves logits of the last `n_logits` tokens in `s.logits`.
-    fn forward_batch(&mut self, tokens: &[u32], n_logits: usize) -> Result<(), EvalError> {
+    /// Runs one batch through every layer as `plan` says; leaves logits of the last `n_logits`
+    /// tokens in `s.logits`.
+    fn forward_batch(&mut self, tokens: &[u32], n_logits: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let n = tokens.len();
         self.pool.set_active(if n == 1 { self.threads.0 } else { self.threads.1 });
         if let Some(t) = &mut self.tracer {
@@ -426,7 +460,7 @@ impl Engine {
         let non_finite =
             |where_: String, n_past: usize| EvalError::NonFinite { where_, first: n_past, end: n_past + n, lora };
         for l in 0..cpu_layers {
-            self.layer(l, n)?;
+            self.layer(l, n, plan)?;
             // A damaged model must not pass silently (NaN logits would read as end of text).
             if !all_finite(&self.s.x[..n * e]) {
                 return Err(non_finite(format!("layer {l}"), self.n_past));
@@ -477,8 +511,9 @@ impl Engine {
         Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
 
-    /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual.
-    pub(crate) fn layer(&mut self, l: usize, n: usize) -> Result<(), EvalError> {
+    /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual;
+    /// how its parts run is the batch's `plan`.
+    pub(crate) fn layer(&mut self, l: usize, n: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let c = &self.model.config;
         let (e, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
         if let (Some(t), 1) = (&mut self.tracer, n) {
@@ -486,7 +521,10 @@ impl Engine {
         }
         // A batch computed a token at a time reads as lone tokens (the first one's residual
         // guides the store's preloading).
-        let n_read = if self.slots.row_by_row { 1 } else { n };
+        let n_read = match plan.rows {
+            RowMode::Together => n,
+            RowMode::OneAtATime => 1,
+        };
         self.source.begin_layer(&self.model, l, n_read, &self.s.x[..e])?;
         if let Some(gpu) = self.gpu.as_mut().filter(|g| g.attention_only()) {
             // Attention on the GPU (KAIROX's placement): the residual after it and the FFN's
@@ -501,9 +539,9 @@ impl Engine {
             let t = std::time::Instant::now();
             let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
-            self.site(l, n, Site::AttnIn)?;
+            self.site(l, n, Site::AttnIn, plan)?;
             self.attention_core(l, n);
-            self.site(l, n, Site::AttnOut)?;
+            self.site(l, n, Site::AttnOut, plan)?;
             vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
             let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
@@ -511,26 +549,28 @@ impl Engine {
                 hy.spent_on_cpu_attention(t.elapsed().as_nanos() as f64);
             }
         }
-        // Feed-forward (SwiGLU).
-        // A sparse prompt block's FFN (under a memory budget too: its rows and columns come
-        // through the tiered store).
-        if self.sparse_block && !self.gpu_holds(l) && self.ffn_observer.is_none() {
+        // Feed-forward (SwiGLU): the plan's FFN step. A sparse prompt block's (under a memory
+        // budget too: its rows and columns come through the tiered store) where the layer runs
+        // here and no observer needs the dense GLU.
+        let sparse_block = plan.ffn == FfnStep::SparseBlock && !self.gpu_holds(l) && self.ffn_observer.is_none();
+        if sparse_block {
             self.ffn_sparse_block(l, n)?;
         } else {
-            self.site(l, n, Site::FfnIn)?;
+            self.site(l, n, Site::FfnIn, plan)?;
             vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
             if let Some(o) = &mut self.ffn_observer {
                 o.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
             }
-            self.site(l, n, Site::FfnMid)?;
+            self.site(l, n, Site::FfnMid, plan)?;
         }
         vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
         Ok(())
     }
 
-    /// One selection site: choose the active inputs, then run the site's products.
-    pub(crate) fn site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
-        if n > 1 && self.slots.row_by_row {
+    /// One selection site: choose the active inputs, then run the site's products (for the
+    /// batch's rows together, or one at a time as the plan says).
+    pub(crate) fn site(&mut self, l: usize, n: usize, site: Site, plan: &ExecPlan) -> Result<(), EvalError> {
+        if n > 1 && plan.rows == RowMode::OneAtATime {
             return self.site_row_by_row(l, n, site);
         }
         let subset = self.select_and_mask(l, site, n);

@@ -22,7 +22,7 @@
 //! Under a memory budget every slot's cache is counted: the pages beyond the first slot's first
 //! page come out of the weight cache (`TieredStore::set_kv_growth`), as one cache's growth does.
 
-use crate::forward::{Engine, EvalError, Logits};
+use crate::forward::{Engine, EvalError, ExecPlan, Logits, RowMode};
 use crate::kv::KvCache;
 use sift_sparsity::{Phase, Site};
 
@@ -65,8 +65,6 @@ pub(crate) struct Slots {
     pub(crate) runs: Vec<RunRows>,
     /// Logits of the runs that asked for them, in run order.
     logits: Vec<f32>,
-    /// While a [`SlotsMode::RowByRow`] batch runs: sites compute a token at a time.
-    pub(crate) row_by_row: bool,
     /// The units a site's tokens used in such a batch (the union of their selections).
     union: Vec<bool>,
 }
@@ -289,9 +287,8 @@ impl Engine {
                 row0 += r.tokens.len();
             }
             let phase = if batch.iter().all(|r| r.tokens.len() == 1) { Phase::Generate } else { Phase::Prompt };
-            self.slots.row_by_row = mode == SlotsMode::RowByRow;
-            let result = self.forward_runs(&tokens, &batch, phase);
-            self.slots.row_by_row = false;
+            let row_mode = if mode == SlotsMode::RowByRow { RowMode::OneAtATime } else { RowMode::Together };
+            let result = self.forward_runs(&tokens, &batch, phase, &ExecPlan { rows: row_mode, ..ExecPlan::SITES });
             self.slots.runs.clear();
             result?;
             let mut got = self.slots.logits.chunks(n_vocab);
@@ -315,13 +312,12 @@ impl Engine {
         union.resize(width, false);
         let i = site.index();
         let active0 = self.stats.active[i];
-        self.slots.row_by_row = false;
         let mut r = Ok(());
         for t in 0..n {
             let Engine { model, s, .. } = self;
             s.swap_site_rows(&model.config, site, 0, t);
             let before = self.stats.active[i];
-            r = self.site(l, 1, site);
+            r = self.site(l, 1, site, &ExecPlan::SITES);
             // The units this token used: all, or its selection (left in `s.active`).
             if self.stats.active[i] - before >= width as u64 {
                 union.fill(true);
@@ -336,7 +332,6 @@ impl Engine {
                 break;
             }
         }
-        self.slots.row_by_row = true;
         // Sites where every token was dense tell nothing about the union.
         let used = self.stats.active[i] - active0;
         if used < (n * width) as u64 {
@@ -350,14 +345,20 @@ impl Engine {
     }
 
     /// The batch of [`Engine::eval_slots`] through every layer and the output head.
-    fn forward_runs(&mut self, tokens: &[u32], runs: &[SlotRun<'_>], phase: Phase) -> Result<(), EvalError> {
+    fn forward_runs(
+        &mut self,
+        tokens: &[u32],
+        runs: &[SlotRun<'_>],
+        phase: Phase,
+        plan: &ExecPlan,
+    ) -> Result<(), EvalError> {
         let n = tokens.len();
         let e = self.model.config.n_embd;
         self.begin_slots_batch(phase, n);
         let r = (|| {
             self.embed(tokens)?;
             for l in 0..self.model.layers.len() {
-                self.layer(l, n)?;
+                self.layer(l, n, plan)?;
                 if !crate::forward::all_finite(&self.s.x[..n * e]) {
                     return Err(EvalError::NonFinite {
                         where_: format!("layer {l}"),
