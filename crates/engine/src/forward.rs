@@ -17,6 +17,7 @@ use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
 use crate::prefill::{PrefillMasks, PrefillScratch, PREFILL_BLOCK};
+use crate::slots::SlotRun;
 use crate::source::{MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
 use crate::sparse::{column_matmul_batch, column_matmul_part, tensor_job, ColJob};
 use crate::trace::{SparsityStats, Tracer};
@@ -25,9 +26,11 @@ use sift_model::{Config, LayerWeights, Model, QTensor};
 use sift_sparsity::{top_k_indices, DenseSelector, Phase, Selection, Selector, Site, SiteDims};
 use sift_store::tiered::{MemoryPlan, TierError, TieredStore};
 
-/// Which positions of a batch need logits.
+/// Which positions of a run need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
+    /// None (a prompt chunk before its last).
+    None,
     /// Only the last token's (generation).
     Last,
     /// Every token's (perplexity, prompt log-probabilities).
@@ -300,8 +303,8 @@ impl Engine {
     /// [`Logits::Last`], `tokens.len() * n_vocab` for [`Logits::All`]. A batch of more than one
     /// token counts as prompt ([`Phase::Prompt`]), a single token as generation.
     pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<&[f32], EvalError> {
-        let phase = if tokens.len() > 1 { Phase::Prompt } else { Phase::Generate };
-        self.eval_phase(tokens, want, phase)
+        let run = SlotRun { slot: self.current_slot(), tokens, logits: want, prompt_end: None };
+        self.decode(&[run], None)
     }
 
     /// [`Engine::eval`] with an explicit phase: selectors that fix their choice at prefill
@@ -309,7 +312,8 @@ impl Engine {
     /// ones, however many arrive at once (perplexity scores a window's second half as a batch).
     /// On an error nothing of the batch stays in the KV cache.
     pub fn eval_phase(&mut self, tokens: &[u32], want: Logits, phase: Phase) -> Result<&[f32], EvalError> {
-        self.eval_run(tokens, want, phase, None)
+        let run = SlotRun { slot: self.current_slot(), tokens, logits: want, prompt_end: None };
+        self.decode(&[run], Some(phase))
     }
 
     /// [`Engine::eval_phase`] for a part of a prompt that ends at position `prompt_end` (a
@@ -318,7 +322,8 @@ impl Engine {
     /// the prompt's, not the chunk's, so the chunks compute what the whole prompt computes in
     /// one call.
     pub fn eval_prompt_part(&mut self, tokens: &[u32], want: Logits, prompt_end: usize) -> Result<&[f32], EvalError> {
-        self.eval_run(tokens, want, Phase::Prompt, Some(prompt_end))
+        let run = SlotRun { slot: self.current_slot(), tokens, logits: want, prompt_end: Some(prompt_end) };
+        self.decode(&[run], Some(Phase::Prompt))
     }
 
     /// Whether prompts run in sparse blocks (`--prefill-sparsity`, and a batch size that holds a
@@ -327,7 +332,10 @@ impl Engine {
         self.prefill.0 > 0.0 && self.n_batch >= PREFILL_BLOCK
     }
 
-    fn eval_run(
+    /// One run of the sequence in use, as [`Engine::decode`] gives it: checked, its KV pages
+    /// reserved, cut into the batches its phase asks for (the prompt's sparse blocks, or
+    /// `n_batch` tokens), each batch through the layers with its [`ExecPlan`].
+    pub(crate) fn run_one(
         &mut self,
         tokens: &[u32],
         want: Logits,
@@ -368,7 +376,7 @@ impl Engine {
             let rows = match want {
                 Logits::All => batch.len(),
                 Logits::Last if i + 1 == n_batches => 1,
-                Logits::Last => 0,
+                Logits::Last | Logits::None => 0,
             };
             let plan =
                 ExecPlan { ffn: if sparse { FfnStep::SparseBlock } else { FfnStep::Sites }, rows: RowMode::Together };
@@ -387,7 +395,11 @@ impl Engine {
         if want == Logits::All {
             self.s.logits = all;
         }
-        let n = if want == Logits::All { tokens.len() } else { 1 };
+        let n = match want {
+            Logits::All => tokens.len(),
+            Logits::Last => 1,
+            Logits::None => 0,
+        };
         Ok(&self.s.logits[..n * n_vocab])
     }
 

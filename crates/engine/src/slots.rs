@@ -32,11 +32,11 @@ pub struct SlotRun<'a> {
     /// The slot (sequence) they continue.
     pub slot: usize,
     pub tokens: &'a [u32],
-    /// Whether the run's last token's logits are wanted.
-    pub logits: bool,
+    /// The logits the run wants: its last token's, every token's, or none.
+    pub logits: Logits,
     /// Where the prompt these tokens are part of ends (a prompt read in chunks; `None`: at the
-    /// run's end): sparse prefill's last dense block is the prompt's
-    /// ([`Engine::eval_prompt_part`]).
+    /// run's end, or not a prompt): sparse prefill's last dense block is the prompt's
+    /// ([`Engine::eval_prompt_part`]), and the run counts as prompt whatever its length.
     pub prompt_end: Option<usize>,
 }
 
@@ -230,12 +230,29 @@ impl Engine {
         })
     }
 
-    /// Evaluates the next tokens of several sequences (at most one run per slot) and returns the
-    /// last token's logits of each run that asked, in run order. A run of more than one token
-    /// counts as prompt, of one as generation. Each run gets exactly what it gets alone
-    /// ([`Engine::slots_mode`] says how they share the work). On an error the runs not yet
-    /// evaluated keep nothing of theirs in their caches.
+    /// [`Engine::decode`] with each run's phase from its length.
     pub fn eval_slots(&mut self, runs: &[SlotRun<'_>]) -> Result<&[f32], EvalError> {
+        self.decode(runs, None)
+    }
+
+    /// The one forward entry (llama.cpp's `llama_decode`): evaluates a batch of runs — the next
+    /// tokens of one or several sequences (at most one run per slot), a prompt, a prompt chunk
+    /// that knows where its prompt ends, a decoded token, and the next tokens of the other
+    /// slots beside them — and returns the logits each run asked for, in run order (a run's last
+    /// token's row, or every token's). A run of more than one token counts as prompt, of one as
+    /// generation, unless `phase` says (perplexity scores tokens as generation in batches). Each
+    /// run gets exactly what it gets alone ([`Engine::slots_mode`] says how they share the
+    /// work). On an error the runs not yet evaluated keep nothing of theirs in their caches.
+    pub fn decode(&mut self, runs: &[SlotRun<'_>], phase: Option<Phase>) -> Result<&[f32], EvalError> {
+        // A run that knows where its prompt ends is part of a prompt, whatever its length.
+        let phase_of = |r: &SlotRun<'_>| {
+            phase.unwrap_or(if r.tokens.len() > 1 || r.prompt_end.is_some() { Phase::Prompt } else { Phase::Generate })
+        };
+        if let [r] = runs {
+            assert!(r.slot < self.n_slots(), "slot {} of {}", r.slot, self.n_slots());
+            self.use_slot(r.slot);
+            return self.run_one(r.tokens, r.logits, phase_of(r), r.prompt_end);
+        }
         let n_vocab = self.model.config.n_vocab;
         for (i, r) in runs.iter().enumerate() {
             assert!(r.slot < self.n_slots(), "slot {} of {}", r.slot, self.n_slots());
@@ -251,10 +268,12 @@ impl Engine {
                 });
             }
         }
-        let mode = if runs.len() > 1 { self.slots_mode() } else { SlotsMode::OneByOne };
+        let mode = if runs.len() > 1 && phase.is_none() { self.slots_mode() } else { SlotsMode::OneByOne };
+        // Runs that want every token's logits run apart (the batch's head computes one row per run).
+        let shared = |i: &usize| runs[*i].logits != Logits::All;
         let together: Vec<usize> = match mode {
-            SlotsMode::Batch => (0..runs.len()).collect(),
-            SlotsMode::RowByRow => (0..runs.len()).filter(|&i| runs[i].tokens.len() == 1).collect(),
+            SlotsMode::Batch => (0..runs.len()).filter(shared).collect(),
+            SlotsMode::RowByRow => (0..runs.len()).filter(|&i| runs[i].tokens.len() == 1).filter(shared).collect(),
             SlotsMode::OneByOne => Vec::new(),
         };
         let n_together: usize = together.iter().map(|&i| runs[i].tokens.len()).sum();
@@ -263,12 +282,9 @@ impl Engine {
         // The runs apart, each exactly as alone.
         for (i, r) in runs.iter().enumerate().filter(|(i, _)| !together.contains(i)) {
             self.use_slot(r.slot);
-            let logits = match r.prompt_end {
-                Some(end) if r.tokens.len() > 1 => self.eval_prompt_part(r.tokens, Logits::Last, end)?,
-                _ => self.eval(r.tokens, Logits::Last)?,
-            };
-            if r.logits {
-                rows[i] = Some(logits[..n_vocab].to_vec());
+            let logits = self.run_one(r.tokens, r.logits, phase_of(r), r.prompt_end)?;
+            if r.logits != Logits::None {
+                rows[i] = Some(logits.to_vec());
             }
         }
         if !together.is_empty() {
@@ -292,7 +308,7 @@ impl Engine {
             self.slots.runs.clear();
             result?;
             let mut got = self.slots.logits.chunks(n_vocab);
-            for &i in together.iter().filter(|&&i| runs[i].logits) {
+            for &i in together.iter().filter(|&&i| runs[i].logits == Logits::Last) {
                 rows[i] = Some(got.next().expect("a row per run that asked").to_vec());
             }
         }
@@ -371,7 +387,7 @@ impl Engine {
             // The rows whose logits are wanted (the last of their runs) moved to the end, in
             // order, for the head; from the last down, so none is overwritten before it moves.
             let wanted: Vec<usize> = (self.slots.runs.iter().zip(runs))
-                .filter(|(_, r)| r.logits)
+                .filter(|(_, r)| r.logits == Logits::Last)
                 .map(|(rr, _)| rr.row0 + rr.len - 1)
                 .collect();
             let k = wanted.len();

@@ -119,7 +119,12 @@ fn together(e: &mut Engine, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
             break;
         }
         for (t, &(i, want)) in toks.iter().zip(&who) {
-            runs.push(SlotRun { slot: i, tokens: t, logits: want, prompt_end: None });
+            runs.push(SlotRun {
+                slot: i,
+                tokens: t,
+                logits: if want { Logits::Last } else { Logits::None },
+                prompt_end: None,
+            });
         }
         let logits = e.eval_slots(&runs).unwrap().to_vec();
         let nv = e.config().n_vocab;
@@ -214,6 +219,6 @@ fn parallel_sequences_refuse_what_cannot_share() {
     assert!(e.set_slots(3).unwrap_err().contains("once"));
     // Tokens past a slot's share of the context are refused, naming the context.
     let long = vec![1u32; 1024 / 2 + 1];
-    let err = e.eval_slots(&[SlotRun { slot: 1, tokens: &long, logits: true, prompt_end: None }]).unwrap_err();
+    let err = e.eval_slots(&[SlotRun { slot: 1, tokens: &long, logits: Logits::Last, prompt_end: None }]).unwrap_err();
     assert!(err.to_string().contains("context is full"), "{err}");
 }

@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::metrics::{Metrics, SlotGauge};
 use crate::openai::TokenLogprob;
 use sift_engine::generate::Generator;
-use sift_engine::{GenerateOptions, SlotRun};
+use sift_engine::{GenerateOptions, Logits, SlotRun};
 use sift_session::report::DecodeProbe;
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -239,7 +239,7 @@ impl Worker {
             .map(|(s, r, t)| SlotRun {
                 slot: *s,
                 tokens: t,
-                logits: !matches!(r, Run::Prompt { last: false }),
+                logits: if matches!(r, Run::Prompt { last: false }) { Logits::None } else { Logits::Last },
                 prompt_end: match r {
                     Run::Prompt { .. } => self.slots[*s].task.as_ref().map(|t| t.tokens.len()),
                     Run::Decode => None,
