@@ -594,10 +594,14 @@ pub fn axpy_exact_scalar(
     }
 }
 
-/// The fastest [`ExactAxpyFn`] for `fmt` at or below `isa` on this CPU: the 8-bit-coefficient
-/// kernel ([`crate::exact_q8`]) where the CPU has it, else the f32 one ([`axpy_exact_f32_fn`]).
+/// The column kernel for `fmt` at or below `isa` on this CPU: the 8-bit-coefficient numerics of
+/// [`crate::exact_q8`] on every CPU — its SIMD kernel where the CPU has one (AVX-512 VNNI with
+/// VBMI and BITALG, else AVX2), else its scalar reference [`crate::exact_q8::axpy_exact_q8_scalar`],
+/// which every SIMD kernel gives bit for bit. So the same pack and prompt give the same column
+/// products on every machine. (The f32-coefficient kernels, [`axpy_exact_f32_fn`], are the
+/// products without the coefficients' rounding, for comparisons.)
 pub fn axpy_exact_fn(fmt: ExactFormat, isa: Isa) -> ExactAxpyFn {
-    crate::exact_q8::axpy_exact_q8_fn(fmt, isa).unwrap_or_else(|| axpy_exact_f32_fn(fmt, isa))
+    crate::exact_q8::axpy_exact_q8_fn(fmt, isa).unwrap_or(crate::exact_q8::axpy_exact_q8_scalar)
 }
 
 /// Whether this CPU computes [wide](ExactFormat::wide) 5/6-bit columns faster than the narrow

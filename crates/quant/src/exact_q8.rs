@@ -152,8 +152,8 @@ pub fn axpy_exact_q8_scalar(
 }
 
 /// The SIMD 8-bit-coefficient kernel for `fmt` at or below `isa`, if this CPU has one: AVX-512
-/// VNNI with VBMI and BITALG, else AVX2 (not for the 8-bit format, whose products would saturate
-/// AVX2's `vpmaddubsw`: the f32 kernel serves it there).
+/// VNNI with VBMI and BITALG, else AVX2 (for the 8-bit format with 16-bit products, whose pairs
+/// would saturate `vpmaddubsw`). Without one, [`axpy_exact_q8_scalar`] computes the same bits.
 pub fn axpy_exact_q8_fn(fmt: ExactFormat, isa: Isa) -> Option<ExactAxpyFn> {
     #[cfg(target_arch = "x86_64")]
     {

@@ -437,12 +437,8 @@ fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
     let mut rng = Rng(23);
     for (isa, f) in isas.iter().flat_map(|&i| formats().into_iter().map(move |f| (i, f))) {
         let t = f.name();
-        // Every format has one, but AVX2 has none for the 8-bit format (its products would
-        // saturate `vpmaddubsw`; the f32 kernel serves it).
-        let Some(simd) = axpy_exact_q8_fn(f, isa) else {
-            assert!(f.q_max() == 255 && isa < Isa::Avx512Vnni, "{t:?}: no 8-bit-coefficient kernel on {isa:?}");
-            continue;
-        };
+        // Every format has one on both (the 8-bit format on AVX2 with 16-bit products).
+        let simd = axpy_exact_q8_fn(f, isa).unwrap_or_else(|| panic!("{t:?}: no 8-bit-coefficient kernel on {isa:?}"));
         for &(n_out, n_in) in &[(32usize, 256usize), (96, 1024), (640, 512)] {
             let (_, cols, scales) = tensor(f, n_out, n_in, 3 + n_out as u64);
             let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
@@ -479,6 +475,40 @@ fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
             }
         }
     }
+}
+
+/// Q8_0 rows holding every byte value, −128 included (a quantizer gives −127..=127, a file may
+/// hold −128): the 8-bit format's SIMD kernels (AVX2's 16-bit products, the VNNI one) give the
+/// scalar reference's bits over the whole integer range.
+#[test]
+fn q8_kernel_covers_every_q8_0_byte() {
+    let t = WeightType::Q8_0;
+    let f = ExactFormat::of(t).unwrap();
+    let (n_out, n_in) = (64usize, 256usize);
+    let mut rows = Vec::new();
+    for r in 0..n_out {
+        for b in 0..n_in / 32 {
+            // Q8_0: an f16 scale, then 32 signed bytes.
+            rows.extend_from_slice(&half::f16::from_f32(0.01 + 0.001 * (r % 5) as f32).to_le_bytes());
+            rows.extend((0..32).map(|i| ((r * 37 + b * 32 + i * 7) % 256) as u8));
+        }
+    }
+    let (cols, scales) = f.transpose(&rows, n_out, n_in);
+    let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+    let mut rng = Rng(5);
+    let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 3 != 0).collect();
+    let coef: Vec<f32> = units.iter().map(|_| rng.f() * 3.0 - 1.5).collect();
+    let mut want = vec![0f32; n_out];
+    axpy_exact_q8_scalar(&m, &units, &units, &coef, 0..n_out / 32, &mut want);
+    let mut tested = 0;
+    for isa in Isa::available() {
+        let Some(k) = axpy_exact_q8_fn(f, isa) else { continue };
+        let mut got = vec![0f32; n_out];
+        k(&m, &units, &units, &coef, 0..n_out / 32, &mut got);
+        assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?}: {want:?} vs {got:?}");
+        tested += 1;
+    }
+    assert!(tested > 0, "a SIMD kernel for Q8_0 on this CPU");
 }
 
 #[test]

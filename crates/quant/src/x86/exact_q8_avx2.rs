@@ -24,6 +24,14 @@
 //! 4 unpacks, 4 `vpmaddubsw` and 4 adds per quad, against ~60 operations for the 6-bit planes),
 //! flushed as their source's bits.
 //!
+//! # The 8-bit format (Q8_0): 16-bit products
+//!
+//! Q8_0's integers (stored as `q + 128`, `0..=255`) would saturate `vpmaddubsw`'s pair sums, so
+//! its quads take the wide layout's loads and unpacks, then turn each byte back to the signed
+//! value (`^ 0x80`: `q − 128`, the format's zero point taken out exactly), sign-extend it to 16
+//! bits and multiply-add pairs with `vpmaddwd` into 32-bit sums: `Σ C·(q − 128)` per row, the
+//! scalar reference's `T` without its zero-point term (exact in `i32`, no flush needed).
+//!
 //! Per run the sums get the zero point and the integer sub-scales (`vpmulld`), per group the f16
 //! scales are converted and applied once, as in the VNNI kernel; the plan, the passes, the
 //! prefetches one pass ahead and the sums kept between passes are that kernel's.
@@ -45,31 +53,35 @@ use crate::exact::{check_axpy_exact, ExactAxpyFn, ExactFormat, ExactMatrix, SubS
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// The 8-bit-coefficient AVX2 kernel for `fmt` (`None` without AVX2 / FMA / F16C, and for the
-/// 8-bit format, whose products would saturate `vpmaddubsw`).
+/// The 8-bit-coefficient AVX2 kernel for `fmt` (`None` without AVX2 / FMA / F16C).
 pub(crate) fn avx2_q8_axpy_fn(fmt: ExactFormat) -> Option<ExactAxpyFn> {
     if !has_avx2() {
         return None;
     }
     if flush_quads(fmt.q_max()) == 0 {
-        return None;
+        // The 8-bit format: 16-bit products (module docs).
+        return match (fmt.bits, fmt.sub_scales, fmt.has_offset, fmt.zero) {
+            (8, SubScales::None, false, 128) => Some(wrapper::<8, 0, false, true>),
+            _ => None,
+        };
     }
     Some(match (fmt.bits, fmt.sub_scales, fmt.has_offset) {
-        (4, SubScales::None, false) => wrapper::<4, 0, false>,
-        (4, SubScales::None, true) => wrapper::<4, 0, true>,
-        (5, SubScales::None, false) => wrapper::<5, 0, false>,
-        (4, SubScales::Unsigned, true) => wrapper::<4, 1, true>,
-        (5, SubScales::Unsigned, true) => wrapper::<5, 1, true>,
-        (6, SubScales::Signed, false) => wrapper::<6, 2, false>,
+        (4, SubScales::None, false) => wrapper::<4, 0, false, false>,
+        (4, SubScales::None, true) => wrapper::<4, 0, true, false>,
+        (5, SubScales::None, false) => wrapper::<5, 0, false, false>,
+        (4, SubScales::Unsigned, true) => wrapper::<4, 1, true, false>,
+        (5, SubScales::Unsigned, true) => wrapper::<5, 1, true, false>,
+        (6, SubScales::Signed, false) => wrapper::<6, 2, false, false>,
         // The wide layouts ([`ExactFormat::wide`]): Q5_0, Q5_K, Q6_K integers in bytes.
-        (8, SubScales::None, false) => wrapper::<8, 0, false>,
-        (8, SubScales::Unsigned, true) => wrapper::<8, 1, true>,
-        (8, SubScales::Signed, false) => wrapper::<8, 2, false>,
+        (8, SubScales::None, false) => wrapper::<8, 0, false, false>,
+        (8, SubScales::Unsigned, true) => wrapper::<8, 1, true, false>,
+        (8, SubScales::Signed, false) => wrapper::<8, 2, false, false>,
         _ => return None,
     })
 }
 
-fn wrapper<const BITS: u8, const SUB: u8, const OFF: bool>(
+/// `W16`: the 8-bit format's 16-bit products (module docs).
+fn wrapper<const BITS: u8, const SUB: u8, const OFF: bool, const W16: bool>(
     m: &ExactMatrix<'_>,
     idx: &[u32],
     units: &[u32],
@@ -84,9 +96,10 @@ fn wrapper<const BITS: u8, const SUB: u8, const OFF: bool>(
         m.fmt.bits == BITS && m.fmt.has_offset == OFF && (m.fmt.sub_scales != SubScales::None) == (SUB != 0),
         "exact column kernel chosen for another format"
     );
+    assert!(!W16 || m.fmt.zero == 128, "the 16-bit kernel is Q8_0's");
     // SAFETY: the arguments passed `check_axpy_exact` and `avx2_q8_axpy_fn` checked the features
     // (module docs).
-    unsafe { axpy_q8_avx2::<BITS, SUB, OFF>(m, idx, units, coef, chunks, y) }
+    unsafe { axpy_q8_avx2::<BITS, SUB, OFF, W16>(m, idx, units, coef, chunks, y) }
 }
 
 /// Quads whose 16-bit sums can be added before they must be widened, for integers up to `q_max`
@@ -249,7 +262,7 @@ unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> __m256i {
 /// # Safety
 /// AVX2 + FMA + F16C present; the arguments passed [`check_axpy_exact`] (module docs).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_q8_avx2<const BITS: u8, const SUB: u8, const OFF: bool>(
+unsafe fn axpy_q8_avx2<const BITS: u8, const SUB: u8, const OFF: bool, const W16: bool>(
     m: &ExactMatrix<'_>,
     idx: &[u32],
     units: &[u32],
@@ -266,7 +279,7 @@ unsafe fn axpy_q8_avx2<const BITS: u8, const SUB: u8, const OFF: bool>(
         }
         // SAFETY: the caller's contract; the plan was built from these arguments and `sums` holds
         // `3 · 32` values per chunk.
-        unsafe { stream::<BITS, SUB, OFF>(m, &mut plan, chunks, y) }
+        unsafe { stream::<BITS, SUB, OFF, W16>(m, &mut plan, chunks, y) }
     })
 }
 
@@ -276,7 +289,7 @@ unsafe fn axpy_q8_avx2<const BITS: u8, const SUB: u8, const OFF: bool>(
 /// As [`axpy_q8_avx2`]; `plan` was built from the same arguments and `plan.sums` holds `96`
 /// values per chunk of `chunks`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
+unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool, const W16: bool>(
     m: &ExactMatrix<'_>,
     plan: &mut Plan,
     chunks: Range<usize>,
@@ -290,7 +303,7 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
     let yp = y.as_mut_ptr();
     let planes = Planes::load::<BITS>();
     let zero = f.zero as i32;
-    let flush = flush_quads(f.q_max());
+    let flush = if W16 { usize::MAX } else { flush_quads(f.q_max()) };
     debug_assert!(flush > 0);
     let Plan { quads, runs, passes, groups, sums } = plan;
     let sp = sums.as_mut_ptr();
@@ -319,12 +332,31 @@ unsafe fn stream<const BITS: u8, const SUB: u8, const OFF: bool>(
             while q < pass.q1 {
                 let run = runs[quads[q].run];
                 let mut t = if q == run.q0 {
-                    [_mm256_set1_epi32(-zero * run.sum_c); 4]
+                    // (The 16-bit products take the zero point out of each integer.)
+                    [_mm256_set1_epi32(if W16 { 0 } else { -zero * run.sum_c }); 4]
                 } else {
                     std::array::from_fn(|j| ld(tp, j))
                 };
                 let qe = run.q1.min(pass.q1);
-                let mut q16 = q;
+                if W16 {
+                    let flip = _mm256_set1_epi8(-128);
+                    for qd in &quads[q..qe] {
+                        // SAFETY: `ch < n_out / 32`: chunk `ch` of checked columns.
+                        let v = unsafe { load_quad::<8>(&qd.ptrs, ch * kb, &planes) };
+                        let cv = quad_coefs(qd.cq);
+                        let (cl, chi) = (
+                            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(cv)),
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(cv)),
+                        );
+                        for j in 0..4 {
+                            let s = _mm256_xor_si256(v[j], flip);
+                            let lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(s)), cl);
+                            let hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(s)), chi);
+                            t[j] = _mm256_add_epi32(t[j], _mm256_add_epi32(lo, hi));
+                        }
+                    }
+                }
+                let mut q16 = if W16 { qe } else { q };
                 while q16 < qe {
                     let qf = (q16 + flush).min(qe);
                     let mut w = [z; 4];
