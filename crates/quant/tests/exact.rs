@@ -496,7 +496,7 @@ fn q8_kernel_covers_every_q8_0_byte() {
     let (cols, scales) = f.transpose(&rows, n_out, n_in);
     let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
     let mut rng = Rng(5);
-    let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 3 != 0).collect();
+    let units: Vec<u32> = (0..n_in as u32).filter(|_| !rng.next().is_multiple_of(3)).collect();
     let coef: Vec<f32> = units.iter().map(|_| rng.f() * 3.0 - 1.5).collect();
     let mut want = vec![0f32; n_out];
     axpy_exact_q8_scalar(&m, &units, &units, &coef, 0..n_out / 32, &mut want);
