@@ -3,32 +3,7 @@
 use crate::ModelError;
 use sift_gguf::Gguf;
 
-/// Architectures sift can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama family (SmolLM2, TinyLlama, Llama 2/3, Mistral): no biases.
-    Llama,
-    /// Qwen2 / Qwen2.5: biases on q, k, v.
-    Qwen2,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-        }
-    }
-}
-
-/// How RoPE pairs dimensions (llama.cpp's `LLAMA_ROPE_TYPE_NORM` vs `_NEOX`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (x[2i], x[2i+1]) — GGUF llama files have q/k permuted for this.
-    Interleaved,
-    /// Halves (x[i], x[i + d/2]).
-    Neox,
-}
+pub use crate::arch::{Arch, RopeStyle};
 
 /// Everything the forward pass needs to know about the model's shape.
 #[derive(Clone, Debug)]
@@ -52,11 +27,9 @@ impl Config {
     /// Reads and validates the config of a GGUF model.
     pub fn from_gguf(g: &Gguf) -> Result<Config, ModelError> {
         let arch_name = g.architecture().ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            other => return Err(ModelError::UnsupportedArch(other.to_string())),
-        };
+        // What differs between architectures is described in their own files (`crate::arch`).
+        let spec = crate::arch::find(arch_name).ok_or_else(|| ModelError::UnsupportedArch(arch_name.to_string()))?;
+        let arch = spec.arch;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize, ModelError> {
             let k = key(k);
@@ -130,10 +103,7 @@ impl Config {
             rms_eps,
             rope_base,
             rope_dim,
-            rope_style: match arch {
-                Arch::Llama => RopeStyle::Interleaved,
-                Arch::Qwen2 => RopeStyle::Neox,
-            },
+            rope_style: spec.rope,
         })
     }
 

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod arch;
 pub mod chat;
 pub mod config;
 pub mod layout;
