@@ -70,7 +70,7 @@ pub enum Command {
     /// Record what the selector saw and chose per decoded token, layer and site (for simulate)
     Trace(trace::TraceArgs),
     /// Replay a trace through the cache and prefetcher on a device profile: tok/s, hit rate, bytes
-    Simulate(simulate::SimulateArgs),
+    Simulate(args::SimulateArgs),
     /// The planner's sparsity, preload group and cache size for a memory budget, with predicted tok/s
     Plan(plan::PlanArgs),
     /// Measure this machine (memory, disk by read size and queue depth, kernels) into a device profile

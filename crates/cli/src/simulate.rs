@@ -2,93 +2,13 @@
 //! profile (see `sift_sim::replay`); `--sweep` runs every budget × policy given and writes CSV and
 //! plots. Also home of the profile lookup shared with `sift plan` and `--memory`.
 
+use crate::args::SimulateArgs;
 use anyhow::Context;
-use clap::Args;
 use sift_eval::plot::{Chart, Series};
 use sift_sim::replay::{simulate, Replay, SimOptions, SimReport};
 use sift_sim::trace::Trace;
 use sift_store::tiered::{CacheSplit, TieredOptions};
-use std::path::{Path, PathBuf};
-
-#[derive(Args)]
-pub struct SimulateArgs {
-    /// Trace from `sift trace`
-    #[arg(long = "trace")]
-    pub trace: PathBuf,
-    /// The pack the trace was recorded on
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
-    /// Device profile: a file from `sift probe -o`, or a builtin name (`sift probe --list`)
-    #[arg(long = "profile")]
-    pub profile: Option<String>,
-    /// Memory budgets (bytes with K/M/G, or % of the model), comma-separated
-    #[arg(long = "memory", value_delimiter = ',', required_unless_present = "gpu")]
-    pub memory: Vec<String>,
-    /// Simulate KAIROX's GPU–CPU hybrid decode instead, on this GPU profile: a file from
-    /// `sift probe --gpu -o FILE`, or rtx3080ti-pcie3, rtx4090-pcie4: FFN neuron groups on the
-    /// GPU under each --gpu-policy
-    #[arg(long = "gpu", value_name = "PROFILE")]
-    pub gpu: Option<String>,
-    /// With --gpu: GPU memory budgets (bytes with K/M/G, or % of the model's matrices)
-    #[arg(long = "gpu-memory", value_delimiter = ',', default_value = "25%,50%,75%")]
-    pub gpu_memory: Vec<String>,
-    /// With --gpu: balancing policies: static, eager, lru, tam, tam-adaptive, layers (llama.cpp's
-    /// layer split), oracle (the bound)
-    #[arg(
-        long = "gpu-policy",
-        value_delimiter = ',',
-        default_value = "oracle,layers,static,eager,lru,tam,tam-adaptive"
-    )]
-    pub gpu_policy: Vec<String>,
-    /// With --gpu: neurons per group (the unit of transfer); default 16, or with a profile that
-    /// holds the engine's costs, the engine's own choice (from the transfer curve)
-    #[arg(long = "group-size", value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub group_size: Option<u32>,
-    /// With --gpu and the engine's costs: where attention runs (auto, on, off; as
-    /// --gpu-attention of generate)
-    #[arg(long = "gpu-attention", value_name = "auto|on|off", default_value = "auto", value_parser = ["auto", "on", "off"])]
-    pub gpu_attention: String,
-    /// Cache policies, comma-separated: lfu, lru, tam, static, belady, none
-    #[arg(long = "policy", value_delimiter = ',', default_value = "lfu")]
-    pub policy: Vec<String>,
-    /// Selections replayed, comma-separated: recorded (the trace's own choices, exact) or a
-    /// method run on the recorded inputs (topk, dip, dip-ca, glu, threshold, ...)
-    #[arg(long = "sparsity", value_delimiter = ',', default_value = "recorded")]
-    pub sparsity: Vec<String>,
-    /// Ratio for --sparsity METHOD
-    #[arg(long = "ratio", default_value_t = 0.5, value_parser = sift_session::ranges::skip_ratio)]
-    pub ratio: f64,
-    /// DIP-CA penalty for units not in cache
-    #[arg(long = "gamma", default_value_t = 0.2, value_parser = sift_session::ranges::weight_f32)]
-    pub gamma: f32,
-    /// Calibration file (threshold, core-sim; static's hot set — else ranked from the trace itself)
-    #[arg(long = "calib")]
-    pub calib: Option<PathBuf>,
-    /// Layers per cross-layer preload group
-    #[arg(long = "preload", default_value_t = 4, value_parser = sift_session::ranges::count_in::<0, 4096>)]
-    pub preload: usize,
-    /// Cache split among ops: read-cost or uniform
-    #[arg(long = "cache-split", default_value = "read-cost", value_parser = ["read-cost", "uniform"])]
-    pub cache_split: String,
-    /// TAM decay λ and margin ε
-    #[arg(long = "tam-lambda", default_value_t = sift_store::cache::TAM_DEFAULT_LAMBDA, value_parser = sift_session::ranges::skip_ratio_f32)]
-    pub tam_lambda: f32,
-    #[arg(long = "tam-eps", default_value_t = sift_store::cache::TAM_DEFAULT_EPS, value_parser = sift_session::ranges::fraction_f32)]
-    pub tam_eps: f32,
-    /// Override the runtime memory the trace recorded (bytes with K/M/G)
-    #[arg(long = "runtime")]
-    pub runtime: Option<String>,
-    /// Override the context size the trace recorded (it sizes the KV cache in the plan)
-    #[arg(short = 'c', long = "ctx-size", value_parser = sift_session::ranges::ctx_size)]
-    pub ctx_size: Option<usize>,
-    /// Write results.csv, hitrate.svg, tps.svg and reads.svg into this directory (with
-    /// tam-adaptive: lambda-N.svg and loads-N.svg, λ and loads per token of run N)
-    #[arg(long = "sweep")]
-    pub sweep: Option<PathBuf>,
-    /// Output format: md or json
-    #[arg(short = 'o', long = "output", default_value = "md", value_parser = ["md", "json"])]
-    pub output: String,
-}
+use std::path::Path;
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let trace = Trace::read(&a.trace)?;

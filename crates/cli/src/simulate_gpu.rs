@@ -1,7 +1,7 @@
 //! `sift simulate --gpu PROFILE`: a trace's FFN activity replayed through KAIROX's GPU–CPU
 //! hybrid decode (`sift_sim::hybrid`) for each GPU budget × balancing policy.
 
-use crate::simulate::SimulateArgs;
+use crate::args::SimulateArgs;
 use anyhow::Context;
 use sift_engine::balancer::BalancePolicy;
 use sift_engine::gpu::GpuPlacement;
