@@ -35,11 +35,15 @@ impl BudgetHandle {
     }
 }
 
-/// The engine's side of live budget changes: the pending request and the log of applied ones.
+/// The engine's side of live budget changes: the pending request, the log of applied ones, and
+/// the part of every budget kept for work outside the engine.
 #[derive(Default)]
 pub(crate) struct LiveBudget {
     request: Arc<AtomicU64>,
     pub(crate) log: Vec<BudgetChange>,
+    /// Bytes of every budget kept for work outside the engine (a server's requests,
+    /// [`Engine::set_budget_reserve`]).
+    pub(crate) reserve: u64,
 }
 
 impl LiveBudget {
@@ -127,7 +131,7 @@ impl Engine {
             let plan = &store.plan;
             let fixed = plan.fixed() - plan.kv_growth + growth;
             // What of the fixed parts a user can give up, named.
-            let predictor = match &self.predictor {
+            let predictor = match &self.prefill.predictor {
                 Some(p) => format!(
                     " (the expert predictor of sparse prefill holds {:.1} MiB of them: --prefill-masks oracle or --prefill-sparsity 0 frees it)",
                     mib(p.bytes() as u64)

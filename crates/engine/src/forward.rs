@@ -16,7 +16,7 @@ use crate::kv::{KvCache, KvType, KV_PAGE};
 use crate::matmul::{matmul_many, matmul_rows, MatJob, QuantActs};
 pub use crate::options::{default_threads, EngineOptions};
 use crate::pool::ThreadPool;
-use crate::prefill::{PrefillMasks, PrefillScratch, PREFILL_BLOCK};
+use crate::prefill::{FastForward, PREFILL_BLOCK};
 use crate::slots::SlotRun;
 use crate::source::{MappedColumns, MappedRows, SiteWeights, TieredSource, WeightSource};
 use crate::sparse::{column_matmul_batch, column_matmul_part, tensor_job, ColJob};
@@ -164,11 +164,8 @@ pub(crate) enum RowMode {
 /// A model ready to run: weights and where they come from, KV cache, threads, selector, scratch.
 pub struct Engine {
     pub model: Model,
+    /// The workers, with `-t`, `-tb` and `--poll`.
     pub(crate) pool: ThreadPool,
-    /// Threads for one-token steps and for batches (`-t`, `-tb`).
-    threads: (usize, usize),
-    /// llama.cpp's `--poll` level the pool was started with.
-    poll: u8,
     /// Where each site's weights come from (GGUF rows, pack columns, the tiered store).
     pub(crate) source: Box<dyn WeightSource>,
     /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
@@ -179,30 +176,15 @@ pub struct Engine {
     pub(crate) n_ctx: usize,
     pub(crate) n_batch: usize,
     pub(crate) n_past: usize,
-    /// `freq_base^(-2/rope_dim)`, iterated as ggml does.
-    theta_scale: f32,
     sparse_head: f32,
     pub(crate) stats: SparsityStats,
     /// Watches decoded tokens for `sift trace`.
     tracer: Option<Box<dyn Tracer>>,
     budget: LiveBudget,
-    /// Bytes of every budget kept for work outside the engine (a server's requests,
-    /// [`Engine::set_budget_reserve`]).
-    budget_reserve: u64,
-    /// FastForward's block-wise sparse prefill: the share of FFN neurons a sparse block skips
-    /// (0: off) and how they are chosen; whether the batch being run is a sparse block.
-    pub(crate) prefill: (f32, PrefillMasks),
-    pub(crate) prefill_scratch: PrefillScratch,
-    /// Sparse blocks' down projections from an 8-bit neuron-major copy ([`crate::prefill::DownCopy`]).
-    pub(crate) prefill_down: Option<std::sync::Arc<crate::prefill::DownCopy>>,
+    /// FastForward's block-wise sparse prefill: its settings, trained parts and working memory.
+    pub(crate) prefill: FastForward,
     /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
     gpu: Option<GpuLayers>,
-    /// FastForward's trained expert predictor (`--prefill-masks predicted`).
-    pub(crate) predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
-    /// Whether sparse blocks add the predictor file's error compensator (when it has one).
-    pub(crate) prefill_compensate: bool,
-    /// FastForward's layerwise schedule: each layer's share of neurons kept (`None`: uniform).
-    pub(crate) prefill_keep: Option<Vec<f32>>,
     /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
     ffn_observer: Option<Box<dyn FfnObserver>>,
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
@@ -230,10 +212,9 @@ impl Engine {
         let c = model.config.clone();
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
         let b = opts.n_batch.max(1);
-        let pool = ThreadPool::new(opts.max_threads());
+        let mut pool = ThreadPool::new(opts.max_threads());
         pool.set_poll(opts.poll);
-        let threads = (opts.n_threads.max(1), opts.threads_batch());
-        pool.set_active(threads.0);
+        pool.set_step_threads(opts.n_threads.max(1), opts.threads_batch());
         // A type this model's heads cannot use (q8_0 needs whole blocks of 32) falls back to f16;
         // the session refuses it with a message first.
         let usable = |t: KvType| if t.check_head_dim(c.head_dim).is_ok() { t } else { KvType::F16 };
@@ -270,8 +251,6 @@ impl Engine {
             kv,
             model,
             pool,
-            threads,
-            poll: opts.poll,
             source,
             selector: Box::new(DenseSelector),
             phase: Phase::Prompt,
@@ -279,21 +258,14 @@ impl Engine {
             n_ctx,
             n_batch: b,
             n_past: 0,
-            theta_scale: c.rope_base.powf(-2.0 / c.rope_dim as f32),
             sparse_head: opts.sparse_head.clamp(0.0, 0.99),
             stats,
             tracer: None,
             budget: LiveBudget::default(),
-            budget_reserve: 0,
-            prefill: (opts.prefill_sparsity.clamp(0.0, 0.99), opts.prefill_masks),
-            prefill_scratch: PrefillScratch::default(),
-            prefill_down: None,
+            prefill: FastForward::new(opts.prefill_sparsity, opts.prefill_masks),
             gpu: None,
-            predictor: None,
             ffn_observer: None,
             hybrid: None,
-            prefill_compensate: true,
-            prefill_keep: None,
             lora: None,
             slots: crate::slots::Slots::default(),
         }
@@ -329,7 +301,7 @@ impl Engine {
     /// Whether prompts run in sparse blocks (`--prefill-sparsity`, and a batch size that holds a
     /// block).
     pub fn sparse_prefill(&self) -> bool {
-        self.prefill.0 > 0.0 && self.n_batch >= PREFILL_BLOCK
+        self.prefill.ratio > 0.0 && self.n_batch >= PREFILL_BLOCK
     }
 
     /// One run of the sequence in use, as [`Engine::decode`] gives it: checked, its KV pages
@@ -428,7 +400,7 @@ impl Engine {
 
     /// Before a batch of several sequences' `n` tokens ([`Engine::eval_slots`]).
     pub(crate) fn begin_slots_batch(&mut self, phase: Phase, n: usize) {
-        self.pool.set_active(if n == 1 { self.threads.0 } else { self.threads.1 });
+        self.pool.for_tokens(n);
         self.phase = phase;
         self.selector.begin_batch(phase);
     }
@@ -446,7 +418,7 @@ impl Engine {
     /// tokens in `s.logits`.
     fn forward_batch(&mut self, tokens: &[u32], n_logits: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let n = tokens.len();
-        self.pool.set_active(if n == 1 { self.threads.0 } else { self.threads.1 });
+        self.pool.for_tokens(n);
         if let Some(t) = &mut self.tracer {
             if n == 1 {
                 t.token(self.n_past);
@@ -519,7 +491,7 @@ impl Engine {
             && self.selector.is_dense()
             && self.tracer.is_none()
             && self.ffn_observer.is_none()
-            && self.prefill.0 == 0.0;
+            && self.prefill.ratio == 0.0;
         Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
 
@@ -761,8 +733,9 @@ impl Engine {
     /// [`Engine::attention_core`] for the `n` rows from `row0`, the next positions of the KV
     /// cache in use.
     fn attention_rows(&mut self, l: usize, row0: usize, n: usize) {
-        let Engine { model, pool, kv, s, n_past, theta_scale, ffn_observer, .. } = self;
+        let Engine { model, pool, kv, s, n_past, ffn_observer, .. } = self;
         let c = &model.config;
+        let theta_scale = c.rope_theta_scale();
         let lw: &LayerWeights = &model.layers[l];
         let (qd, kvd) = (c.n_embd_q(), c.n_embd_kv());
         let (q_rows, k_rows) = (row0 * qd..(row0 + n) * qd, row0 * kvd..(row0 + n) * kvd);
@@ -779,8 +752,8 @@ impl Engine {
                     vecops::add_assign(x, b);
                 }
             }
-            rope(c, *theta_scale, *n_past + t - row0, q);
-            rope(c, *theta_scale, *n_past + t - row0, k);
+            rope(c, theta_scale, *n_past + t - row0, q);
+            rope(c, theta_scale, *n_past + t - row0, k);
         }
         observe(s, ffn_observer);
         // llama.cpp computes K·q in the keys' type: q is rounded to f16 for f16 keys (q8_0 keys

@@ -248,7 +248,7 @@ impl GpuLayers {
             n_ff: c.n_ff,
             rope_dim: c.rope_dim,
             neox: c.rope_style == RopeStyle::Neox,
-            theta_scale: c.rope_base.powf(-2.0 / c.rope_dim as f32),
+            theta_scale: c.rope_theta_scale(),
             eps: c.rms_eps,
         };
         let whole_layers_off = dims.supported().err();

@@ -63,6 +63,10 @@ pub struct ThreadPool {
     n: usize,
     shared: Arc<Shared>,
     threads: Vec<(JoinHandle<()>, Thread)>,
+    /// Workers for one-token steps and for batches (llama.cpp's `-t`, `-tb`; both `n` unless set).
+    steps: (usize, usize),
+    /// llama.cpp's `--poll` level the pool was set to.
+    poll: u8,
 }
 
 impl ThreadPool {
@@ -95,7 +99,28 @@ impl ThreadPool {
                 (h, t)
             })
             .collect();
-        ThreadPool { n, shared, threads }
+        ThreadPool { n, shared, threads, steps: (n, n), poll: 50 }
+    }
+
+    /// Workers for one-token steps and for batches (`-t`, `-tb`; each at most the pool's).
+    pub fn set_step_threads(&mut self, decode: usize, batch: usize) {
+        self.steps = (decode.clamp(1, self.n), batch.clamp(1, self.n));
+        self.set_active(self.steps.0);
+    }
+
+    /// `-t` and `-tb`.
+    pub fn step_threads(&self) -> (usize, usize) {
+        self.steps
+    }
+
+    /// Makes the workers of a step of `n_tokens` tokens active: `-t` for one, `-tb` for more.
+    pub fn for_tokens(&self, n_tokens: usize) {
+        self.set_active(if n_tokens == 1 { self.steps.0 } else { self.steps.1 });
+    }
+
+    /// The `--poll` level last set ([`ThreadPool::set_poll`]).
+    pub fn poll_level(&self) -> u8 {
+        self.poll
     }
 
     /// How long idle helpers spin before parking (iterations of `spin_loop`; default
@@ -113,7 +138,8 @@ impl ThreadPool {
     /// in proportion ([`SPIN_BEFORE_PARK`] at 50, twice that at 100). 0 parks at once: each job
     /// then wakes helpers through the OS (a few µs), but a helper never holds a core that another
     /// process wants while it waits.
-    pub fn set_poll(&self, level: u8) {
+    pub fn set_poll(&mut self, level: u8) {
+        self.poll = level;
         self.set_spin(spin_for_poll(level));
     }
 
@@ -421,7 +447,7 @@ mod tests {
 
     #[test]
     fn only_active_workers_take_part() {
-        let pool = ThreadPool::new(3);
+        let mut pool = ThreadPool::new(3);
         for (active, poll) in [(1, 50), (2, 0), (3, 0), (2, 100), (3, 50)] {
             pool.set_active(active);
             pool.set_poll(poll);
@@ -453,7 +479,7 @@ mod tests {
 
     #[test]
     fn stalls_are_waits_far_longer_than_the_callers_part() {
-        let pool = ThreadPool::new(2);
+        let mut pool = ThreadPool::new(2);
         let us = Duration::from_micros;
         // A helper that finishes its last item after the caller ran out (at most one item, and the
         // caller's part took at least one): no stall, however long the items.

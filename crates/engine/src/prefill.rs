@@ -168,6 +168,39 @@ impl DownCopy {
     }
 }
 
+/// FastForward on an engine (`--prefill-*`): what a sparse block does and the memory it works in.
+pub(crate) struct FastForward {
+    /// The share of FFN neurons a sparse block skips (0: dense prefill).
+    pub ratio: f32,
+    /// How a sparse block's neurons are chosen.
+    pub masks: PrefillMasks,
+    /// The layerwise schedule: each layer's share of neurons kept (`None`: `1 − ratio` in every
+    /// layer).
+    pub keep: Option<Vec<f32>>,
+    /// The trained expert predictor (`--prefill-masks predicted`).
+    pub predictor: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>,
+    /// Whether sparse blocks add the predictor file's error compensator (when it has one).
+    pub compensate: bool,
+    /// Sparse blocks' down projections from an 8-bit neuron-major copy ([`DownCopy`]).
+    pub down: Option<std::sync::Arc<DownCopy>>,
+    pub scratch: PrefillScratch,
+}
+
+impl FastForward {
+    /// Sparse prefill at `ratio` with `masks`, nothing trained attached.
+    pub fn new(ratio: f32, masks: PrefillMasks) -> FastForward {
+        FastForward {
+            ratio: ratio.clamp(0.0, 0.99),
+            masks,
+            keep: None,
+            predictor: None,
+            compensate: true,
+            down: None,
+            scratch: PrefillScratch::default(),
+        }
+    }
+}
+
 /// Working memory of sparse blocks.
 #[derive(Default)]
 pub(crate) struct PrefillScratch {
@@ -193,7 +226,7 @@ impl Engine {
     /// output in `s.o`, as the dense FFN does.
     pub(crate) fn ffn_sparse_block(&mut self, l: usize, n: usize) -> Result<(), EvalError> {
         let (ff, e) = (self.model.config.n_ff, self.model.config.n_embd);
-        let (ratio, masks) = self.prefill;
+        let (ratio, masks) = (self.prefill.ratio, self.prefill.masks);
         let lw = &self.model.layers[l];
         // Neurons are chosen one by one (the predictor is trained per neuron, and choosing
         // whole groups of a repacked matrix's interleaved rows, 8 or 16 at a time, cost the
@@ -201,7 +234,7 @@ impl Engine {
         // re-packed into groups for its kernels, so their number is a multiple of the group.
         let group = lw.w_gate.group_rows().max(lw.w_up.group_rows());
         // The layer's share of neurons kept: the layerwise schedule's, else 1 − R everywhere.
-        let keep = self.prefill_keep.as_ref().and_then(|k| k.get(l).copied()).unwrap_or(1.0 - ratio);
+        let keep = self.prefill.keep.as_ref().and_then(|k| k.get(l).copied()).unwrap_or(1.0 - ratio);
         let k = ((keep as f64 * (ff / group) as f64).round() as usize).clamp(1, ff / group) * group;
         match masks {
             PrefillMasks::Oracle => {
@@ -213,7 +246,7 @@ impl Engine {
                     lora.apply(l, Site::FfnIn, x, n, &mut outs);
                 }
                 vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
-                let p = &mut self.prefill_scratch;
+                let p = &mut self.prefill.scratch;
                 p.score.clear();
                 p.score.resize(ff, 0.0);
                 for row in self.s.g[..n * ff].chunks_exact(ff) {
@@ -229,8 +262,8 @@ impl Engine {
                 }
             }
             PrefillMasks::Random | PrefillMasks::Predicted => {
-                let p = &mut self.prefill_scratch;
-                match (&self.predictor, masks) {
+                let FastForward { scratch: p, predictor, .. } = &mut self.prefill;
+                match (predictor, masks) {
                     (Some(pred), PrefillMasks::Predicted) => {
                         pred.scores(l, &self.s.h[..n * e], n, &mut p.score, Some(&self.pool))
                     }
@@ -251,12 +284,12 @@ impl Engine {
         // Down's adapter on the GLU of the chosen neurons (zero elsewhere), as on a dense
         // block's masked input.
         if let Some(lora) = &self.lora {
-            let p = &self.prefill_scratch;
+            let p = &self.prefill.scratch;
             lora.apply_units(l, OpKind::Down, &p.units, &p.gs[..n * k], n, &mut self.s.o[..n * e]);
         }
         // The error compensator (§3.3): what the skipped neurons would have added, estimated
         // from each token's FFN input.
-        if let (Some(p), true) = (&self.predictor, self.prefill_compensate) {
+        if let (Some(p), true) = (&self.prefill.predictor, self.prefill.compensate) {
             p.compensate(l, &self.s.h[..n * e], n, &mut self.s.o[..n * e]);
         }
         Ok(())
@@ -266,7 +299,8 @@ impl Engine {
     /// the GLU of the chosen neurons in `gs` (n × k).
     fn sparse_gate_up(&mut self, l: usize, n: usize, k: usize) -> Result<(), EvalError> {
         let e = self.model.config.n_embd;
-        let Engine { model, pool, s, source, prefill_scratch: p, lora, .. } = self;
+        let Engine { model, pool, s, source, prefill, lora, .. } = self;
+        let p = &mut prefill.scratch;
         let lw = &model.layers[l];
         let (gate, up) = (&lw.w_gate, &lw.w_up);
         // The chosen rows of gate, then of up, side by side in `rows`. A repacked matrix (its
@@ -335,7 +369,7 @@ impl Engine {
     /// through the many-token kernel, or the dense kernel on the masked GLU.
     fn sparse_down(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
         let ff = self.model.config.n_ff;
-        if let Some(copy) = self.prefill_down.clone() {
+        if let Some(copy) = self.prefill.down.clone() {
             self.down_from_copy(&copy.layers[l], n, k, e);
             return Ok(());
         }
@@ -348,7 +382,8 @@ impl Engine {
         match cols {
             Some(t) if exact && self.store().is_none() => {
                 let ColFormat::Exact(fmt) = t.ty else { unreachable!() };
-                let Engine { model, pool, s, prefill_scratch: p, .. } = self;
+                let Engine { model, pool, s, prefill, .. } = self;
+                let p = &mut prefill.scratch;
                 let file = model.pack_bytes();
                 let m = ExactMatrix {
                     fmt,
@@ -378,7 +413,8 @@ impl Engine {
             }
             _ => {
                 // The GLU scattered back, zero outside the chosen neurons; the dense down.
-                let Engine { s, prefill_scratch: p, .. } = self;
+                let Engine { s, prefill, .. } = self;
+                let p = &prefill.scratch;
                 s.g[..n * ff].fill(0.0);
                 for (t, row) in s.g[..n * ff].chunks_exact_mut(ff).enumerate() {
                     for (&j, &v) in p.units.iter().zip(&p.gs[t * k..(t + 1) * k]) {
@@ -397,7 +433,8 @@ impl Engine {
     /// the tokens that follow), in as many parts as its transient area needs, each through the
     /// many-token column kernel.
     fn down_from_store(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
-        let Engine { model, pool, s, source, stats, prefill_scratch: p, .. } = self;
+        let Engine { model, pool, s, source, stats, prefill, .. } = self;
+        let p = &mut prefill.scratch;
         let y_all = &mut s.o[..n * e];
         y_all.fill(0.0);
         let mut done = 0;
@@ -442,7 +479,8 @@ impl Engine {
     /// quantized per token on the pool, then the output panels spread over the threads, then
     /// put back token-major in `s.o`.
     fn down_from_copy(&mut self, w: &TransposedQ8, n: usize, k: usize, e: usize) {
-        let Engine { pool, s, prefill_scratch: p, .. } = self;
+        let Engine { pool, s, prefill, .. } = self;
+        let p = &mut prefill.scratch;
         let PrefillScratch { units, gs, q8, yp, panels, .. } = p;
         q8.reset(w, units, n).expect("chosen neurons are the layer's");
         let parts: Vec<Mutex<_>> = q8.token_chunks(n.div_ceil(pool.n_threads())).into_iter().map(Mutex::new).collect();

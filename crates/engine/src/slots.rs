@@ -196,7 +196,7 @@ impl Engine {
         } else if self.gpu().is_none()
             && self.hybrid.is_none()
             && !self.watched()
-            && self.prefill.0 == 0.0
+            && self.prefill.ratio == 0.0
             && !self.selector().keeps_sequence_state()
         {
             SlotsMode::RowByRow
@@ -221,7 +221,7 @@ impl Engine {
             "a GPU tier"
         } else if self.watched() {
             "a tracer"
-        } else if self.prefill.0 > 0.0 {
+        } else if self.prefill.ratio > 0.0 {
             "sparse prefill"
         } else if self.selector().keeps_sequence_state() {
             "a selector with per-sequence state"

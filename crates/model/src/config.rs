@@ -107,6 +107,11 @@ impl Config {
         })
     }
 
+    /// RoPE's frequency step `freq_base^(-2/rope_dim)`, iterated as ggml does (`theta *= it`).
+    pub fn rope_theta_scale(&self) -> f32 {
+        self.rope_base.powf(-2.0 / self.rope_dim as f32)
+    }
+
     /// Width of the k and v projections.
     pub fn n_embd_kv(&self) -> usize {
         self.n_head_kv * self.head_dim

@@ -3,6 +3,7 @@
 //! budget, observers, and the context's position. The forward pass itself is in the parent module.
 
 use super::*;
+use crate::prefill::PrefillMasks;
 
 impl Engine {
     /// Runs every linear op through `store` (a memory-budgeted run; see `sift_store::tiered`).
@@ -10,7 +11,7 @@ impl Engine {
         self.source = Box::new(TieredSource::new(&self.model, store)?);
         // Decoding under a budget blocks on reads between jobs: helpers park soon instead of
         // spinning through the wait on a core the loader thread needs.
-        self.pool.set_spin(TIERED_SPIN.min(crate::pool::spin_for_poll(self.poll)));
+        self.pool.set_spin(TIERED_SPIN.min(crate::pool::spin_for_poll(self.pool.poll_level())));
         Ok(())
     }
 
@@ -31,43 +32,43 @@ impl Engine {
 
     /// Uses `p` to choose the neurons of sparse prompt blocks ([`PrefillMasks::Predicted`]).
     pub fn set_prefill_predictor(&mut self, p: Option<std::sync::Arc<crate::predictor::ExpertPredictors>>) {
-        self.predictor = p;
+        self.prefill.predictor = p;
     }
 
     /// How sparse prompt blocks choose their neurons from now on.
     /// Whether sparse prompt blocks add the error compensator of the predictor file (when it
     /// has one; `--prefill-compensator`).
     pub fn set_prefill_compensator(&mut self, on: bool) {
-        self.prefill_compensate = on;
+        self.prefill.compensate = on;
     }
 
     /// Each layer's share of FFN neurons sparse prompt blocks keep (FastForward's layerwise
     /// schedule, [`crate::prefill::linear_schedule`]); `None`: `1 − R` in every layer.
     pub fn set_prefill_schedule(&mut self, keep: Option<Vec<f32>>) {
-        self.prefill_keep = keep;
+        self.prefill.keep = keep;
     }
 
     /// The share of FFN neurons sparse prompt blocks skip (0: dense prefill; `--prefill-sparsity`).
     pub fn set_prefill_sparsity(&mut self, ratio: f32) {
-        self.prefill.0 = ratio.clamp(0.0, 0.99);
+        self.prefill.ratio = ratio.clamp(0.0, 0.99);
     }
 
     /// With `true`, makes the 8-bit neuron-major copy of every down projection that sparse
     /// blocks then use ([`crate::prefill::DownCopy`]) and returns its bytes (0 where it is not
     /// worth it: no AVX-512 VNNI, or a width not a multiple of 64); with `false`, drops it (the pack's columns serve).
     pub fn set_prefill_down_copy(&mut self, on: bool) -> Result<usize, sift_quant::transposed_q8::ShapeError> {
-        self.prefill_down = None;
+        self.prefill.down = None;
         if !on || !crate::prefill::DownCopy::worth_it(&self.model) {
             return Ok(0);
         }
         let copy = crate::prefill::DownCopy::build(&self.model, &self.pool)?;
         let bytes = copy.bytes();
-        self.prefill_down = Some(std::sync::Arc::new(copy));
+        self.prefill.down = Some(std::sync::Arc::new(copy));
         Ok(bytes)
     }
 
     pub fn set_prefill_masks(&mut self, masks: PrefillMasks) {
-        self.prefill.1 = masks;
+        self.prefill.masks = masks;
     }
 
     /// Starts (or with `None` stops) watching every dense FFN; returns the previous observer.
@@ -99,7 +100,7 @@ impl Engine {
     /// between tokens, keeping the conversation. Returns the new plan.
     /// A budget set aside ([`Engine::set_budget_reserve`]) is taken from `budget` first.
     pub fn set_memory_budget(&mut self, budget: u64) -> Result<MemoryPlan, TierError> {
-        let reserve = self.budget_reserve;
+        let reserve = self.budget.reserve;
         match self.source.store_mut() {
             Some(store) => store.set_budget(budget.saturating_sub(reserve)).cloned(),
             None => {
@@ -112,14 +113,14 @@ impl Engine {
     /// engine: a server's request bodies, tokenizing and responses. The store's plan then holds
     /// the rest. Refused, with nothing changed, when the rest cannot hold the run.
     pub fn set_budget_reserve(&mut self, reserve: u64) -> Result<MemoryPlan, TierError> {
-        let old = self.budget_reserve;
+        let old = self.budget.reserve;
         let Some(store) = self.source.store_mut() else {
             return Err(TierError::Unsupported("a budget reserve needs a run started with --memory".into()));
         };
         let total = store.plan.budget + old;
         match store.set_budget(total.saturating_sub(reserve)) {
             Ok(plan) => {
-                self.budget_reserve = reserve;
+                self.budget.reserve = reserve;
                 Ok(plan.clone())
             }
             Err(e) => Err(e),
@@ -128,7 +129,7 @@ impl Engine {
 
     /// The bytes of the budget kept for work outside the engine.
     pub fn budget_reserve(&self) -> u64 {
-        self.budget_reserve
+        self.budget.reserve
     }
 
     /// A handle other threads use to change the budget of this engine's run while it runs.
@@ -196,12 +197,12 @@ impl Engine {
 
     /// Threads of one-token decode steps (`-t`).
     pub fn n_threads(&self) -> usize {
-        self.threads.0
+        self.pool.step_threads().0
     }
 
     /// Threads of prompt batches (`-tb`).
     pub fn n_threads_batch(&self) -> usize {
-        self.threads.1
+        self.pool.step_threads().1
     }
 
     /// Tokens currently in the KV cache.
