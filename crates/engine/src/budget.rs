@@ -106,7 +106,7 @@ impl Engine {
 
     /// Positions of the KV cache's first page, allocated from the start (at most the context).
     pub(crate) fn kv_first_page(&self) -> usize {
-        KV_PAGE.min(self.n_ctx)
+        KV_PAGE.min(self.seq.n_ctx)
     }
 
     /// Makes room in the KV cache for `positions` tokens, a page at a time (never past the
@@ -116,12 +116,12 @@ impl Engine {
     /// itself; a caller that feeds a long prompt in several batches (the server) reserves the
     /// whole prompt first, so that a prompt the budget cannot hold is refused before any work.
     pub fn reserve_kv(&mut self, positions: usize) -> Result<(), EvalError> {
-        if positions <= self.kv.capacity() {
+        if positions <= self.seq.kv.capacity() {
             return Ok(());
         }
         let target = positions.div_ceil(KV_PAGE).max(1) * KV_PAGE;
         let c = &self.model.config;
-        let (k_type, v_type) = (self.kv.k_type, self.kv.v_type);
+        let (k_type, v_type) = (self.seq.kv.k_type, self.seq.kv.v_type);
         let bytes = |p: usize| KvCache::bytes(c, p, k_type, v_type);
         let growth = bytes(target) + self.parked_kv_bytes() - bytes(self.kv_first_page());
         if let Some(store) = self.source.store_mut() {
@@ -147,7 +147,7 @@ impl Engine {
             }
             store.set_kv_growth(growth).map_err(|e| refuse(format!("{e}{predictor}")))?;
         }
-        self.kv.set_capacity(target);
+        self.seq.kv.set_capacity(target);
         Ok(())
     }
 }

@@ -277,7 +277,7 @@ impl Engine {
     /// residual stream entering layer `l`, `tokens.len() * n_embd` values per layer. For calibration.
     pub fn layer_inputs(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EvalError> {
         self.check_tokens(tokens)?;
-        let n = tokens.len().min(self.n_batch).min(self.n_ctx);
+        let n = tokens.len().min(self.n_batch).min(self.seq.n_ctx);
         let e = self.model.config.n_embd;
         self.truncate(0);
         self.embed(&tokens[..n])?;
@@ -294,8 +294,8 @@ impl Engine {
     /// `truncate(0)` before evaluating text again.
     pub fn run_layer(&mut self, l: usize, x: &[f32], phase: Phase) -> Result<Vec<f32>, EvalError> {
         let e = self.model.config.n_embd;
-        let n = (x.len() / e).min(self.n_batch).min(self.n_ctx);
-        self.n_past = 0;
+        let n = (x.len() / e).min(self.n_batch).min(self.seq.n_ctx);
+        self.seq.n_past = 0;
         self.phase = phase;
         self.s.x[..n * e].copy_from_slice(&x[..n * e]);
         self.layer(l, n, &crate::forward::ExecPlan::SITES)?;

@@ -171,28 +171,23 @@ pub struct Engine {
     /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
     selector: Box<dyn Selector>,
     pub(crate) phase: Phase,
-    pub(crate) kv: KvCache,
     pub(crate) s: Scratch,
-    pub(crate) n_ctx: usize,
     pub(crate) n_batch: usize,
-    pub(crate) n_past: usize,
     sparse_head: f32,
     pub(crate) stats: SparsityStats,
-    /// Watches decoded tokens for `sift trace`.
-    tracer: Option<Box<dyn Tracer>>,
+    /// What watches the forward pass: `sift trace`'s tracer, `sift train`'s FFN observer.
+    pub(crate) watch: Watchers,
     budget: LiveBudget,
     /// FastForward's block-wise sparse prefill: its settings, trained parts and working memory.
     pub(crate) prefill: FastForward,
     /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
     gpu: Option<GpuLayers>,
-    /// Sees every dense FFN's input and GLU (`sift train prefill` collects its data so).
-    ffn_observer: Option<Box<dyn FfnObserver>>,
     /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
     pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
     /// LoRA adapters added as side products on each op's masked input (`--lora`).
     pub(crate) lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
-    /// Parallel sequences (`-np`): the other slots' KV caches and a batch's runs.
-    pub(crate) slots: crate::slots::Slots,
+    /// The sequences: the one in use (its KV cache, position and context) and the parked ones.
+    pub(crate) seq: crate::slots::Sequences,
 }
 
 /// Watches the dense FFN of every layer and batch: its normed input `x` (`n` rows of `n_embd`)
@@ -202,6 +197,17 @@ pub struct Engine {
 pub trait FfnObserver: Send {
     fn ffn(&mut self, layer: usize, x: &[f32], glu: &[f32], n: usize);
     fn attention(&mut self, _layer: usize, _q: &[f32], _k: &[f32], _n: usize, _pos: usize) {}
+}
+
+/// What watches the forward pass (none by default).
+#[derive(Default)]
+pub(crate) struct Watchers {
+    /// Watches decoded tokens: what each site saw and chose (`sift trace`, a budgeted decode's
+    /// bound).
+    pub(crate) tracer: Option<Box<dyn Tracer>>,
+    /// Sees every dense FFN's input and GLU, and each layer's queries and keys (`sift train
+    /// prefill` collects its data so).
+    pub(crate) ffn: Option<Box<dyn FfnObserver>>,
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -248,26 +254,22 @@ impl Engine {
         let mut kv = KvCache::new(&c, kv_types.0, kv_types.1);
         kv.set_capacity(KV_PAGE.min(n_ctx));
         Engine {
-            kv,
             model,
             pool,
             source,
             selector: Box::new(DenseSelector),
             phase: Phase::Prompt,
             s,
-            n_ctx,
             n_batch: b,
-            n_past: 0,
             sparse_head: opts.sparse_head.clamp(0.0, 0.99),
             stats,
-            tracer: None,
+            watch: Watchers::default(),
             budget: LiveBudget::default(),
             prefill: FastForward::new(opts.prefill_sparsity, opts.prefill_masks),
             gpu: None,
-            ffn_observer: None,
             hybrid: None,
             lora: None,
-            slots: crate::slots::Slots::default(),
+            seq: crate::slots::Sequences::new(kv, n_ctx),
         }
     }
 
@@ -315,16 +317,16 @@ impl Engine {
         prompt_end: Option<usize>,
     ) -> Result<&[f32], EvalError> {
         self.check_tokens(tokens)?;
-        if self.n_past + tokens.len() > self.n_ctx {
+        if self.seq.n_past + tokens.len() > self.seq.n_ctx {
             return Err(EvalError::ContextFull {
-                n_past: self.n_past,
+                n_past: self.seq.n_past,
                 n_new: tokens.len(),
-                n_ctx: self.n_ctx,
+                n_ctx: self.seq.n_ctx,
                 n_ctx_train: self.model.config.n_ctx_train,
             });
         }
         self.apply_budget_request();
-        self.reserve_kv(self.n_past + tokens.len())?;
+        self.reserve_kv(self.seq.n_past + tokens.len())?;
         let n_vocab = self.model.config.n_vocab;
         let mut all = Vec::new();
         if want == Logits::All {
@@ -332,7 +334,7 @@ impl Engine {
         }
         // The batches: with sparse prefill, the prompt's blocks on the grid of positions (each
         // at most a block: the batch size holds one); else `n_batch` tokens at a time.
-        let (start, end) = (self.n_past, self.n_past + tokens.len());
+        let (start, end) = (self.seq.n_past, self.seq.n_past + tokens.len());
         let pieces: Vec<(std::ops::Range<usize>, bool)> = if self.sparse_prefill() && phase == Phase::Prompt {
             let blocks = crate::prefill::prompt_blocks(start, end, prompt_end.unwrap_or(end).max(end));
             blocks.into_iter().map(|(r, sparse)| (r.start - start..r.end - start, sparse && r.len() > 1)).collect()
@@ -342,7 +344,7 @@ impl Engine {
         let n_batches = pieces.len();
         self.phase = phase;
         self.selector.begin_batch(phase);
-        let n_past0 = self.n_past;
+        let n_past0 = self.seq.n_past;
         for (i, (range, sparse)) in pieces.into_iter().enumerate() {
             let batch = &tokens[range];
             let rows = match want {
@@ -355,7 +357,7 @@ impl Engine {
             let r = self.forward_batch(batch, rows, &plan);
             if let Err(e) = r {
                 // The batch's KV entries are garbage: forget them, return no logits.
-                self.n_past = n_past0;
+                self.seq.n_past = n_past0;
                 self.selector.end_batch(phase);
                 return Err(e);
             }
@@ -395,7 +397,7 @@ impl Engine {
 
     /// Whether a tracer or an FFN observer watches each token.
     pub(crate) fn watched(&self) -> bool {
-        self.tracer.is_some() || self.ffn_observer.is_some()
+        self.watch.tracer.is_some() || self.watch.ffn.is_some()
     }
 
     /// Before a batch of several sequences' `n` tokens ([`Engine::eval_slots`]).
@@ -419,9 +421,9 @@ impl Engine {
     fn forward_batch(&mut self, tokens: &[u32], n_logits: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let n = tokens.len();
         self.pool.for_tokens(n);
-        if let Some(t) = &mut self.tracer {
+        if let Some(t) = &mut self.watch.tracer {
             if n == 1 {
-                t.token(self.n_past);
+                t.token(self.seq.n_past);
             } else {
                 t.prompt(n);
             }
@@ -431,7 +433,7 @@ impl Engine {
         let n_layer = self.model.layers.len();
         let cpu_layers = match (&mut self.gpu, way) {
             (Some(g), Some(way)) => {
-                g.begin_batch(way, self.n_past, n)?;
+                g.begin_batch(way, self.seq.n_past, n)?;
                 match way {
                     GpuWay::WholeLayers => g.first_layer(),
                     GpuWay::OpByOp | GpuWay::Attention => n_layer,
@@ -447,7 +449,7 @@ impl Engine {
             self.layer(l, n, plan)?;
             // A damaged model must not pass silently (NaN logits would read as end of text).
             if !all_finite(&self.s.x[..n * e]) {
-                return Err(non_finite(format!("layer {l}"), self.n_past));
+                return Err(non_finite(format!("layer {l}"), self.seq.n_past));
             }
         }
         let mut logits_done = false;
@@ -460,10 +462,10 @@ impl Engine {
                 self.s.logits.resize(n_logits * nv, 0.0);
             }
             let logits = if head { Some((n_logits, &mut self.s.logits[..n_logits * nv])) } else { None };
-            gpu.run_layers(&mut self.s.x[..n * e], n, self.n_past, logits)?;
+            gpu.run_layers(&mut self.s.x[..n * e], n, self.seq.n_past, logits)?;
             logits_done = head;
             if !all_finite(&self.s.x[..n * e]) {
-                return Err(non_finite(format!("the GPU's layers {cpu_layers}..{n_layer}"), self.n_past));
+                return Err(non_finite(format!("the GPU's layers {cpu_layers}..{n_layer}"), self.seq.n_past));
             }
         }
         if n_logits > 0 && !logits_done {
@@ -474,9 +476,9 @@ impl Engine {
             }
         }
         if n_logits > 0 && !all_finite(&self.s.logits[..n_logits * self.model.config.n_vocab]) {
-            return Err(non_finite("the output head".into(), self.n_past));
+            return Err(non_finite("the output head".into(), self.seq.n_past));
         }
-        self.n_past += n;
+        self.seq.n_past += n;
         Ok(())
     }
 
@@ -489,8 +491,8 @@ impl Engine {
         }
         let whole = g.whole_layers()
             && self.selector.is_dense()
-            && self.tracer.is_none()
-            && self.ffn_observer.is_none()
+            && self.watch.tracer.is_none()
+            && self.watch.ffn.is_none()
             && self.prefill.ratio == 0.0;
         Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
@@ -500,7 +502,7 @@ impl Engine {
     pub(crate) fn layer(&mut self, l: usize, n: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let c = &self.model.config;
         let (e, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
-        if let (Some(t), 1) = (&mut self.tracer, n) {
+        if let (Some(t), 1) = (&mut self.watch.tracer, n) {
             t.layer(l, &self.s.x[..e]);
         }
         // A batch computed a token at a time reads as lone tokens (the first one's residual
@@ -514,7 +516,7 @@ impl Engine {
             // Attention on the GPU (KAIROX's placement): the residual after it and the FFN's
             // norm of it come back.
             let t = std::time::Instant::now();
-            gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.n_past)?;
+            gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.seq.n_past)?;
             if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
                 hy.spent_on_attention(t.elapsed().as_nanos() as f64);
             }
@@ -536,13 +538,13 @@ impl Engine {
         // Feed-forward (SwiGLU): the plan's FFN step. A sparse prompt block's (under a memory
         // budget too: its rows and columns come through the tiered store) where the layer runs
         // here and no observer needs the dense GLU.
-        let sparse_block = plan.ffn == FfnStep::SparseBlock && !self.gpu_holds(l) && self.ffn_observer.is_none();
+        let sparse_block = plan.ffn == FfnStep::SparseBlock && !self.gpu_holds(l) && self.watch.ffn.is_none();
         if sparse_block {
             self.ffn_sparse_block(l, n)?;
         } else {
             self.site(l, n, Site::FfnIn, plan)?;
             vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
-            if let Some(o) = &mut self.ffn_observer {
+            if let Some(o) = &mut self.watch.ffn {
                 o.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
             }
             self.site(l, n, Site::FfnMid, plan)?;
@@ -577,7 +579,8 @@ impl Engine {
     /// (which is how quality is measured on any file). Returns whether a single token's selection
     /// is a subset, left in `s.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
-        let Engine { model, selector, phase, s, stats, tracer, source, hybrid, .. } = self;
+        let Engine { model, selector, phase, s, stats, watch, source, hybrid, .. } = self;
+        let tracer = &mut watch.tracer;
         let prompt_pool = hybrid.as_ref().filter(|_| n > 1).and_then(|h| h.pool_of(l, site));
         // Under a budget a cache-aware selector sees the store's own cache, for every row.
         let live_cache = selector.wants_cache_state() && source.cached_mask(l, site, &mut s.cached);
@@ -720,11 +723,11 @@ impl Engine {
     /// the batch as one sequence, or, in a batch of several sequences ([`Engine::eval_slots`]),
     /// each sequence's rows over its own KV cache.
     fn attention_core(&mut self, l: usize, n: usize) {
-        if self.slots.runs.is_empty() {
+        if self.seq.runs.is_empty() {
             return self.attention_rows(l, 0, n);
         }
-        for i in 0..self.slots.runs.len() {
-            let r = self.slots.runs[i];
+        for i in 0..self.seq.runs.len() {
+            let r = self.seq.runs[i];
             self.use_slot(r.slot);
             self.attention_rows(l, r.row0, r.len);
         }
@@ -733,7 +736,9 @@ impl Engine {
     /// [`Engine::attention_core`] for the `n` rows from `row0`, the next positions of the KV
     /// cache in use.
     fn attention_rows(&mut self, l: usize, row0: usize, n: usize) {
-        let Engine { model, pool, kv, s, n_past, ffn_observer, .. } = self;
+        let Engine { model, pool, seq, s, watch, .. } = self;
+        let ffn_observer = &mut watch.ffn;
+        let (kv, n_past) = (&mut seq.kv, &mut seq.n_past);
         let c = &model.config;
         let theta_scale = c.rope_theta_scale();
         let lw: &LayerWeights = &model.layers[l];

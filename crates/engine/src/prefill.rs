@@ -268,7 +268,7 @@ impl Engine {
                         pred.scores(l, &self.s.h[..n * e], n, &mut p.score, Some(&self.pool))
                     }
                     _ => {
-                        let seed = (l as u64) << 32 ^ self.n_past as u64;
+                        let seed = (l as u64) << 32 ^ self.seq.n_past as u64;
                         p.score.clear();
                         p.score.extend((0..ff as u64).map(|j| hash01(seed, j)));
                     }

@@ -56,9 +56,16 @@ pub enum SlotsMode {
     OneByOne,
 }
 
-/// The slots' parked caches and positions, which one is in use, and a batch's runs.
-#[derive(Default)]
-pub(crate) struct Slots {
+/// The engine's sequences (slots, `-np`): the one in use — its KV cache and position, which every
+/// single-sequence call works on — and the others parked; the context each may fill; a batch's
+/// runs while it runs. Where per-sequence state lives (truncating, parking).
+pub(crate) struct Sequences {
+    /// The KV cache of the sequence in use.
+    pub(crate) kv: KvCache,
+    /// Tokens in it.
+    pub(crate) n_past: usize,
+    /// Positions a sequence may hold (`-c`, divided by `-np`).
+    pub(crate) n_ctx: usize,
     /// One entry per slot; the entry of the slot in use is an empty placeholder.
     parked: Vec<(KvCache, usize)>,
     current: usize,
@@ -67,6 +74,22 @@ pub(crate) struct Slots {
     logits: Vec<f32>,
     /// The units a site's tokens used in such a batch (the union of their selections).
     union: Vec<bool>,
+}
+
+impl Sequences {
+    /// One sequence with an empty cache of `kv`'s types, holding up to `n_ctx` positions.
+    pub(crate) fn new(kv: KvCache, n_ctx: usize) -> Sequences {
+        Sequences {
+            kv,
+            n_past: 0,
+            n_ctx,
+            parked: Vec::new(),
+            current: 0,
+            runs: Vec::new(),
+            logits: Vec::new(),
+            union: Vec::new(),
+        }
+    }
 }
 
 impl Engine {
@@ -94,13 +117,13 @@ impl Engine {
                     self.selector().describe()
                 ));
             }
-            if self.n_ctx / n < 2 {
-                return Err(format!("-c {} is too small for {n} parallel sequences", self.n_ctx));
+            if self.seq.n_ctx / n < 2 {
+                return Err(format!("-c {} is too small for {n} parallel sequences", self.seq.n_ctx));
             }
         }
         let c = &self.model.config;
         let first = self.kv_first_page();
-        let (kt, vt) = (self.kv.k_type, self.kv.v_type);
+        let (kt, vt) = (self.seq.kv.k_type, self.seq.kv.v_type);
         let mut parked: Vec<(KvCache, usize)> = (0..n)
             .map(|_| {
                 let mut kv = KvCache::new(c, kt, vt);
@@ -109,60 +132,60 @@ impl Engine {
             })
             .collect();
         parked[0] = (KvCache::new(c, kt, vt), 0);
-        let old = std::mem::replace(&mut self.slots.parked, parked);
-        self.n_ctx /= n;
+        let old = std::mem::replace(&mut self.seq.parked, parked);
+        self.seq.n_ctx /= n;
         let growth = self.kv_growth_bytes();
         if let Some(store) = self.source.store_mut() {
             if let Err(e) = store.set_kv_growth(growth) {
-                self.slots.parked = old;
-                self.n_ctx *= n;
+                self.seq.parked = old;
+                self.seq.n_ctx *= n;
                 return Err(format!("the KV caches of {n} parallel sequences do not fit the memory budget: {e}"));
             }
         }
-        self.slots.current = 0;
+        self.seq.current = 0;
         Ok(())
     }
 
     /// The number of sequences (1 unless [`Engine::set_slots`] gave more).
     pub fn n_slots(&self) -> usize {
-        self.slots.parked.len().max(1)
+        self.seq.parked.len().max(1)
     }
 
     /// The slot the single-sequence calls work on.
     pub fn current_slot(&self) -> usize {
-        self.slots.current
+        self.seq.current
     }
 
     /// Makes `slot`'s cache and position the engine's own (a swap of a few pointers).
     pub fn use_slot(&mut self, slot: usize) {
-        let cur = self.slots.current;
+        let cur = self.seq.current;
         if slot == cur {
             return;
         }
         assert!(slot < self.n_slots(), "slot {slot} of {}", self.n_slots());
-        let Slots { parked, .. } = &mut self.slots;
-        std::mem::swap(&mut self.kv, &mut parked[cur].0);
-        parked[cur].1 = self.n_past;
-        std::mem::swap(&mut self.kv, &mut parked[slot].0);
-        self.n_past = parked[slot].1;
-        self.slots.current = slot;
+        let Sequences { kv, n_past, parked, current, .. } = &mut self.seq;
+        std::mem::swap(kv, &mut parked[cur].0);
+        parked[cur].1 = *n_past;
+        std::mem::swap(kv, &mut parked[slot].0);
+        *n_past = parked[slot].1;
+        *current = slot;
     }
 
     /// Tokens in `slot`'s KV cache.
     pub fn slot_n_past(&self, slot: usize) -> usize {
-        if slot == self.slots.current {
-            self.n_past
+        if slot == self.seq.current {
+            self.seq.n_past
         } else {
-            self.slots.parked[slot].1
+            self.seq.parked[slot].1
         }
     }
 
     /// Bytes of the parked slots' caches (every slot but the one in use).
     pub(crate) fn parked_kv_bytes(&self) -> u64 {
         let c = &self.model.config;
-        let (kt, vt) = (self.kv.k_type, self.kv.v_type);
-        (self.slots.parked.iter().enumerate())
-            .filter(|&(i, _)| i != self.slots.current)
+        let (kt, vt) = (self.seq.kv.k_type, self.seq.kv.v_type);
+        (self.seq.parked.iter().enumerate())
+            .filter(|&(i, _)| i != self.seq.current)
             .map(|(_, (kv, _))| KvCache::bytes(c, kv.capacity(), kt, vt))
             .sum()
     }
@@ -170,8 +193,8 @@ impl Engine {
     /// Bytes of every slot's cache beyond one first page (what the budget's plan does not hold).
     fn kv_growth_bytes(&self) -> u64 {
         let c = &self.model.config;
-        let (kt, vt) = (self.kv.k_type, self.kv.v_type);
-        KvCache::bytes(c, self.kv.capacity(), kt, vt) + self.parked_kv_bytes()
+        let (kt, vt) = (self.seq.kv.k_type, self.seq.kv.v_type);
+        KvCache::bytes(c, self.seq.kv.capacity(), kt, vt) + self.parked_kv_bytes()
             - KvCache::bytes(c, self.kv_first_page(), kt, vt)
     }
 
@@ -259,11 +282,11 @@ impl Engine {
             assert!(runs[..i].iter().all(|o| o.slot != r.slot), "slot {} twice in one batch", r.slot);
             self.check_tokens(r.tokens)?;
             let past = self.slot_n_past(r.slot);
-            if past + r.tokens.len() > self.n_ctx {
+            if past + r.tokens.len() > self.seq.n_ctx {
                 return Err(EvalError::ContextFull {
                     n_past: past,
                     n_new: r.tokens.len(),
-                    n_ctx: self.n_ctx,
+                    n_ctx: self.seq.n_ctx,
                     n_ctx_train: self.model.config.n_ctx_train,
                 });
             }
@@ -292,38 +315,38 @@ impl Engine {
             self.apply_budget_request();
             for r in &batch {
                 self.use_slot(r.slot);
-                let end = self.n_past + r.tokens.len();
+                let end = self.seq.n_past + r.tokens.len();
                 self.reserve_kv(end)?;
             }
             let tokens: Vec<u32> = batch.iter().flat_map(|r| r.tokens.iter().copied()).collect();
             let mut row0 = 0;
-            self.slots.runs.clear();
+            self.seq.runs.clear();
             for r in &batch {
-                self.slots.runs.push(RunRows { slot: r.slot, row0, len: r.tokens.len() });
+                self.seq.runs.push(RunRows { slot: r.slot, row0, len: r.tokens.len() });
                 row0 += r.tokens.len();
             }
             let phase = if batch.iter().all(|r| r.tokens.len() == 1) { Phase::Generate } else { Phase::Prompt };
             let row_mode = if mode == SlotsMode::RowByRow { RowMode::OneAtATime } else { RowMode::Together };
             let result = self.forward_runs(&tokens, &batch, phase, &ExecPlan { rows: row_mode, ..ExecPlan::SITES });
-            self.slots.runs.clear();
+            self.seq.runs.clear();
             result?;
-            let mut got = self.slots.logits.chunks(n_vocab);
+            let mut got = self.seq.logits.chunks(n_vocab);
             for &i in together.iter().filter(|&&i| runs[i].logits == Logits::Last) {
                 rows[i] = Some(got.next().expect("a row per run that asked").to_vec());
             }
         }
-        self.slots.logits.clear();
+        self.seq.logits.clear();
         for row in rows.into_iter().flatten() {
-            self.slots.logits.extend_from_slice(&row);
+            self.seq.logits.extend_from_slice(&row);
         }
-        Ok(&self.slots.logits)
+        Ok(&self.seq.logits)
     }
 
     /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
     /// computed as a lone token (its own selection and columns), moved back.
     pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let width = site.width(&self.model.config);
-        let mut union = std::mem::take(&mut self.slots.union);
+        let mut union = std::mem::take(&mut self.seq.union);
         union.clear();
         union.resize(width, false);
         let i = site.index();
@@ -356,7 +379,7 @@ impl Engine {
             b.union_units += union.iter().filter(|&&u| u).count() as u64;
             b.token_units += used;
         }
-        self.slots.union = union;
+        self.seq.union = union;
         r
     }
 
@@ -386,7 +409,7 @@ impl Engine {
             }
             // The rows whose logits are wanted (the last of their runs) moved to the end, in
             // order, for the head; from the last down, so none is overwritten before it moves.
-            let wanted: Vec<usize> = (self.slots.runs.iter().zip(runs))
+            let wanted: Vec<usize> = (self.seq.runs.iter().zip(runs))
                 .filter(|(_, r)| r.logits == Logits::Last)
                 .map(|(rr, _)| rr.row0 + rr.len - 1)
                 .collect();
@@ -407,18 +430,18 @@ impl Engine {
                         lora: self.lora.is_some(),
                     });
                 }
-                let mut out = std::mem::take(&mut self.slots.logits);
+                let mut out = std::mem::take(&mut self.seq.logits);
                 out.clear();
                 out.extend_from_slice(self.head_logits(k));
-                self.slots.logits = out;
+                self.seq.logits = out;
             }
             Ok(())
         })();
         self.end_slots_batch(phase);
         r?;
-        for rr in self.slots.runs.clone() {
+        for rr in self.seq.runs.clone() {
             self.use_slot(rr.slot);
-            self.n_past += rr.len;
+            self.seq.n_past += rr.len;
         }
         Ok(())
     }

@@ -74,7 +74,7 @@ impl Engine {
     /// Starts (or with `None` stops) watching every dense FFN; returns the previous observer.
     /// While one watches, prompts run dense.
     pub fn set_ffn_observer(&mut self, o: Option<Box<dyn FfnObserver>>) -> Option<Box<dyn FfnObserver>> {
-        std::mem::replace(&mut self.ffn_observer, o)
+        std::mem::replace(&mut self.watch.ffn, o)
     }
 
     /// The layers held on the GPU, if any.
@@ -93,7 +93,7 @@ impl Engine {
 
     /// Starts (or with `None` stops) tracing decoded tokens; returns the previous tracer.
     pub fn set_tracer(&mut self, tracer: Option<Box<dyn Tracer>>) -> Option<Box<dyn Tracer>> {
-        std::mem::replace(&mut self.tracer, tracer)
+        std::mem::replace(&mut self.watch.tracer, tracer)
     }
 
     /// Changes the memory budget of a run under `--memory` (see [`TieredStore::set_budget`])
@@ -148,7 +148,7 @@ impl Engine {
         let t0 = std::time::Instant::now();
         let result = self.set_memory_budget(requested).map_err(|e| e.to_string());
         let change = BudgetChange {
-            n_past: self.n_past,
+            n_past: self.seq.n_past,
             requested,
             result,
             secs: t0.elapsed().as_secs_f64(),
@@ -187,7 +187,7 @@ impl Engine {
     }
 
     pub fn n_ctx(&self) -> usize {
-        self.n_ctx
+        self.seq.n_ctx
     }
 
     /// Tokens per forward batch (`-b`; at most 64 under a memory budget).
@@ -207,13 +207,13 @@ impl Engine {
 
     /// Tokens currently in the KV cache.
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.seq.n_past
     }
 
     /// Forgets everything after the first `n` tokens (a new conversation: `truncate(0)`, which also
     /// resets the selector's sequence state).
     pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
+        self.seq.n_past = self.seq.n_past.min(n);
         if let Some(g) = &mut self.gpu {
             g.truncate(n);
         }
@@ -222,14 +222,14 @@ impl Engine {
                 h.reset();
             }
             // Every KV page but the first goes back (under a budget, to the weight cache).
-            self.kv.set_capacity(self.kv_first_page());
+            self.seq.kv.set_capacity(self.kv_first_page());
             let growth = self.parked_kv_bytes();
             if let Some(store) = self.source.store_mut() {
                 // Growing the cache back never fails: the fixed part only shrinks.
                 let _ = store.set_kv_growth(growth);
             }
             self.selector.reset();
-            if let Some(t) = &mut self.tracer {
+            if let Some(t) = &mut self.watch.tracer {
                 t.reset();
             }
             self.source.reset_context();
