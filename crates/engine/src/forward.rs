@@ -180,10 +180,8 @@ pub struct Engine {
     budget: LiveBudget,
     /// FastForward's block-wise sparse prefill: its settings, trained parts and working memory.
     pub(crate) prefill: FastForward,
-    /// Layers (and the output head) held on the GPU (`-ngl`, `--gpu-memory`).
-    gpu: Option<GpuLayers>,
-    /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
-    pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
+    /// The GPU tier: whole layers or attention on the GPU, KAIROX's hybrid decode.
+    pub(crate) gpu: GpuTier,
     /// LoRA adapters added as side products on each op's masked input (`--lora`).
     pub(crate) lora: Option<std::sync::Arc<crate::lora::LoraAdapters>>,
     /// The sequences: the one in use (its KV cache, position and context) and the parked ones.
@@ -197,6 +195,15 @@ pub struct Engine {
 pub trait FfnObserver: Send {
     fn ffn(&mut self, layer: usize, x: &[f32], glu: &[f32], n: usize);
     fn attention(&mut self, _layer: usize, _q: &[f32], _k: &[f32], _n: usize, _pos: usize) {}
+}
+
+/// The GPU tier (none by default; `-ngl`, `--gpu-memory`, `--gpu-policy`).
+#[derive(Default)]
+pub(crate) struct GpuTier {
+    /// Layers (and the output head) held on the GPU, or their attention (KAIROX's placement).
+    pub(crate) layers: Option<GpuLayers>,
+    /// KAIROX's hybrid decode: FFN unit groups on the GPU, balanced online (`--gpu-policy`).
+    pub(crate) hybrid: Option<crate::hybrid::HybridTier>,
 }
 
 /// What watches the forward pass (none by default).
@@ -266,8 +273,7 @@ impl Engine {
             watch: Watchers::default(),
             budget: LiveBudget::default(),
             prefill: FastForward::new(opts.prefill_sparsity, opts.prefill_masks),
-            gpu: None,
-            hybrid: None,
+            gpu: GpuTier::default(),
             lora: None,
             seq: crate::slots::Sequences::new(kv, n_ctx),
         }
@@ -431,7 +437,7 @@ impl Engine {
         self.embed(tokens)?;
         let way = self.gpu_way();
         let n_layer = self.model.layers.len();
-        let cpu_layers = match (&mut self.gpu, way) {
+        let cpu_layers = match (&mut self.gpu.layers, way) {
             (Some(g), Some(way)) => {
                 g.begin_batch(way, self.seq.n_past, n)?;
                 match way {
@@ -456,7 +462,7 @@ impl Engine {
         if cpu_layers < n_layer {
             // The held layers as whole layers on the GPU, the head too when it holds it.
             let nv = self.model.config.n_vocab;
-            let gpu = self.gpu.as_mut().expect("whole layers need the GPU");
+            let gpu = self.gpu.layers.as_mut().expect("whole layers need the GPU");
             let head = n_logits > 0 && gpu.holds_output() && self.sparse_head == 0.0;
             if head && self.s.logits.len() < n_logits * nv {
                 self.s.logits.resize(n_logits * nv, 0.0);
@@ -471,7 +477,7 @@ impl Engine {
         if n_logits > 0 && !logits_done {
             let t = std::time::Instant::now();
             self.output_head(n, n_logits)?;
-            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
                 hy.spent_on_head(t.elapsed().as_nanos() as f64);
             }
         }
@@ -485,7 +491,7 @@ impl Engine {
     /// How this batch runs the layers the GPU holds: whole layers when nothing asks at each site
     /// (dense selector, no tracer, no sparse prefill) and the kernels take the model.
     fn gpu_way(&self) -> Option<GpuWay> {
-        let g = self.gpu.as_ref()?;
+        let g = self.gpu.layers.as_ref()?;
         if g.attention_only() {
             return Some(GpuWay::Attention);
         }
@@ -512,12 +518,12 @@ impl Engine {
             RowMode::OneAtATime => 1,
         };
         self.source.begin_layer(&self.model, l, n_read, &self.s.x[..e])?;
-        if let Some(gpu) = self.gpu.as_mut().filter(|g| g.attention_only()) {
+        if let Some(gpu) = self.gpu.layers.as_mut().filter(|g| g.attention_only()) {
             // Attention on the GPU (KAIROX's placement): the residual after it and the FFN's
             // norm of it come back.
             let t = std::time::Instant::now();
             gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.seq.n_past)?;
-            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
                 hy.spent_on_attention(t.elapsed().as_nanos() as f64);
             }
         } else {
@@ -531,7 +537,7 @@ impl Engine {
             vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
             let Engine { model, pool, s, .. } = self;
             rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
-            if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
                 hy.spent_on_cpu_attention(t.elapsed().as_nanos() as f64);
             }
         }
@@ -579,7 +585,8 @@ impl Engine {
     /// (which is how quality is measured on any file). Returns whether a single token's selection
     /// is a subset, left in `s.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
-        let Engine { model, selector, phase, s, stats, watch, source, hybrid, .. } = self;
+        let Engine { model, selector, phase, s, stats, watch, source, gpu, .. } = self;
+        let hybrid = &mut gpu.hybrid;
         let tracer = &mut watch.tracer;
         let prompt_pool = hybrid.as_ref().filter(|_| n > 1).and_then(|h| h.pool_of(l, site));
         // Under a budget a cache-aware selector sees the store's own cache, for every row.
@@ -633,7 +640,7 @@ impl Engine {
     /// column kernel over whole column tensors.
     fn project(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
         if subset && n == 1 {
-            if let Some(p) = self.hybrid.as_ref().and_then(|h| h.pool_of(l, site)) {
+            if let Some(p) = self.gpu.hybrid.as_ref().and_then(|h| h.pool_of(l, site)) {
                 return self.project_hybrid(l, site, p);
             }
         }
@@ -713,6 +720,7 @@ impl Engine {
     /// set needs no row gather here: the selector masks the other neurons at the down projection.
     fn project_gpu(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let Engine { model, s, gpu, .. } = self;
+        let gpu = &mut gpu.layers;
         let (x, mut outs) = s.site_io(&model.config, site, n);
         let width = x.len() / n;
         gpu.as_mut().expect("called for held layers").project(l, site, x, width, n, &mut outs)?;
@@ -773,6 +781,7 @@ impl Engine {
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.
     pub(crate) fn output_head(&mut self, n: usize, n_logits: usize) -> Result<(), EvalError> {
         let Engine { model, pool, s, sparse_head, stats, gpu, .. } = self;
+        let gpu = &mut gpu.layers;
         let c = &model.config;
         let e = c.n_embd;
         let first = n - n_logits;

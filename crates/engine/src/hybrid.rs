@@ -498,7 +498,7 @@ impl Engine {
         };
         let gpu = pools(specs, &mut fill)?;
         let balancer = NeuronBalancer::new(o.policy, &positions, &sizes, &slots);
-        self.hybrid = Some(HybridTier {
+        self.gpu.hybrid = Some(HybridTier {
             gpu,
             balancer,
             opts: o.clone(),
@@ -521,11 +521,11 @@ impl Engine {
     }
 
     pub fn hybrid(&self) -> Option<&HybridTier> {
-        self.hybrid.as_ref()
+        self.gpu.hybrid.as_ref()
     }
 
     pub fn hybrid_mut(&mut self) -> Option<&mut HybridTier> {
-        self.hybrid.as_mut()
+        self.gpu.hybrid.as_mut()
     }
 
     /// One decoded token's products of an FFN site the GPU shares (see the module docs): the
@@ -533,7 +533,7 @@ impl Engine {
     pub(crate) fn project_hybrid(&mut self, l: usize, site: Site, p: usize) -> Result<(), EvalError> {
         let c = &self.model.config;
         let (e, ff) = (c.n_embd, c.n_ff);
-        let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+        let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
         if l == 0 && site == HYBRID_SITES[0] {
             hy.begin_token()?;
         }
@@ -543,7 +543,7 @@ impl Engine {
             let t0 = Instant::now();
             let n = self.s.active.len();
             self.project_local(l, 1, site, true)?;
-            let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+            let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
             hy.token_spent_ns[1] += t0.elapsed().as_nanos() as f64;
             // Not a balanced site: no planning to count (the simulator's calibration fits the
             // planning cost per balanced site).
@@ -583,7 +583,7 @@ impl Engine {
             self.project_local(l, 1, site, true)
         };
         let cpu_ns = t0.elapsed().as_nanos() as f64;
-        let hy = self.hybrid.as_mut().expect("called with a hybrid tier");
+        let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
         let t1 = Instant::now();
         if on_gpu {
             let n_out = hy.gpu.specs[p].n_out;

@@ -108,7 +108,7 @@ impl Engine {
             return Err("the number of parallel sequences is set once".into());
         }
         if n > 1 {
-            if self.gpu().is_some() || self.hybrid.is_some() {
+            if self.gpu().is_some() || self.gpu.hybrid.is_some() {
                 return Err("parallel sequences (-np) do not run with a GPU tier yet: use -np 1".into());
             }
             if self.selector().keeps_sequence_state() {
@@ -217,7 +217,7 @@ impl Engine {
         } else if self.slots_batch_blocker().is_none() {
             SlotsMode::Batch
         } else if self.gpu().is_none()
-            && self.hybrid.is_none()
+            && self.gpu.hybrid.is_none()
             && !self.watched()
             && self.prefill.ratio == 0.0
             && !self.selector().keeps_sequence_state()
@@ -240,7 +240,7 @@ impl Engine {
                 Some(_) => "the tiered store reads a lone token's weights its own way",
                 None => "a pack computes a lone token's sparse products on its columns",
             }
-        } else if self.gpu().is_some() || self.hybrid.is_some() {
+        } else if self.gpu().is_some() || self.gpu.hybrid.is_some() {
             "a GPU tier"
         } else if self.watched() {
             "a tracer"

@@ -17,7 +17,7 @@ impl Engine {
 
     /// Runs the layers `gpu` holds on the GPU (see [`crate::gpu`]).
     pub fn attach_gpu(&mut self, gpu: GpuLayers) {
-        self.gpu = Some(gpu);
+        self.gpu.layers = Some(gpu);
     }
 
     /// Adds `lora`'s low-rank products to the ops it adapts, on their masked inputs (`--lora`;
@@ -79,11 +79,11 @@ impl Engine {
 
     /// The layers held on the GPU, if any.
     pub fn gpu(&self) -> Option<&GpuLayers> {
-        self.gpu.as_ref()
+        self.gpu.layers.as_ref()
     }
 
     pub(super) fn gpu_holds(&self, l: usize) -> bool {
-        self.gpu.as_ref().is_some_and(|g| g.holds(l))
+        self.gpu.layers.as_ref().is_some_and(|g| g.holds(l))
     }
 
     /// Where this engine's weights come from ("gguf rows", "pack columns", "tiered store").
@@ -214,11 +214,11 @@ impl Engine {
     /// resets the selector's sequence state).
     pub fn truncate(&mut self, n: usize) {
         self.seq.n_past = self.seq.n_past.min(n);
-        if let Some(g) = &mut self.gpu {
+        if let Some(g) = &mut self.gpu.layers {
             g.truncate(n);
         }
         if n == 0 {
-            if let Some(h) = &mut self.hybrid {
+            if let Some(h) = &mut self.gpu.hybrid {
                 h.reset();
             }
             // Every KV page but the first goes back (under a budget, to the weight cache).
