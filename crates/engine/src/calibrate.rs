@@ -296,7 +296,7 @@ impl Engine {
         let e = self.model.config.n_embd;
         let n = (x.len() / e).min(self.n_batch).min(self.seq.n_ctx);
         self.seq.n_past = 0;
-        self.phase = phase;
+        self.sparsity.phase = phase;
         self.s.x[..n * e].copy_from_slice(&x[..n * e]);
         self.layer(l, n, &crate::forward::ExecPlan::SITES)?;
         Ok(self.s.x[..n * e].to_vec())

@@ -168,13 +168,11 @@ pub struct Engine {
     pub(crate) pool: ThreadPool,
     /// Where each site's weights come from (GGUF rows, pack columns, the tiered store).
     pub(crate) source: Box<dyn WeightSource>,
-    /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
-    selector: Box<dyn Selector>,
-    pub(crate) phase: Phase,
+    /// The sparsity method: the selector, the phase it selects for, the head's ratio, and what
+    /// it has measured.
+    pub(crate) sparsity: Sparsity,
     pub(crate) s: Scratch,
     pub(crate) n_batch: usize,
-    sparse_head: f32,
-    pub(crate) stats: SparsityStats,
     /// What watches the forward pass: `sift trace`'s tracer, `sift train`'s FFN observer.
     pub(crate) watch: Watchers,
     budget: LiveBudget,
@@ -195,6 +193,31 @@ pub struct Engine {
 pub trait FfnObserver: Send {
     fn ffn(&mut self, layer: usize, x: &[f32], glu: &[f32], n: usize);
     fn attention(&mut self, _layer: usize, _q: &[f32], _k: &[f32], _n: usize, _pos: usize) {}
+}
+
+/// Activation sparsity as the engine runs it (`--sparsity`, `--sparse-head`).
+pub(crate) struct Sparsity {
+    /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
+    pub(crate) selector: Box<dyn Selector>,
+    /// The phase of the batch in flight (set by [`Sparsity::begin_batch`]).
+    pub(crate) phase: Phase,
+    /// The fraction of the output head's inputs skipped (0: the dense head).
+    pub(crate) head_ratio: f32,
+    /// Visits, active units and bytes read at each site, the head and the prompt's blocks.
+    pub(crate) stats: SparsityStats,
+}
+
+impl Sparsity {
+    /// Before a batch of `phase`: the selector hears of it.
+    pub(crate) fn begin_batch(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.selector.begin_batch(phase);
+    }
+
+    /// After the batch begun by [`Sparsity::begin_batch`].
+    pub(crate) fn end_batch(&mut self) {
+        self.selector.end_batch(self.phase);
+    }
 }
 
 /// The GPU tier (none by default; `-ngl`, `--gpu-memory`, `--gpu-policy`).
@@ -264,12 +287,14 @@ impl Engine {
             model,
             pool,
             source,
-            selector: Box::new(DenseSelector),
-            phase: Phase::Prompt,
+            sparsity: Sparsity {
+                selector: Box::new(DenseSelector),
+                phase: Phase::Prompt,
+                head_ratio: opts.sparse_head.clamp(0.0, 0.99),
+                stats,
+            },
             s,
             n_batch: b,
-            sparse_head: opts.sparse_head.clamp(0.0, 0.99),
-            stats,
             watch: Watchers::default(),
             budget: LiveBudget::default(),
             prefill: FastForward::new(opts.prefill_sparsity, opts.prefill_masks),
@@ -348,8 +373,7 @@ impl Engine {
             (0..tokens.len()).step_by(self.n_batch).map(|i| (i..(i + self.n_batch).min(tokens.len()), false)).collect()
         };
         let n_batches = pieces.len();
-        self.phase = phase;
-        self.selector.begin_batch(phase);
+        self.sparsity.begin_batch(phase);
         let n_past0 = self.seq.n_past;
         for (i, (range, sparse)) in pieces.into_iter().enumerate() {
             let batch = &tokens[range];
@@ -364,14 +388,14 @@ impl Engine {
             if let Err(e) = r {
                 // The batch's KV entries are garbage: forget them, return no logits.
                 self.seq.n_past = n_past0;
-                self.selector.end_batch(phase);
+                self.sparsity.end_batch();
                 return Err(e);
             }
             if want == Logits::All {
                 all.extend_from_slice(&self.s.logits[..rows * n_vocab]);
             }
         }
-        self.selector.end_batch(phase);
+        self.sparsity.end_batch();
         if want == Logits::All {
             self.s.logits = all;
         }
@@ -409,12 +433,11 @@ impl Engine {
     /// Before a batch of several sequences' `n` tokens ([`Engine::eval_slots`]).
     pub(crate) fn begin_slots_batch(&mut self, phase: Phase, n: usize) {
         self.pool.for_tokens(n);
-        self.phase = phase;
-        self.selector.begin_batch(phase);
+        self.sparsity.begin_batch(phase);
     }
 
-    pub(crate) fn end_slots_batch(&mut self, phase: Phase) {
-        self.selector.end_batch(phase);
+    pub(crate) fn end_slots_batch(&mut self) {
+        self.sparsity.end_batch();
     }
 
     /// The logits [`Engine::output_head`] left for `k` tokens.
@@ -463,7 +486,7 @@ impl Engine {
             // The held layers as whole layers on the GPU, the head too when it holds it.
             let nv = self.model.config.n_vocab;
             let gpu = self.gpu.layers.as_mut().expect("whole layers need the GPU");
-            let head = n_logits > 0 && gpu.holds_output() && self.sparse_head == 0.0;
+            let head = n_logits > 0 && gpu.holds_output() && self.sparsity.head_ratio == 0.0;
             if head && self.s.logits.len() < n_logits * nv {
                 self.s.logits.resize(n_logits * nv, 0.0);
             }
@@ -496,7 +519,7 @@ impl Engine {
             return Some(GpuWay::Attention);
         }
         let whole = g.whole_layers()
-            && self.selector.is_dense()
+            && self.sparsity.selector.is_dense()
             && self.watch.tracer.is_none()
             && self.watch.ffn.is_none()
             && self.prefill.ratio == 0.0;
@@ -585,7 +608,8 @@ impl Engine {
     /// (which is how quality is measured on any file). Returns whether a single token's selection
     /// is a subset, left in `s.active` for the column kernels.
     fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
-        let Engine { model, selector, phase, s, stats, watch, source, gpu, .. } = self;
+        let Engine { model, sparsity, s, watch, source, gpu, .. } = self;
+        let Sparsity { selector, phase, stats, .. } = sparsity;
         let hybrid = &mut gpu.hybrid;
         let tracer = &mut watch.tracer;
         let prompt_pool = hybrid.as_ref().filter(|_| n > 1).and_then(|h| h.pool_of(l, site));
@@ -652,7 +676,8 @@ impl Engine {
         if self.gpu_holds(l) {
             return self.project_gpu(l, n, site);
         }
-        let Engine { model, pool, s, source, selector, phase, stats, .. } = self;
+        let Engine { model, pool, s, source, sparsity, .. } = self;
+        let Sparsity { selector, phase, stats, .. } = sparsity;
         let c = &model.config;
         let (e, qd, kvd, ff) = (c.n_embd, c.n_embd_q(), c.n_embd_kv(), c.n_ff);
         let Scratch { h, att, g, u, q, k, v, o, acts, active, coef, col_acc, .. } = s;
@@ -780,15 +805,16 @@ impl Engine {
 
     /// The final norm and the output head for the last `n_logits` of `n` tokens, into `s.logits`.
     pub(crate) fn output_head(&mut self, n: usize, n_logits: usize) -> Result<(), EvalError> {
-        let Engine { model, pool, s, sparse_head, stats, gpu, .. } = self;
+        let Engine { model, pool, s, sparsity, gpu, .. } = self;
+        let Sparsity { head_ratio, stats, .. } = sparsity;
         let gpu = &mut gpu.layers;
         let c = &model.config;
         let e = c.n_embd;
         let first = n - n_logits;
         rms_norm_rows(pool, &s.x[first * e..n * e], &model.output_norm, c.rms_eps, &mut s.h[..n_logits * e], e);
-        if *sparse_head > 0.0 {
+        if *head_ratio > 0.0 {
             // Input-channel Top-K on the output head (`--sparse-head R`).
-            let k = e - ((*sparse_head as f64 * e as f64).round() as usize).min(e);
+            let k = e - ((*head_ratio as f64 * e as f64).round() as usize).min(e);
             for row in s.h[..n_logits * e].chunks_exact_mut(e) {
                 s.head_scores.clear();
                 s.head_scores.extend(row.iter().map(|v| v.abs()));

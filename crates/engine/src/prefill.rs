@@ -278,8 +278,8 @@ impl Engine {
                 self.sparse_gate_up(l, n, k)?;
             }
         }
-        self.stats.prefill_neurons[0] += (n * k) as u64;
-        self.stats.prefill_neurons[1] += (n * ff) as u64;
+        self.sparsity.stats.prefill_neurons[0] += (n * k) as u64;
+        self.sparsity.stats.prefill_neurons[1] += (n * ff) as u64;
         self.sparse_down(l, n, k, e)?;
         // Down's adapter on the GLU of the chosen neurons (zero elsewhere), as on a dense
         // block's masked input.
@@ -433,7 +433,8 @@ impl Engine {
     /// the tokens that follow), in as many parts as its transient area needs, each through the
     /// many-token column kernel.
     fn down_from_store(&mut self, l: usize, n: usize, k: usize, e: usize) -> Result<(), EvalError> {
-        let Engine { model, pool, s, source, stats, prefill, .. } = self;
+        let Engine { model, pool, s, source, sparsity, prefill, .. } = self;
+        let stats = &mut sparsity.stats;
         let p = &mut prefill.scratch;
         let y_all = &mut s.o[..n * e];
         y_all.fill(0.0);

@@ -350,15 +350,15 @@ impl Engine {
         union.clear();
         union.resize(width, false);
         let i = site.index();
-        let active0 = self.stats.active[i];
+        let active0 = self.sparsity.stats.active[i];
         let mut r = Ok(());
         for t in 0..n {
             let Engine { model, s, .. } = self;
             s.swap_site_rows(&model.config, site, 0, t);
-            let before = self.stats.active[i];
+            let before = self.sparsity.stats.active[i];
             r = self.site(l, 1, site, &ExecPlan::SITES);
             // The units this token used: all, or its selection (left in `s.active`).
-            if self.stats.active[i] - before >= width as u64 {
+            if self.sparsity.stats.active[i] - before >= width as u64 {
                 union.fill(true);
             } else {
                 for &j in &self.s.active {
@@ -372,9 +372,9 @@ impl Engine {
             }
         }
         // Sites where every token was dense tell nothing about the union.
-        let used = self.stats.active[i] - active0;
+        let used = self.sparsity.stats.active[i] - active0;
         if used < (n * width) as u64 {
-            let b = &mut self.stats.batch_union[n.clamp(2, 9) - 2];
+            let b = &mut self.sparsity.stats.batch_union[n.clamp(2, 9) - 2];
             b.site_visits += 1;
             b.union_units += union.iter().filter(|&&u| u).count() as u64;
             b.token_units += used;
@@ -437,7 +437,7 @@ impl Engine {
             }
             Ok(())
         })();
-        self.end_slots_batch(phase);
+        self.end_slots_batch();
         r?;
         for rr in self.seq.runs.clone() {
             self.use_slot(rr.slot);

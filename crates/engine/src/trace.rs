@@ -79,12 +79,12 @@ impl SparsityStats {
 impl Engine {
     /// Units used per site since the last [`Engine::reset_stats`].
     pub fn sparsity_stats(&self) -> &SparsityStats {
-        &self.stats
+        &self.sparsity.stats
     }
 
     pub fn reset_stats(&mut self) {
-        let units = self.stats.units;
-        self.stats = SparsityStats { units, ..Default::default() };
+        let units = self.sparsity.stats.units;
+        self.sparsity.stats = SparsityStats { units, ..Default::default() };
     }
 
     /// Weight bytes each site's ops read per token when dense: [q+k+v, o, gate+up, down], summed
@@ -106,12 +106,13 @@ impl Engine {
         let (b, head) = self.site_bytes();
         let mut total = 0.0;
         for s in Site::ALL {
-            total += b[s.index()] as f64 * self.stats.active_fraction(s);
+            total += b[s.index()] as f64 * self.sparsity.stats.active_fraction(s);
         }
-        let head_frac = if self.stats.head_visits == 0 {
+        let head_frac = if self.sparsity.stats.head_visits == 0 {
             1.0
         } else {
-            self.stats.head_active as f64 / (self.stats.head_visits as f64 * self.model.config.n_embd as f64)
+            self.sparsity.stats.head_active as f64
+                / (self.sparsity.stats.head_visits as f64 * self.model.config.n_embd as f64)
         };
         total + head as f64 * head_frac
     }

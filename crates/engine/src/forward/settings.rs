@@ -174,12 +174,12 @@ impl Engine {
 
     /// Replaces the selection method (the sequence state of the old one is dropped).
     pub fn set_selector(&mut self, selector: Box<dyn Selector>) {
-        self.selector = selector;
-        self.selector.reset();
+        self.sparsity.selector = selector;
+        self.sparsity.selector.reset();
     }
 
     pub fn selector(&self) -> &dyn Selector {
-        self.selector.as_ref()
+        self.sparsity.selector.as_ref()
     }
 
     pub fn config(&self) -> &Config {
@@ -228,7 +228,7 @@ impl Engine {
                 // Growing the cache back never fails: the fixed part only shrinks.
                 let _ = store.set_kv_growth(growth);
             }
-            self.selector.reset();
+            self.sparsity.selector.reset();
             if let Some(t) = &mut self.watch.tracer {
                 t.reset();
             }
