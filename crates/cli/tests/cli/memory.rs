@@ -4,29 +4,61 @@
 
 use super::*;
 
+/// A pack of the default model and a trace recorded from it under a 120 MiB budget (Top-K 0.5,
+/// preloading 4 layers), made once for this file's tests, with the hit rate and budget the run
+/// printed.
+struct Traced {
+    _dir: tempfile::TempDir,
+    pack: PathBuf,
+    trace: PathBuf,
+    /// The engine's hit rate over the traced run, in percent.
+    hit_rate: f64,
+    /// The budget line's MiB, as printed.
+    budget: String,
+}
+
+/// The prompt and settings the traced run and the budget-change runs share.
+const PROMPT: [&str; 6] = ["-p", "The capital of France is", "--temp", "0", "-c", "256"];
+
+fn traced() -> &'static Traced {
+    static TRACED: std::sync::OnceLock<Traced> = std::sync::OnceLock::new();
+    TRACED.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let pack = dir.path().join("m.sift");
+        let o = sift(&["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let trace = dir.path().join("t.trace");
+        let mut args = vec!["trace", "-m", pack.to_str().unwrap()];
+        args.extend_from_slice(&PROMPT);
+        args.extend_from_slice(&[
+            "-n",
+            "12",
+            "--sparsity",
+            "topk",
+            "--ratio",
+            "0.5",
+            "--memory",
+            "120M",
+            "--preload",
+            "4",
+        ]);
+        args.extend_from_slice(&["--profile", "dip-a18", "-o", trace.to_str().unwrap()]);
+        let o = sift(&args);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        let at = err.find("hit rate").unwrap_or_else(|| panic!("no 'hit rate' in {err}")) + "hit rate".len();
+        let hit_rate =
+            err[at..].trim_start().split(|c: char| c == '%' || c.is_whitespace()).next().unwrap().parse().unwrap();
+        let budget = err.split("memory budget ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+        Traced { _dir: dir, pack, trace, hit_rate, budget }
+    })
+}
+
 #[test]
-fn trace_simulate_plan_and_a_budget_changed_while_generating() {
-    let dir = tempfile::tempdir().unwrap();
-    let pack = dir.path().join("m.sift");
-    let o = sift(&["pack", model().to_str().unwrap(), "-o", pack.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let p = pack.to_str().unwrap();
-    let base = ["-m", p, "-p", "The capital of France is", "--temp", "0", "-c", "256"];
-    // Record a trace under a budget, then replay it: the simulator's hit rate is the engine's.
-    let trace = dir.path().join("t.trace");
-    let mut args = vec!["trace"];
-    args.extend_from_slice(&base);
-    args.extend_from_slice(&["-n", "12", "--sparsity", "topk", "--ratio", "0.5", "--memory", "120M", "--preload", "4"]);
-    args.extend_from_slice(&["--profile", "dip-a18", "-o", trace.to_str().unwrap()]);
-    let o = sift(&args);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let err = text(&o.stderr);
-    let hit = |s: &str, key: &str| -> f64 {
-        let at = s.find(key).unwrap_or_else(|| panic!("no '{key}' in {s}")) + key.len();
-        s[at..].trim_start().split(|c: char| c == '%' || c.is_whitespace()).next().unwrap().parse().unwrap()
-    };
-    let real = hit(&err, "hit rate");
-    let budget = err.split("memory budget ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+fn simulator_replays_a_traced_run_at_the_engines_hit_rate() {
+    let t = traced();
+    let (p, real, budget) = (t.pack.to_str().unwrap(), t.hit_rate, &t.budget);
+    let trace = &t.trace;
     let o = sift(&[
         "simulate",
         "--trace",
@@ -48,6 +80,12 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!((sim - real).abs() < 0.051, "simulated hit rate {sim} vs the engine's {real} (budget {budget} MiB)");
     assert!(v[1]["hit_rate"].as_f64().unwrap() >= v[0]["hit_rate"].as_f64().unwrap(), "belady >= lfu");
     assert!(v[0]["tok_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn hybrid_simulation_on_a_paper_gpu_is_bounded_by_the_oracle_placement() {
+    let t = traced();
+    let (p, trace) = (t.pack.to_str().unwrap(), &t.trace);
     // The same trace through KAIROX's hybrid decode on a paper GPU: every budget × policy, the
     // oracle placement bounding the others, and the static placement never reloading.
     let o = sift(&[
@@ -85,6 +123,13 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert_eq!(runs[3]["lambda"].as_array().unwrap().len(), 12, "λ after each decoded token");
     let o = sift(&["simulate", "--trace", trace.to_str().unwrap(), "-m", p, "--gpu", "no-such-gpu"]);
     assert!(!o.status.success() && text(&o.stderr).contains("rtx4090-pcie4"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn hybrid_simulation_from_a_measured_gpu_profile_places_dense_parts_as_the_engine_does() {
+    let t = traced();
+    let (p, trace) = (t.pack.to_str().unwrap(), &t.trace);
+    let dir = tempfile::tempdir().unwrap();
     // A measured profile with the engine's costs (`sift probe --gpu -m PACK`): sift's own hybrid
     // decode replayed, its dense parts placed as the engine places them.
     let mut prof = serde_json::json!({
@@ -124,10 +169,24 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     std::fs::write(&profile, prof.to_string()).unwrap();
     let o = gpu_sim(&[]);
     assert!(!o.status.success() && text(&o.stderr).contains("sift probe --gpu -m PACK"), "{}", text(&o.stderr));
-    // The planner: settings and the predicted speed, within the budget.
-    let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "-o", "json"]);
+}
+
+/// `sift plan`'s JSON answer for the fixture's pack under `budget`.
+fn plan_json(budget: &str, extra: &[&str]) -> serde_json::Value {
+    let p = traced().pack.to_str().unwrap();
+    let mut args = vec!["plan", "-m", p, "--memory", budget, "--profile", "dip-a18", "-c", "256", "-o", "json"];
+    args.extend_from_slice(extra);
+    let o = sift(&args);
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn planner_picks_settings_within_the_budget_and_refuses_what_cannot_run() {
+    let pack = &traced().pack;
+    let p = pack.to_str().unwrap();
+    // The planner: settings and the predicted speed, within the budget.
+    let plan = plan_json("130M", &[]);
     let mem = &plan["memory"];
     let used: u64 = [
         "runtime",
@@ -146,22 +205,24 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     assert!(plan["predicted_tok_s"].as_f64().unwrap() > 0.0 && plan["ratio"].as_f64().unwrap() <= 0.6);
     // Without --trace the planner simulates its own trace, recorded once beside the pack.
     assert_eq!(plan["predicted_by"], "simulation", "{plan}");
-    assert!(dir.path().join("m.sift.plan.trace").exists());
-    let o =
-        sift(&["plan", "-m", p, "--memory", "130M", "--profile", "dip-a18", "-c", "256", "--cost-model", "-o", "json"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let cost: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(pack.with_extension("sift.plan.trace").exists());
+    let cost = plan_json("130M", &["--cost-model"]);
     assert_eq!(cost["predicted_by"], "cost model", "{cost}");
     let o = sift(&["plan", "-m", p, "--memory", "10M", "--profile", "dip-a18"]);
     assert!(!o.status.success() && text(&o.stderr).contains("too small"), "{}", text(&o.stderr));
     let o = sift(&["plan", "-m", p, "--memory", "130M", "--profile", "no-such-device"]);
     assert!(!o.status.success() && text(&o.stderr).contains("sift probe"), "{}", text(&o.stderr));
+}
 
+#[test]
+fn a_budget_changed_while_generating_keeps_the_text_and_holds() {
+    let p = traced().pack.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
     // A budget file rewritten mid-generation: the text stays that of an unchanged run, and the
     // process is under the new budget right after the change.
     let gen = |extra: &[&str]| -> Vec<String> {
-        let mut args = vec!["generate"];
-        args.extend_from_slice(&base);
+        let mut args = vec!["generate", "-m", p];
+        args.extend_from_slice(&PROMPT);
         args.extend_from_slice(&["-n", "40", "--sparsity", "topk", "--ratio", "0.5", "--profile", "dip-a18"]);
         args.extend_from_slice(extra);
         args.into_iter().map(String::from).collect()
@@ -172,7 +233,8 @@ fn trace_simulate_plan_and_a_budget_changed_while_generating() {
     let line =
         text(&steady.stderr).lines().find(|l| l.contains("memory budget 140 MiB = runtime")).unwrap().to_string();
     let run_mib: f64 = line.split("runtime ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-    let plan_mib = mem["runtime"].as_u64().unwrap() as f64 / (1 << 20) as f64;
+    let plan_mib =
+        plan_json("140M", &["--cost-model"])["memory"]["runtime"].as_u64().unwrap() as f64 / (1 << 20) as f64;
     assert!((plan_mib - run_mib).abs() <= 4.0, "sift plan counts {plan_mib:.1} MiB of runtime, the run {line}");
     let file = dir.path().join("budget");
     std::fs::write(&file, "140M").unwrap();
