@@ -11,6 +11,7 @@
 //! 3. Optionally SparseInfer's core-neuron clusters: k-means over the per-layer core frequencies
 //!    of short calibration passages.
 
+use crate::forward::{FfnStep, RowMode};
 use crate::{Engine, EvalError, Logits};
 use sift_sparsity::calib::{Allocation, CoreClusters};
 use sift_sparsity::{
@@ -284,7 +285,7 @@ impl Engine {
         let mut out = Vec::with_capacity(self.model.layers.len());
         for l in 0..self.model.layers.len() {
             out.push(self.s.x[..n * e].to_vec());
-            self.layer(l, n, &crate::forward::ExecPlan::SITES)?;
+            self.layer(l, n, self.layer_plan(l, FfnStep::Sites, RowMode::Together))?;
         }
         Ok(out)
     }
@@ -298,7 +299,7 @@ impl Engine {
         self.seq.n_past = 0;
         self.sparsity.phase = phase;
         self.s.x[..n * e].copy_from_slice(&x[..n * e]);
-        self.layer(l, n, &crate::forward::ExecPlan::SITES)?;
+        self.layer(l, n, self.layer_plan(l, FfnStep::Sites, RowMode::Together))?;
         Ok(self.s.x[..n * e].to_vec())
     }
 }

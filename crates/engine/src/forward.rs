@@ -126,18 +126,34 @@ impl Scratch {
     }
 }
 
-/// How one forward batch runs, chosen once before its layers ([`Engine::eval_phase`],
-/// [`Engine::eval_slots`]) rather than tested at every site: the FFN's step and whether the
-/// batch's rows run their products together or one at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How one forward batch runs, chosen once before its layers by [`Engine::exec_plan`] rather
+/// than tested at every site: for each layer that runs here, its attention, FFN step, products
+/// and rows; and how the GPU runs the layers it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ExecPlan {
+    /// The layers that run here, from the first (when the GPU holds whole layers, the rest run
+    /// there).
+    pub layers: Vec<LayerPlan>,
+    /// How the GPU runs its layers in this batch (none without GPU layers).
+    pub gpu: Option<GpuWay>,
+}
+
+/// How one layer runs in a batch (see [`ExecPlan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LayerPlan {
+    pub attention: AttentionStep,
     pub ffn: FfnStep,
+    pub products: Products,
     pub rows: RowMode,
 }
 
-impl ExecPlan {
-    /// A batch's rows together through the selection sites.
-    pub const SITES: ExecPlan = ExecPlan { ffn: FfnStep::Sites, rows: RowMode::Together };
+/// How a layer's attention half runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttentionStep {
+    /// The norm, the q/k/v site, attention over the KV cache and the output site, here.
+    Sites,
+    /// On the GPU (KAIROX's placement): the residual after it and the FFN's norm come back.
+    Gpu,
 }
 
 /// What a layer's FFN does.
@@ -149,6 +165,18 @@ pub(crate) enum FfnStep {
     /// FastForward's sparse prompt block: the chosen neurons' rows and columns only
     /// ([`crate::prefill`]).
     SparseBlock,
+}
+
+/// Where a layer's site products are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Products {
+    /// On the CPU, from the weight source.
+    Cpu,
+    /// On the GPU, which holds the layer (op by op).
+    Gpu,
+    /// A lone token's sparse FFN sites shared between the GPU's column pools and the CPU
+    /// (KAIROX's hybrid tier); everything else on the CPU.
+    Hybrid,
 }
 
 /// How a batch's rows run a site's products.
@@ -195,6 +223,28 @@ pub trait FfnObserver: Send {
     fn attention(&mut self, _layer: usize, _q: &[f32], _k: &[f32], _n: usize, _pos: usize) {}
 }
 
+/// What a lone token's time went to, for the hybrid tier's balancing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spent {
+    GpuAttention,
+    CpuAttention,
+    Head,
+}
+
+impl GpuTier {
+    /// A lone token spent the time since `t` on `what` (the hybrid tier counts it).
+    pub(crate) fn spent(&mut self, what: Spent, n: usize, t: std::time::Instant) {
+        if let (Some(hy), 1) = (self.hybrid.as_mut(), n) {
+            let ns = t.elapsed().as_nanos() as f64;
+            match what {
+                Spent::GpuAttention => hy.spent_on_attention(ns),
+                Spent::CpuAttention => hy.spent_on_cpu_attention(ns),
+                Spent::Head => hy.spent_on_head(ns),
+            }
+        }
+    }
+}
+
 /// Activation sparsity as the engine runs it (`--sparsity`, `--sparse-head`).
 pub(crate) struct Sparsity {
     /// Chooses the active input units of every linear op ([`DenseSelector`] unless set).
@@ -238,6 +288,41 @@ pub(crate) struct Watchers {
     /// Sees every dense FFN's input and GLU, and each layer's queries and keys (`sift train
     /// prefill` collects its data so).
     pub(crate) ffn: Option<Box<dyn FfnObserver>>,
+}
+
+impl Watchers {
+    /// A batch of `n` tokens starts at position `n_past`: the tracer hears of a decoded token
+    /// or a prompt.
+    pub(crate) fn batch(&mut self, n_past: usize, n: usize) {
+        if let Some(t) = &mut self.tracer {
+            if n == 1 {
+                t.token(n_past);
+            } else {
+                t.prompt(n);
+            }
+        }
+    }
+
+    /// Layer `l` starts on a lone token's residual `x`.
+    pub(crate) fn layer(&mut self, l: usize, n: usize, x: &[f32]) {
+        if let (Some(t), 1) = (&mut self.tracer, n) {
+            t.layer(l, x);
+        }
+    }
+
+    /// A lone token's selection at a site: its input row and active units (none: dense).
+    pub(crate) fn site(&mut self, l: usize, site: Site, n: usize, row: &[f32], active: Option<&[u32]>) {
+        if let (Some(t), 1) = (&mut self.tracer, n) {
+            t.site(l, site, row, active);
+        }
+    }
+
+    /// A dense FFN's input and GLU (`n` rows each).
+    pub(crate) fn ffn(&mut self, l: usize, x: &[f32], glu: &[f32], n: usize) {
+        if let Some(o) = &mut self.ffn {
+            o.ffn(l, x, glu, n);
+        }
+    }
 }
 
 /// Helper spins before parking when a tiered store is attached (~50 µs).
@@ -382,8 +467,8 @@ impl Engine {
                 Logits::Last if i + 1 == n_batches => 1,
                 Logits::Last | Logits::None => 0,
             };
-            let plan =
-                ExecPlan { ffn: if sparse { FfnStep::SparseBlock } else { FfnStep::Sites }, rows: RowMode::Together };
+            let ffn = if sparse { FfnStep::SparseBlock } else { FfnStep::Sites };
+            let plan = self.exec_plan(ffn, RowMode::Together);
             let r = self.forward_batch(batch, rows, &plan);
             if let Err(e) = r {
                 // The batch's KV entries are garbage: forget them, return no logits.
@@ -450,32 +535,19 @@ impl Engine {
     fn forward_batch(&mut self, tokens: &[u32], n_logits: usize, plan: &ExecPlan) -> Result<(), EvalError> {
         let n = tokens.len();
         self.pool.for_tokens(n);
-        if let Some(t) = &mut self.watch.tracer {
-            if n == 1 {
-                t.token(self.seq.n_past);
-            } else {
-                t.prompt(n);
-            }
-        }
+        self.watch.batch(self.seq.n_past, n);
         self.embed(tokens)?;
-        let way = self.gpu_way();
         let n_layer = self.model.layers.len();
-        let cpu_layers = match (&mut self.gpu.layers, way) {
-            (Some(g), Some(way)) => {
-                g.begin_batch(way, self.seq.n_past, n)?;
-                match way {
-                    GpuWay::WholeLayers => g.first_layer(),
-                    GpuWay::OpByOp | GpuWay::Attention => n_layer,
-                }
-            }
-            _ => n_layer,
-        };
+        let cpu_layers = plan.layers.len();
+        if let (Some(g), Some(way)) = (&mut self.gpu.layers, plan.gpu) {
+            g.begin_batch(way, self.seq.n_past, n)?;
+        }
         let e = self.model.config.n_embd;
         let lora = self.lora.is_some();
         let non_finite =
             |where_: String, n_past: usize| EvalError::NonFinite { where_, first: n_past, end: n_past + n, lora };
-        for l in 0..cpu_layers {
-            self.layer(l, n, plan)?;
+        for (l, &way) in plan.layers.iter().enumerate() {
+            self.layer(l, n, way)?;
             // A damaged model must not pass silently (NaN logits would read as end of text).
             if !all_finite(&self.s.x[..n * e]) {
                 return Err(non_finite(format!("layer {l}"), self.seq.n_past));
@@ -500,9 +572,7 @@ impl Engine {
         if n_logits > 0 && !logits_done {
             let t = std::time::Instant::now();
             self.output_head(n, n_logits)?;
-            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
-                hy.spent_on_head(t.elapsed().as_nanos() as f64);
-            }
+            self.gpu.spent(Spent::Head, n, t);
         }
         if n_logits > 0 && !all_finite(&self.s.logits[..n_logits * self.model.config.n_vocab]) {
             return Err(non_finite("the output head".into(), self.seq.n_past));
@@ -511,95 +581,126 @@ impl Engine {
         Ok(())
     }
 
-    /// How this batch runs the layers the GPU holds: whole layers when nothing asks at each site
-    /// (dense selector, no tracer, no sparse prefill) and the kernels take the model.
-    fn gpu_way(&self) -> Option<GpuWay> {
-        let g = self.gpu.layers.as_ref()?;
-        if g.attention_only() {
-            return Some(GpuWay::Attention);
+    /// The plan of a batch of `n` tokens whose FFN runs `ffn` and whose rows run `rows`: what
+    /// each layer does here, given the GPU tier, the watchers and the selector.
+    pub(crate) fn exec_plan(&self, ffn: FfnStep, rows: RowMode) -> ExecPlan {
+        let n_layer = self.model.layers.len();
+        let gpu = self.gpu.layers.as_ref().map(|g| {
+            // Whole layers when nothing asks at each site (dense selector, no watcher, no
+            // sparse prefill) and the kernels take the model.
+            let whole =
+                g.whole_layers() && self.sparsity.selector.is_dense() && !self.watched() && self.prefill.ratio == 0.0;
+            match () {
+                _ if g.attention_only() => GpuWay::Attention,
+                _ if whole => GpuWay::WholeLayers,
+                _ => GpuWay::OpByOp,
+            }
+        });
+        let here = match (&self.gpu.layers, gpu) {
+            (Some(g), Some(GpuWay::WholeLayers)) => g.first_layer(),
+            _ => n_layer,
+        };
+        ExecPlan { layers: (0..here).map(|l| self.layer_plan(l, ffn, rows)).collect(), gpu }
+    }
+
+    /// How layer `l` runs here in a batch whose FFN runs `ffn` and whose rows run `rows`.
+    pub(crate) fn layer_plan(&self, l: usize, ffn: FfnStep, rows: RowMode) -> LayerPlan {
+        let gpu = self.gpu.layers.as_ref();
+        let held = gpu.is_some_and(|g| g.holds(l));
+        LayerPlan {
+            attention: match gpu.is_some_and(|g| g.attention_only()) {
+                true => AttentionStep::Gpu,
+                false => AttentionStep::Sites,
+            },
+            // A sparse prompt block where the layer runs here and no observer needs the dense GLU.
+            ffn: if held || self.watch.ffn.is_some() { FfnStep::Sites } else { ffn },
+            products: match () {
+                _ if held => Products::Gpu,
+                _ if self.gpu.hybrid.is_some() => Products::Hybrid,
+                _ => Products::Cpu,
+            },
+            rows,
         }
-        let whole = g.whole_layers()
-            && self.sparsity.selector.is_dense()
-            && self.watch.tracer.is_none()
-            && self.watch.ffn.is_none()
-            && self.prefill.ratio == 0.0;
-        Some(if whole { GpuWay::WholeLayers } else { GpuWay::OpByOp })
     }
 
     /// One transformer block: attention, then the SwiGLU feed-forward, each added to the residual;
-    /// how its parts run is the batch's `plan`.
-    pub(crate) fn layer(&mut self, l: usize, n: usize, plan: &ExecPlan) -> Result<(), EvalError> {
+    /// how its parts run is the batch's plan for the layer.
+    pub(crate) fn layer(&mut self, l: usize, n: usize, way: LayerPlan) -> Result<(), EvalError> {
         let c = &self.model.config;
         let (e, ff, eps) = (c.n_embd, c.n_ff, c.rms_eps);
-        if let (Some(t), 1) = (&mut self.watch.tracer, n) {
-            t.layer(l, &self.s.x[..e]);
-        }
+        self.watch.layer(l, n, &self.s.x[..e]);
         // A batch computed a token at a time reads as lone tokens (the first one's residual
         // guides the store's preloading).
-        let n_read = match plan.rows {
+        let n_read = match way.rows {
             RowMode::Together => n,
             RowMode::OneAtATime => 1,
         };
         self.source.begin_layer(&self.model, l, n_read, &self.s.x[..e])?;
-        if let Some(gpu) = self.gpu.layers.as_mut().filter(|g| g.attention_only()) {
-            // Attention on the GPU (KAIROX's placement): the residual after it and the FFN's
-            // norm of it come back.
-            let t = std::time::Instant::now();
-            gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.seq.n_past)?;
-            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
-                hy.spent_on_attention(t.elapsed().as_nanos() as f64);
+        let t = std::time::Instant::now();
+        match way.attention {
+            AttentionStep::Gpu => {
+                let gpu = self.gpu.layers.as_mut().expect("the plan puts attention on the GPU");
+                gpu.run_attention(l, &mut self.s.x[..n * e], &mut self.s.h[..n * e], n, self.seq.n_past)?;
+                self.gpu.spent(Spent::GpuAttention, n, t);
             }
-        } else {
-            // Attention.
-            let t = std::time::Instant::now();
-            let Engine { model, pool, s, .. } = self;
-            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
-            self.site(l, n, Site::AttnIn, plan)?;
-            self.attention_core(l, n);
-            self.site(l, n, Site::AttnOut, plan)?;
-            vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
-            let Engine { model, pool, s, .. } = self;
-            rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
-            if let (Some(hy), 1) = (self.gpu.hybrid.as_mut(), n) {
-                hy.spent_on_cpu_attention(t.elapsed().as_nanos() as f64);
+            AttentionStep::Sites => {
+                let Engine { model, pool, s, .. } = self;
+                rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].attn_norm, eps, &mut s.h[..n * e], e);
+                self.site(l, n, Site::AttnIn, way)?;
+                self.attention_core(l, n);
+                self.site(l, n, Site::AttnOut, way)?;
+                vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
+                let Engine { model, pool, s, .. } = self;
+                rms_norm_rows(pool, &s.x[..n * e], &model.layers[l].ffn_norm, eps, &mut s.h[..n * e], e);
+                self.gpu.spent(Spent::CpuAttention, n, t);
             }
         }
-        // Feed-forward (SwiGLU): the plan's FFN step. A sparse prompt block's (under a memory
-        // budget too: its rows and columns come through the tiered store) where the layer runs
-        // here and no observer needs the dense GLU.
-        let sparse_block = plan.ffn == FfnStep::SparseBlock && !self.gpu_holds(l) && self.watch.ffn.is_none();
-        if sparse_block {
-            self.ffn_sparse_block(l, n)?;
-        } else {
-            self.site(l, n, Site::FfnIn, plan)?;
-            vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
-            if let Some(o) = &mut self.watch.ffn {
-                o.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
+        match way.ffn {
+            // Under a memory budget too: its rows and columns come through the tiered store.
+            FfnStep::SparseBlock => self.ffn_sparse_block(l, n)?,
+            FfnStep::Sites => {
+                self.site(l, n, Site::FfnIn, way)?;
+                vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+                self.watch.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
+                self.site(l, n, Site::FfnMid, way)?;
             }
-            self.site(l, n, Site::FfnMid, plan)?;
         }
         vecops::add_assign(&mut self.s.x[..n * e], &self.s.o[..n * e]);
         Ok(())
     }
 
-    /// One selection site: choose the active inputs, then run the site's products (for the
-    /// batch's rows together, or one at a time as the plan says).
-    pub(crate) fn site(&mut self, l: usize, n: usize, site: Site, plan: &ExecPlan) -> Result<(), EvalError> {
-        if n > 1 && plan.rows == RowMode::OneAtATime {
-            return self.site_row_by_row(l, n, site);
+    /// One selection site: choose the active inputs, run the site's products as the layer's
+    /// plan says (for the batch's rows together, or one at a time), add the adapters' side
+    /// products.
+    pub(crate) fn site(&mut self, l: usize, n: usize, site: Site, way: LayerPlan) -> Result<(), EvalError> {
+        if n > 1 && way.rows == RowMode::OneAtATime {
+            return self.site_row_by_row(l, n, site, way);
         }
         let subset = self.select_and_mask(l, site, n);
-        self.project(l, n, site, subset)?;
-        if let Some(lora) = &self.lora {
-            let (x, mut outs) = self.s.site_io(&self.model.config, site, n);
-            lora.apply(l, site, x, n, &mut outs);
+        match way.products {
+            Products::Gpu => self.project_gpu(l, n, site)?,
+            // (A subset is a lone token's.)
+            Products::Hybrid if subset => self.project_hybrid(l, site)?,
+            Products::Hybrid | Products::Cpu => self.project(l, n, site, subset)?,
         }
+        self.add_adapters(l, site, n);
         Ok(())
     }
 
     /// A site's products on the dense (unmasked) input, without asking the selector.
     pub(crate) fn project_site(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
-        self.project(l, n, site, false)
+        match self.gpu.layers.as_ref().is_some_and(|g| g.holds(l)) {
+            true => self.project_gpu(l, n, site),
+            false => self.project(l, n, site, false),
+        }
+    }
+
+    /// The LoRA adapters' side products on a site's (masked) input, added to its outputs.
+    fn add_adapters(&mut self, l: usize, site: Site, n: usize) {
+        if let Some(lora) = &self.lora {
+            let (x, mut outs) = self.s.site_io(&self.model.config, site, n);
+            lora.apply(l, site, x, n, &mut outs);
+        }
     }
 
     /// Asks the selector for each of `n` token rows of `site`'s input and zeroes the inactive
@@ -611,7 +712,6 @@ impl Engine {
         let Engine { model, sparsity, s, watch, source, gpu, .. } = self;
         let Sparsity { selector, phase, stats, .. } = sparsity;
         let hybrid = &mut gpu.hybrid;
-        let tracer = &mut watch.tracer;
         let prompt_pool = hybrid.as_ref().filter(|_| n > 1).and_then(|h| h.pool_of(l, site));
         // Under a budget a cache-aware selector sees the store's own cache, for every row.
         let live_cache = selector.wants_cache_state() && source.cached_mask(l, site, &mut s.cached);
@@ -631,9 +731,7 @@ impl Engine {
                 selector.observe_cache(l, site, cached);
             }
             let selection = selector.select(l, site, *phase, row, active);
-            if let (Some(t), 1) = (tracer.as_mut(), n) {
-                t.site(l, site, row, (selection == Selection::Subset).then_some(&active[..]));
-            }
+            watch.site(l, site, n, row, (selection == Selection::Subset).then_some(&active[..]));
             subset = selection == Selection::Subset;
             if !subset {
                 stats.active[i] += len as u64;
@@ -658,24 +756,11 @@ impl Engine {
         subset && n == 1
     }
 
-    /// The products of one site (q, k, v; o; gate and up; down) on whatever the weight source
-    /// gives: dense kernels over (masked) inputs on rows, with the fixed FFN neurons' rows only
-    /// when the source allows a row gather; column kernels over the active columns; or the batch
-    /// column kernel over whole column tensors.
-    fn project(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
-        if subset && n == 1 {
-            if let Some(p) = self.gpu.hybrid.as_ref().and_then(|h| h.pool_of(l, site)) {
-                return self.project_hybrid(l, site, p);
-            }
-        }
-        self.project_local(l, n, site, subset)
-    }
-
-    /// [`Engine::project`] without the hybrid tier's split: the GPU's whole layers, or the CPU.
-    pub(crate) fn project_local(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
-        if self.gpu_holds(l) {
-            return self.project_gpu(l, n, site);
-        }
+    /// The products of one site (q, k, v; o; gate and up; down) on the CPU, on whatever the
+    /// weight source gives: dense kernels over (masked) inputs on rows, with the fixed FFN
+    /// neurons' rows only when the source allows a row gather; column kernels over the active
+    /// columns; or the batch column kernel over whole column tensors.
+    pub(crate) fn project(&mut self, l: usize, n: usize, site: Site, subset: bool) -> Result<(), EvalError> {
         let Engine { model, pool, s, source, sparsity, .. } = self;
         let Sparsity { selector, phase, stats, .. } = sparsity;
         let c = &model.config;

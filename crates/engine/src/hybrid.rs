@@ -530,7 +530,12 @@ impl Engine {
 
     /// One decoded token's products of an FFN site the GPU shares (see the module docs): the
     /// active list is in `s.active`, the input in `s.h` (FFN input) or `s.g` (GLU).
-    pub(crate) fn project_hybrid(&mut self, l: usize, site: Site, p: usize) -> Result<(), EvalError> {
+    pub(crate) fn project_hybrid(&mut self, l: usize, site: Site) -> Result<(), EvalError> {
+        let hy = self.gpu.hybrid.as_ref().expect("called with a hybrid tier");
+        let Some(p) = hy.pool_of(l, site) else {
+            // Not an FFN site: the CPU's.
+            return self.project(l, 1, site, true);
+        };
         let c = &self.model.config;
         let (e, ff) = (c.n_embd, c.n_ff);
         let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
@@ -542,7 +547,7 @@ impl Engine {
             // the CPU, with nothing to plan, queue or wait for.
             let t0 = Instant::now();
             let n = self.s.active.len();
-            self.project_local(l, 1, site, true)?;
+            self.project(l, 1, site, true)?;
             let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
             hy.token_spent_ns[1] += t0.elapsed().as_nanos() as f64;
             // Not a balanced site: no planning to count (the simulator's calibration fits the
@@ -580,7 +585,7 @@ impl Engine {
             }
             Ok(())
         } else {
-            self.project_local(l, 1, site, true)
+            self.project(l, 1, site, true)
         };
         let cpu_ns = t0.elapsed().as_nanos() as f64;
         let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");

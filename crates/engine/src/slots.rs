@@ -22,7 +22,7 @@
 //! Under a memory budget every slot's cache is counted: the pages beyond the first slot's first
 //! page come out of the weight cache (`TieredStore::set_kv_growth`), as one cache's growth does.
 
-use crate::forward::{Engine, EvalError, ExecPlan, Logits, RowMode};
+use crate::forward::{Engine, EvalError, ExecPlan, FfnStep, LayerPlan, Logits, RowMode};
 use crate::kv::KvCache;
 use sift_sparsity::{Phase, Site};
 
@@ -327,7 +327,7 @@ impl Engine {
             }
             let phase = if batch.iter().all(|r| r.tokens.len() == 1) { Phase::Generate } else { Phase::Prompt };
             let row_mode = if mode == SlotsMode::RowByRow { RowMode::OneAtATime } else { RowMode::Together };
-            let result = self.forward_runs(&tokens, &batch, phase, &ExecPlan { rows: row_mode, ..ExecPlan::SITES });
+            let result = self.forward_runs(&tokens, &batch, phase, &self.exec_plan(FfnStep::Sites, row_mode));
             self.seq.runs.clear();
             result?;
             let mut got = self.seq.logits.chunks(n_vocab);
@@ -344,7 +344,7 @@ impl Engine {
 
     /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
     /// computed as a lone token (its own selection and columns), moved back.
-    pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+    pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site, way: LayerPlan) -> Result<(), EvalError> {
         let width = site.width(&self.model.config);
         let mut union = std::mem::take(&mut self.seq.union);
         union.clear();
@@ -356,7 +356,7 @@ impl Engine {
             let Engine { model, s, .. } = self;
             s.swap_site_rows(&model.config, site, 0, t);
             let before = self.sparsity.stats.active[i];
-            r = self.site(l, 1, site, &ExecPlan::SITES);
+            r = self.site(l, 1, site, way);
             // The units this token used: all, or its selection (left in `s.active`).
             if self.sparsity.stats.active[i] - before >= width as u64 {
                 union.fill(true);
@@ -396,8 +396,8 @@ impl Engine {
         self.begin_slots_batch(phase, n);
         let r = (|| {
             self.embed(tokens)?;
-            for l in 0..self.model.layers.len() {
-                self.layer(l, n, plan)?;
+            for (l, &way) in plan.layers.iter().enumerate() {
+                self.layer(l, n, way)?;
                 if !crate::forward::all_finite(&self.s.x[..n * e]) {
                     return Err(EvalError::NonFinite {
                         where_: format!("layer {l}"),

@@ -82,10 +82,6 @@ impl Engine {
         self.gpu.layers.as_ref()
     }
 
-    pub(super) fn gpu_holds(&self, l: usize) -> bool {
-        self.gpu.layers.as_ref().is_some_and(|g| g.holds(l))
-    }
-
     /// Where this engine's weights come from ("gguf rows", "pack columns", "tiered store").
     pub fn weight_source(&self) -> &'static str {
         self.source.name()
