@@ -58,7 +58,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 let mut start = None;
                 let mut restart = |e: &mut sift_engine::Engine| {
                     let n_layer = e.config().n_layer;
-                    if let Some(s) = e.store_mut() {
+                    if let Some(s) = e.memory_mut() {
                         s.reset_stats();
                         start = Some(sift_sim::bound::CacheContent::of(s, n_layer));
                     }

@@ -62,8 +62,8 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
     let tok = session.tok.clone();
     let engine = &mut session.engine;
     let c = engine.config().clone();
-    let runtime = match engine.store() {
-        Some(s) => s.plan.runtime,
+    let runtime = match engine.memory() {
+        Some(s) => s.plan().runtime,
         None => unbudgeted_runtime,
     };
     let name = a.model.model.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

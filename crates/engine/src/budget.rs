@@ -124,11 +124,11 @@ impl Engine {
         let (k_type, v_type) = (self.seq.kv.k_type, self.seq.kv.v_type);
         let bytes = |p: usize| KvCache::bytes(c, p, k_type, v_type);
         let growth = bytes(target) + self.parked_kv_bytes() - bytes(self.kv_first_page());
-        if let Some(store) = self.source.store_mut() {
+        if let Some(store) = self.source.memory_mut() {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let refuse =
                 |reason: String| EvalError::KvBudget { positions, kv_mib: mib(bytes(target)), k_type, v_type, reason };
-            let plan = &store.plan;
+            let plan = store.plan();
             let fixed = plan.fixed() - plan.kv_growth + growth;
             // What of the fixed parts a user can give up, named.
             let predictor = match &self.prefill.predictor {

@@ -311,7 +311,7 @@ impl Engine {
         // Every byte of `rows[..gb + ub]`, and below every output of `gs` and `us`, is written
         // before it is read: grown, never cleared (clearing them was a `memset` per block).
         grow(&mut p.rows, gb + ub, 0);
-        if source.store().is_some() {
+        if source.streams_rows() {
             // Under a memory budget the rows stream through the store's prefill buffer a chunk
             // at a time (plain rows: nothing is repacked there); each chunk's chosen rows are
             // copied to their places.
@@ -375,12 +375,12 @@ impl Engine {
         }
         let cols = self.model.columns.as_ref().map(|c| c.layers[l].op(OpKind::Down).clone());
         let exact = cols.as_ref().is_some_and(|t| matches!(t.ty, ColFormat::Exact(_)));
-        if self.store().is_some() && exact {
+        if self.source.streams_rows() && exact {
             return self.down_from_store(l, n, k, e);
         }
         let positions = self.model.columns.as_ref().and_then(|c| c.layers[l].positions(OpKind::Down).cloned());
         match cols {
-            Some(t) if exact && self.store().is_none() => {
+            Some(t) if exact && !self.source.streams_rows() => {
                 let ColFormat::Exact(fmt) = t.ty else { unreachable!() };
                 let Engine { model, pool, s, prefill, .. } = self;
                 let p = &mut prefill.scratch;

@@ -135,7 +135,7 @@ impl Engine {
         let old = std::mem::replace(&mut self.seq.parked, parked);
         self.seq.n_ctx /= n;
         let growth = self.kv_growth_bytes();
-        if let Some(store) = self.source.store_mut() {
+        if let Some(store) = self.source.memory_mut() {
             if let Err(e) = store.set_kv_growth(growth) {
                 self.seq.parked = old;
                 self.seq.n_ctx *= n;
@@ -236,7 +236,7 @@ impl Engine {
     /// Why [`Engine::batches_slots`] is false, in a few words.
     pub fn slots_batch_blocker(&self) -> Option<&'static str> {
         Some(if self.source.lone_token_differs(!self.selector().is_dense()) {
-            match self.store() {
+            match self.memory() {
                 Some(_) => "the tiered store reads a lone token's weights its own way",
                 None => "a pack computes a lone token's sparse products on its columns",
             }

@@ -52,11 +52,23 @@ fn topk(engine: &mut Engine, ratio: f64) {
 
 /// An engine on `path` under a budget of (fixed needs + `cache` bytes).
 fn budgeted(path: &Path, opts: &TieredOptions, cache: u64) -> Engine {
+    budgeted_with(path, opts, cache, |_, _| {})
+}
+
+/// [`budgeted`], with the store set up by `prepare` before the engine takes it (as the session
+/// pins the static policy's hot set).
+fn budgeted_with(
+    path: &Path,
+    opts: &TieredOptions,
+    cache: u64,
+    prepare: impl FnOnce(&sift_model::Model, &mut TieredStore),
+) -> Engine {
     let model = open_budgeted(path, opts).unwrap();
     let kv = Engine::kv_and_scratch_bytes(&model, &eo());
     let inputs = |budget| PlanInputs { budget, runtime: 0, kv_and_scratch: kv };
     let fixed = TieredStore::new(&model, path, opts, &inputs(u64::MAX / 4)).unwrap().plan.fixed();
-    let store = TieredStore::new(&model, path, opts, &inputs(fixed + cache)).unwrap();
+    let mut store = TieredStore::new(&model, path, opts, &inputs(fixed + cache)).unwrap();
+    prepare(&model, &mut store);
     let mut engine = Engine::new(model, &eo());
     engine.attach_store(store).unwrap();
     engine
@@ -93,8 +105,8 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
     let mut unlimited = budgeted(pack(), &all, 1 << 30);
     topk(&mut unlimited, 0.5);
     assert_eq!(decode(&mut unlimited, &prompt, 12), (want_tokens.clone(), want_logits.clone()));
-    let s = unlimited.store().unwrap();
-    assert_eq!(s.plan.cache_fraction, 1.0);
+    let s = unlimited.memory().unwrap();
+    assert_eq!(s.plan().cache_fraction, 1.0);
     assert!(s.stats().hits > 0 && s.stats().hit_rate() > 0.5, "hit rate {}", s.stats().hit_rate());
     for (policy, preload) in [
         (Policy::Lfu, 4),
@@ -110,8 +122,8 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
         let got = decode(&mut tiny, &prompt, 12);
         assert_eq!(got.0, want_tokens, "{policy:?} preload {preload}: tokens differ");
         assert!(got.1 == want_logits, "{policy:?} preload {preload}: logits differ");
-        let store = tiny.store().unwrap();
-        assert!(store.plan.cache_fraction < 0.05);
+        let store = tiny.memory().unwrap();
+        assert!(store.plan().cache_fraction < 0.05);
         assert!(store.stats().bytes_ondemand > 0);
         if preload > 0 {
             assert!(store.stats().bytes_preload > 0, "{policy:?}: preloading read nothing");
@@ -128,7 +140,8 @@ fn a_tiny_budget_gives_the_same_tokens_and_logits_as_an_unlimited_one() {
                 cached += (slots * cols.layers[l].op(op).col_bytes) as u64;
             }
         }
-        assert!(cached <= store.plan.cache && store.plan.fixed() + store.plan.cache <= store.plan.budget);
+        let plan = store.plan();
+        assert!(cached <= plan.cache && plan.fixed() + plan.cache <= plan.budget);
     }
 }
 
@@ -247,19 +260,19 @@ fn a_site_streamed_in_parts_gives_the_same_tokens() {
     let mut reference = budgeted(pack(), &whole, 1 << 20);
     topk(&mut reference, 0.5);
     let (want_tokens, want_logits) = decode(&mut reference, &prompt, 12);
-    assert_eq!(reference.store().unwrap().stats().partial_fetches, 0, "the default buffers hold a whole site");
+    assert_eq!(reference.memory().unwrap().stats().partial_fetches, 0, "the default buffers hold a whole site");
     // 64 KiB buffers: a token's missing columns come in several parts (added up), a prompt's
     // rows in chunks of one op (disjoint outputs).
     let parts = TieredOptions { stream_buf: 64 << 10, ..whole };
     let mut streamed = budgeted(pack(), &parts, 1 << 20);
     topk(&mut streamed, 0.5);
     let (tokens, logits) = decode(&mut streamed, &prompt, 12);
-    assert!(streamed.store().unwrap().stats().partial_fetches > 0, "no site was split");
+    assert!(streamed.memory().unwrap().stats().partial_fetches > 0, "no site was split");
     // Parts are cut at the kernels' pieces and rows chunks are disjoint: the same bits.
     assert_eq!(tokens, want_tokens);
     assert!(logits == want_logits, "logits differ");
-    let plan = &streamed.store().unwrap().plan;
-    assert!(plan.buffers < reference.store().unwrap().plan.buffers);
+    let plan = &streamed.memory().unwrap().plan();
+    assert!(plan.buffers < reference.memory().unwrap().plan().buffers);
 }
 
 #[test]
@@ -270,7 +283,7 @@ fn every_slow_tier_gives_the_same_results() {
         let opts = TieredOptions { tier, preload: 4, ..TieredOptions::default() };
         let mut e = budgeted(pack(), &opts, 2 << 20);
         topk(&mut e, 0.3);
-        runs.push((e.store().unwrap().tier_name(), decode(&mut e, &prompt, 6)));
+        runs.push((e.memory().unwrap().settings().io, decode(&mut e, &prompt, 6)));
     }
     assert!(["io_uring", "pread"].contains(&runs[0].0), "auto picked {}", runs[0].0);
     assert_eq!(runs[1].0, "pread");
@@ -338,28 +351,28 @@ fn static_pins_its_hot_set_and_never_changes_it() {
     topk(&mut mem, 0.5);
     let want = decode(&mut mem, &prompt, 8);
     let opts = TieredOptions { policy: Policy::Static, preload: 0, ..TieredOptions::default() };
-    let mut e = budgeted(pack(), &opts, 4 << 20);
+    let mut pinned = Vec::new();
+    let mut e = budgeted_with(pack(), &opts, 4 << 20, |model, store| {
+        for l in 0..model.config.n_layer {
+            for op in OpKind::ALL {
+                // A hot set ranked from the last channel down (any ranking will do).
+                let n_in = model.columns.as_ref().unwrap().layers[l].op(op).n_in as u32;
+                let ranking: Vec<u32> = (0..n_in).rev().collect();
+                store.set_hot(l, op, &ranking).unwrap();
+                let (slots, used) = store.occupancy(l, op);
+                let cached = store.cached_units(l, op);
+                assert_eq!(used, slots, "the hot set fills every slot");
+                let mut top: Vec<u32> = ranking[..slots].to_vec();
+                top.sort_unstable();
+                assert_eq!(cached, top, "layer {l} {op:?}: the top of the ranking is pinned");
+                pinned.push(cached);
+            }
+        }
+    });
     topk(&mut e, 0.5);
     let n_layer = e.config().n_layer;
-    let units = |e: &Engine, l: usize, op: OpKind| e.model.columns.as_ref().unwrap().layers[l].op(op).n_in as u32;
-    let mut pinned = Vec::new();
-    for l in 0..n_layer {
-        for op in OpKind::ALL {
-            // A hot set ranked from the last channel down (any ranking will do).
-            let ranking: Vec<u32> = (0..units(&e, l, op)).rev().collect();
-            let store = e.store_mut().unwrap();
-            store.set_hot(l, op, &ranking).unwrap();
-            let (slots, used) = store.occupancy(l, op);
-            let cached = store.cached_units(l, op);
-            assert_eq!(used, slots, "the hot set fills every slot");
-            let mut top: Vec<u32> = ranking[..slots].to_vec();
-            top.sort_unstable();
-            assert_eq!(cached, top, "layer {l} {op:?}: the top of the ranking is pinned");
-            pinned.push(cached);
-        }
-    }
     assert_eq!(decode(&mut e, &prompt, 8), want, "a pinned cache changes no result");
-    let store = e.store().unwrap();
+    let store = e.memory().unwrap();
     assert!(store.stats().hits > 0 && store.stats().misses > 0);
     let after: Vec<Vec<u32>> = (0..n_layer).flat_map(|l| OpKind::ALL.map(|op| store.cached_units(l, op))).collect();
     assert_eq!(after, pinned, "static never admits or evicts");
@@ -420,7 +433,7 @@ fn dip_ca_reweights_by_the_live_cache() {
     decode(&mut e, &prompt, 4);
     // One more token: what the selector was shown at each layer is the cache as it stood when
     // the token started (a layer's cache changes only at its own fetches, after the selection).
-    let store = e.store().unwrap();
+    let store = e.memory().unwrap();
     let before: Vec<[Vec<u32>; 2]> =
         (0..n_layer).map(|l| [store.cached_units(l, OpKind::Gate), store.cached_units(l, OpKind::Down)]).collect();
     seen.lock().unwrap().clear();
@@ -454,10 +467,10 @@ fn a_budget_change_mid_generation_keeps_the_text_and_returns_the_memory() {
 
     let mut e = budgeted(pack(), &opts, 8 << 20);
     topk(&mut e, 0.5);
-    let fixed = e.store().unwrap().plan.fixed();
+    let fixed = e.memory().unwrap().plan().fixed();
     let transient = |e: &Engine| {
-        let s = e.store().unwrap();
-        s.arena_bytes() as u64 - s.plan.cache
+        let s = e.memory().unwrap();
+        s.arena_bytes() as u64 - s.plan().cache
     };
     let handle = e.budget_handle();
     e.truncate(0);
@@ -467,10 +480,10 @@ fn a_budget_change_mid_generation_keeps_the_text_and_returns_the_memory() {
         match i {
             // Shrink to 1 MiB of cache through the library call.
             6 => {
-                let before = e.store().unwrap().arena_bytes();
+                let before = e.memory().unwrap().arena_bytes();
                 let plan = e.set_memory_budget(fixed + (1 << 20)).unwrap();
                 assert!(plan.cache <= 1 << 20 && plan.budget == fixed + (1 << 20));
-                let s = e.store().unwrap();
+                let s = e.memory().unwrap();
                 assert!(s.arena_bytes() < before, "the arena shrank");
                 assert!(s.arena_bytes() as u64 <= plan.cache + transient(&e) + 64);
                 for l in 0..e.config().n_layer {
@@ -502,7 +515,7 @@ fn a_budget_change_mid_generation_keeps_the_text_and_returns_the_memory() {
     // A budget below the fixed part is refused and changes nothing.
     let err = e.set_memory_budget(fixed / 2).unwrap_err().to_string();
     assert!(err.contains("too small"), "{err}");
-    assert_eq!(e.store().unwrap().plan.budget, fixed + (16 << 20));
+    assert_eq!(e.memory().unwrap().plan().budget, fixed + (16 << 20));
 }
 
 /// A selection bug that panics once, inside the `panic_at` layer of the first prompt batch (the
@@ -613,7 +626,7 @@ fn sparse_prefill_under_a_budget_equals_sparse_prefill_in_memory() {
         assert!(got == want, "cache {cache}: the budgeted sparse prefill differs");
         let st = e.sparsity_stats().prefill_neurons;
         assert_eq!(st[0] * 2, st[1], "cache {cache}: half the neurons of the sparse block");
-        assert!(e.store().unwrap().stats().bytes_ondemand > 0, "cache {cache}: columns read for down");
+        assert!(e.memory().unwrap().stats().bytes_ondemand > 0, "cache {cache}: columns read for down");
     }
     // And sparse prefill changed the result: the dense prefill under the same budget differs.
     let mut dense = budgeted_with(1 << 30, 0.0);

@@ -217,7 +217,7 @@ fn open(opts: &SessionOptions, request_reserve: u64, parallel: usize) -> anyhow:
             }
         );
     }
-    if session.engine.store().is_some() && request_reserve > 0 {
+    if session.engine.memory().is_some() && request_reserve > 0 {
         // Requests' bodies, tokenizing and responses live in the budget too.
         let slots = if parallel > 1 {
             format!(", with the KV caches of {parallel} slots (each at least 256 positions)")
@@ -305,7 +305,7 @@ pub fn spawn(
             n_vocab: loaded.session.engine.config().n_vocab,
             has_template: loaded.template.is_some(),
             chat_template: loaded.template.as_ref().map(|t| t.source().to_string()),
-            memory: loaded.session.engine.store().is_some(),
+            memory: loaded.session.engine.memory().is_some(),
             tok: loaded.session.tok.clone(),
         };
         let mut w = Worker {
@@ -397,7 +397,7 @@ impl Worker {
     }
 
     fn set_budget(&mut self, spec: &str) -> Result<Value, ApiError> {
-        if self.l.session.engine.store().is_none() {
+        if self.l.session.engine.memory().is_none() {
             return Err(ApiError::invalid_param(
                 "budget",
                 "the memory budget can change only on a server started with --memory (on a sift pack)",
@@ -437,8 +437,8 @@ impl Worker {
     /// Publishes the memory gauges for /metrics.
     fn publish(&self) {
         let mut g = MemoryGauges { rss_bytes: sift_engine::current_rss().unwrap_or(0), ..Default::default() };
-        if let Some(s) = self.l.session.engine.store() {
-            g.budget_bytes = s.plan.budget + self.l.session.engine.budget_reserve();
+        if let Some(s) = self.l.session.engine.memory() {
+            g.budget_bytes = s.plan().budget + self.l.session.engine.budget_reserve();
             g.hit_rate = s.stats().hit_rate();
             g.bytes_read = s.stats().bytes_read();
         }

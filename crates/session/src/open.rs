@@ -96,11 +96,11 @@ impl Session {
         if m.budget_file.is_none() && !m.follow_pressure {
             return Ok(None);
         }
-        let store = self.engine.store().context("--budget-file and --follow-pressure need --memory")?;
+        let store = self.engine.memory().context("--budget-file and --follow-pressure need --memory")?;
         let model_size = self.model_size;
         let control = BudgetControl::start(ControlOptions {
-            initial: store.plan.budget,
-            floor: store.plan.fixed(),
+            initial: store.plan().budget,
+            floor: store.plan().fixed(),
             control_file: m.budget_file.clone(),
             follow_pressure: m.follow_pressure,
             parse: Box::new(move |t| parse_budget(t, model_size).map_err(|e| e.to_string())),

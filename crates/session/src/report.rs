@@ -9,7 +9,7 @@ use sift_store::tiered::TierStats;
 /// Starts recording a budgeted engine's decode for its bound: an [`ActivationLog`] set as the
 /// engine's tracer (nothing without a store). Give it to [`decode_telemetry`] after the decode.
 pub fn record_decode(engine: &mut Engine) -> anyhow::Result<Option<ActivationLog>> {
-    if engine.store().is_none() {
+    if engine.memory().is_none() {
         return Ok(None);
     }
     let dims = engine.site_dims();
@@ -47,7 +47,7 @@ impl DecodeProbe {
         let Some(log) = record_decode(engine)? else {
             return Ok(None);
         };
-        let store = engine.store().ok_or_else(|| anyhow::anyhow!("no store"))?;
+        let store = engine.memory().ok_or_else(|| anyhow::anyhow!("no memory budget"))?;
         let start = CacheContent::of(store, engine.config().n_layer);
         Ok(Some(DecodeProbe { log, start, stats: store.stats().clone() }))
     }
@@ -73,7 +73,7 @@ fn decode_telemetry_since(
     profile: &DeviceProfile,
 ) -> anyhow::Result<DecodeTelemetry> {
     engine.set_tracer(None);
-    let store = engine.store().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a memory budget"))?;
+    let store = engine.memory().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a memory budget"))?;
     let index = engine.model.columns.as_ref().ok_or_else(|| anyhow::anyhow!("decode telemetry needs a column file"))?;
     let cost = ComputeModel::new(&engine.model, index, profile);
     let positions = log.positions();
@@ -97,16 +97,16 @@ fn decode_telemetry_since(
 
 /// The store's plan and counters as JSON (for `-o json`).
 pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {
-    let store = engine.store()?;
-    let s = store.stats();
+    let store = engine.memory()?;
+    let (s, set) = (store.stats(), store.settings());
     Some(serde_json::json!({
-        "memory_budget": store.plan.budget + engine.budget_reserve(),
+        "memory_budget": store.plan().budget + engine.budget_reserve(),
         "budget_reserve": engine.budget_reserve(),
-        "memory_plan": store.plan,
-        "cache_policy": store.policy().name(),
-        "preload": store.preload_layers(),
-        "preload_interleaved": store.interleaved(),
-        "io": store.tier_name(),
+        "memory_plan": store.plan(),
+        "cache_policy": set.policy,
+        "preload": set.preload_layers,
+        "preload_interleaved": set.interleaved,
+        "io": set.io,
         "hit_rate": s.hit_rate(),
         "bytes_preload": s.bytes_preload,
         "bytes_ondemand": s.bytes_ondemand,
@@ -125,10 +125,11 @@ pub fn stats_json(engine: &Engine) -> Option<serde_json::Value> {
 /// A human summary of the store's plan and counters (three lines, each starting "sift: "), or
 /// nothing without a store.
 pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
-    let Some(store) = engine.store() else {
+    let Some(store) = engine.memory() else {
         return Vec::new();
     };
-    let (p, s): (_, &TierStats) = (&store.plan, store.stats());
+    let (p, s): (_, &TierStats) = (store.plan(), store.stats());
+    let set = store.settings();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut out = Vec::new();
     out.push(format!(
@@ -147,10 +148,10 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
     ));
     out.push(format!(
         "sift: cache {} | preload {}{} | io {} | hit rate {:.1}% | read {:.1} MiB (preload {:.1}, on demand {:.1}, prompt {:.1}) in {} reads of {:.1} KiB, {:.0} MB/s while busy",
-        store.policy().name(),
-        store.preload_layers(),
-        if store.interleaved() { " (interleaved)" } else { "" },
-        store.tier_name(),
+        set.policy,
+        set.preload_layers,
+        if set.interleaved { " (interleaved)" } else { "" },
+        set.io,
         s.hit_rate() * 100.0,
         mib(s.bytes_read()),
         mib(s.bytes_preload),

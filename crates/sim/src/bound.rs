@@ -24,7 +24,7 @@ use sift_model::layout::{OpKind, PackIndex, SITE_OPS};
 use sift_model::Model;
 use sift_sparsity::Site;
 use sift_store::cache::{min_misses, UnitOutOfRange};
-use sift_store::tiered::{TierStats, TieredStore};
+use sift_store::tiered::{MemoryTier, TierStats};
 use std::io::{Seek, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -111,7 +111,7 @@ pub struct CacheContent(Vec<Vec<Vec<u32>>>);
 
 impl CacheContent {
     /// What `store` holds now.
-    pub fn of(store: &TieredStore, n_layer: usize) -> CacheContent {
+    pub fn of(store: &dyn MemoryTier, n_layer: usize) -> CacheContent {
         CacheContent((0..n_layer).map(|l| OpKind::ALL.iter().map(|&op| store.cached_units(l, op)).collect()).collect())
     }
 
@@ -126,7 +126,7 @@ impl CacheContent {
 /// site)` gives that site's active units per decoded token, in order (each sorted, unique).
 pub fn must_read_bytes(
     index: &PackIndex,
-    store: &TieredStore,
+    store: &dyn MemoryTier,
     start: &CacheContent,
     mut active: impl FnMut(usize, usize) -> std::io::Result<Vec<Vec<u32>>>,
 ) -> Result<u64, BoundError> {

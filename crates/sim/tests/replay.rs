@@ -139,12 +139,12 @@ fn replaying_a_recorded_trace_reproduces_the_engines_hits_exactly() {
         topk(&mut engine, 0.5);
         let path = dir.path().join(format!("{}-{preload}.trace", policy.name()));
         record(&mut engine, &path, 10);
-        let real = engine.store().unwrap().stats().clone();
+        let real = engine.memory().unwrap().stats().clone();
         assert!(real.hits > 0 && real.misses > 0, "{policy:?}: a 3 MiB cache must both hit and miss");
         let trace = Trace::read(&path).unwrap();
         assert_eq!(trace.n_tokens(), 20);
         let r = simulate(&mapped, pack(), &trace, &profile(), sim_opts(budget, policy, preload)).unwrap();
-        assert_eq!(r.plan.cache, engine.store().unwrap().plan.cache, "{policy:?}: same plan");
+        assert_eq!(r.plan.cache, engine.memory().unwrap().plan().cache, "{policy:?}: same plan");
         assert_eq!((r.stats.hits, r.stats.misses), (real.hits, real.misses), "{policy:?} preload {preload}");
         assert_eq!(r.stats.preload_hits, real.preload_hits, "{policy:?} preload {preload}: preload hits");
         assert_eq!(r.stats.bytes_preload, real.bytes_preload, "{policy:?} preload {preload}: preload bytes");
@@ -185,7 +185,7 @@ fn the_bound_is_what_the_best_cache_must_read() {
         }
         engine.set_tracer(None);
         assert_eq!(log.tokens(), 20);
-        let store = engine.store().unwrap();
+        let store = engine.memory().unwrap();
         let stats = store.stats().clone();
         let index = engine.model.columns.as_ref().unwrap();
         let empty = CacheContent::empty(engine.config().n_layer);

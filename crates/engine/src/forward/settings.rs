@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::prefill::PrefillMasks;
+use sift_store::tiered::MemoryTier;
 
 impl Engine {
     /// Runs every linear op through `store` (a memory-budgeted run; see `sift_store::tiered`).
@@ -97,7 +98,7 @@ impl Engine {
     /// A budget set aside ([`Engine::set_budget_reserve`]) is taken from `budget` first.
     pub fn set_memory_budget(&mut self, budget: u64) -> Result<MemoryPlan, TierError> {
         let reserve = self.budget.reserve;
-        match self.source.store_mut() {
+        match self.source.memory_mut() {
             Some(store) => store.set_budget(budget.saturating_sub(reserve)).cloned(),
             None => {
                 Err(TierError::Unsupported("the memory budget can change only in a run started with --memory".into()))
@@ -110,10 +111,10 @@ impl Engine {
     /// the rest. Refused, with nothing changed, when the rest cannot hold the run.
     pub fn set_budget_reserve(&mut self, reserve: u64) -> Result<MemoryPlan, TierError> {
         let old = self.budget.reserve;
-        let Some(store) = self.source.store_mut() else {
+        let Some(store) = self.source.memory_mut() else {
             return Err(TierError::Unsupported("a budget reserve needs a run started with --memory".into()));
         };
-        let total = store.plan.budget + old;
+        let total = store.plan().budget + old;
         match store.set_budget(total.saturating_sub(reserve)) {
             Ok(plan) => {
                 self.budget.reserve = reserve;
@@ -153,13 +154,13 @@ impl Engine {
         self.budget.log.push(change);
     }
 
-    /// The tiered store, when attached.
-    pub fn store(&self) -> Option<&TieredStore> {
-        self.source.store()
+    /// The budgeted memory of a run under `--memory`: its plan, counters and cache.
+    pub fn memory(&self) -> Option<&dyn MemoryTier> {
+        self.source.memory()
     }
 
-    pub fn store_mut(&mut self) -> Option<&mut TieredStore> {
-        self.source.store_mut()
+    pub fn memory_mut(&mut self) -> Option<&mut dyn MemoryTier> {
+        self.source.memory_mut()
     }
 
     /// Units at each selection site, for building selectors.
@@ -220,7 +221,7 @@ impl Engine {
             // Every KV page but the first goes back (under a budget, to the weight cache).
             self.seq.kv.set_capacity(self.kv_first_page());
             let growth = self.parked_kv_bytes();
-            if let Some(store) = self.source.store_mut() {
+            if let Some(store) = self.source.memory_mut() {
                 // Growing the cache back never fails: the fixed part only shrinks.
                 let _ = store.set_kv_growth(growth);
             }

@@ -26,7 +26,7 @@ pub use tiered::TieredSource;
 use crate::sparse::ColOp;
 use sift_model::{LayerWeights, Model, QTensor};
 use sift_sparsity::Site;
-use sift_store::tiered::{TierError, TieredStore};
+use sift_store::tiered::{MemoryTier, TierError};
 
 /// One op's active columns: `data` holds them `op.col_bytes` apart, `idx[i]` is the column of
 /// `data` that holds input `units[i]`.
@@ -102,13 +102,19 @@ pub trait WeightSource: Send {
         false
     }
 
-    /// The tiered store behind this source, when there is one.
-    fn store(&self) -> Option<&TieredStore> {
+    /// The budgeted memory behind this source, when there is one.
+    fn memory(&self) -> Option<&dyn MemoryTier> {
         None
     }
 
-    fn store_mut(&mut self) -> Option<&mut TieredStore> {
+    fn memory_mut(&mut self) -> Option<&mut dyn MemoryTier> {
         None
+    }
+
+    /// Whether a prompt's rows come in chunks ([`SiteWeights::RowChunk`], through a budgeted
+    /// store's prefill buffer) rather than from the mapped file.
+    fn streams_rows(&self) -> bool {
+        false
     }
 }
 

@@ -8,7 +8,7 @@ use super::{column_ops, site_col_ops, ColumnPart, SiteWeights, WeightSource};
 use crate::sparse::{ColOp, COLUMN_PIECE};
 use sift_model::Model;
 use sift_sparsity::Site;
-use sift_store::tiered::{TierError, TieredStore};
+use sift_store::tiered::{MemoryTier, TierError, TieredStore};
 
 pub struct TieredSource {
     store: TieredStore,
@@ -112,11 +112,15 @@ impl WeightSource for TieredSource {
         self.store.reset_context();
     }
 
-    fn store(&self) -> Option<&TieredStore> {
+    fn memory(&self) -> Option<&dyn MemoryTier> {
         Some(&self.store)
     }
 
-    fn store_mut(&mut self) -> Option<&mut TieredStore> {
+    fn memory_mut(&mut self) -> Option<&mut dyn MemoryTier> {
         Some(&mut self.store)
+    }
+
+    fn streams_rows(&self) -> bool {
+        true
     }
 }

@@ -20,9 +20,11 @@
 //! Modules: the plan of a budgeted run, [`TieredOptions`] and [`MemoryPlan`] (`plan`); opening a
 //! pack for one, [`open_budgeted`] (`open`); the counters, [`TierStats`] (`stats`); a site's
 //! on-demand reads streamed in parts (`ondemand`); the adaptive-TAM feed (`lambda`); the resident
-//! scale planes (`scales`); this module, the store itself.
+//! scale planes (`scales`); the interface the rest of sift uses, [`MemoryTier`] (`memory`); this
+//! module, the store itself.
 
 mod lambda;
+mod memory;
 mod ondemand;
 mod open;
 mod plan;
@@ -30,6 +32,7 @@ mod scales;
 mod stats;
 
 pub use crate::simulated::IoCost;
+pub use memory::{MemoryTier, TierSettings};
 pub use open::{open_budgeted, open_budgeted_checked};
 pub use plan::{
     is_resident, resident_bytes, split_cache, CacheSplit, MemoryPlan, PlanInputs, TieredOptions, BUDGET_MAX_BATCH,
