@@ -21,13 +21,12 @@
 //! their file bytes there, and a page-locked host copy of every unit's columns (the load source)
 //! costs host memory once more, reported at start.
 
-use crate::balancer::{BalancePolicy, NeuronBalancer, SitePlan};
-use crate::forward::{Engine, EvalError};
+use crate::balancer::{BalancePolicy, NeuronBalancer};
 use crate::pool::SharedMut;
 use crate::source::{column_ops, site_col_ops};
 use crate::sparse::ColOp;
 pub use sift_gpu::ColumnPoolSpec;
-use sift_gpu::{GpuColumns, GpuDevice, GpuError};
+use sift_gpu::{GpuColumns, GpuError};
 use sift_quant::ColType;
 use sift_sparsity::Site;
 use std::time::Instant;
@@ -187,44 +186,44 @@ pub struct HybridReport {
 
 /// The GPU's column pools, the balancer and the run's figures.
 pub struct HybridTier {
-    gpu: GpuColumns,
+    pub(crate) gpu: GpuColumns,
     pub balancer: NeuronBalancer,
-    opts: HybridOptions,
+    pub(crate) opts: HybridOptions,
     /// Whether the current sequence's warm start was placed.
-    warm: bool,
-    products: u64,
-    stalled: u64,
-    token_ns: Vec<f64>,
-    lambda: Vec<f32>,
-    token_start: Option<Instant>,
+    pub(crate) warm: bool,
+    pub(crate) products: u64,
+    pub(crate) stalled: u64,
+    pub(crate) token_ns: Vec<f64>,
+    pub(crate) lambda: Vec<f32>,
+    pub(crate) token_start: Option<Instant>,
     /// Nanoseconds of queueing, the CPU's share, the GPU wait, the GPU's attention, the CPU's
     /// attention and the head: summed over the tokens in `token_ns`, and the current token's so
     /// far.
-    spent_ns: [f64; SPENT],
-    token_spent_ns: [f64; SPENT],
+    pub(crate) spent_ns: [f64; SPENT],
+    pub(crate) token_spent_ns: [f64; SPENT],
     /// Counts by [`Count`]: over the tokens in `token_ns`, and the current token's so far.
-    counts: [u64; COUNTS],
-    token_counts: [u64; COUNTS],
+    pub(crate) counts: [u64; COUNTS],
+    pub(crate) token_counts: [u64; COUNTS],
     /// Where the dense parts run (set by the session after placing them).
     pub attention_on_gpu: bool,
     pub head_on_gpu: bool,
-    y: Vec<f32>,
-    coef: Vec<f32>,
+    pub(crate) y: Vec<f32>,
+    pub(crate) coef: Vec<f32>,
 }
 
 /// Parts of a token [`HybridTier`] times: queueing, the CPU's FFN share, the GPU wait, attention
 /// on the GPU, attention on the CPU, the output head, issuing group loads.
-const SPENT: usize = 7;
-const ATTENTION_GPU: usize = 3;
-const ATTENTION_CPU: usize = 4;
-const HEAD: usize = 5;
-const LOADS: usize = 6;
+pub(crate) const SPENT: usize = 7;
+pub(crate) const ATTENTION_GPU: usize = 3;
+pub(crate) const ATTENTION_CPU: usize = 4;
+pub(crate) const HEAD: usize = 5;
+pub(crate) const LOADS: usize = 6;
 
 /// What [`HybridTier`] counts per token: FFN site products that went through the balancer,
 /// those that queued GPU work, those with a CPU share, the CPU's output values, active units and
 /// those on the GPU, group loads and their bytes.
 #[derive(Clone, Copy)]
-enum Count {
+pub(crate) enum Count {
     Sites,
     GpuProducts,
     CpuSites,
@@ -234,10 +233,10 @@ enum Count {
     Loads,
     LoadBytes,
 }
-const COUNTS: usize = 8;
+pub(crate) const COUNTS: usize = 8;
 
 impl HybridTier {
-    fn count(&mut self, c: Count, n: u64) {
+    pub(crate) fn count(&mut self, c: Count, n: u64) {
         self.token_counts[c as usize] += n;
     }
 
@@ -337,7 +336,7 @@ impl HybridTier {
 
     /// Issues `loads` of `pool` on the reload stream; returns the host's time doing it (ns),
     /// also counted as the token's loading time.
-    fn load(&mut self, pool: usize, loads: &[(u32, u32)]) -> Result<f64, GpuError> {
+    pub(crate) fn load(&mut self, pool: usize, loads: &[(u32, u32)]) -> Result<f64, GpuError> {
         if loads.is_empty() {
             return Ok(0.0);
         }
@@ -353,7 +352,7 @@ impl HybridTier {
     }
 
     /// Layer 0's first site of a token: the token clock, and the warm start after a prompt.
-    fn begin_token(&mut self) -> Result<(), GpuError> {
+    pub(crate) fn begin_token(&mut self) -> Result<(), GpuError> {
         let now = Instant::now();
         if let Some(t0) = self.token_start.replace(now) {
             self.token_ns.push(now.duration_since(t0).as_nanos() as f64);
@@ -454,180 +453,6 @@ pub fn pool_layout(
         s.slots = ((s.n_groups as f64 * share).floor() as usize).min(s.n_groups);
     }
     Some(PoolLayout { specs, positions })
-}
-
-impl Engine {
-    /// Puts the hybrid tier on `dev`: column pools for the FFN sites of every layer, their host
-    /// tables filled from the pack's columns (dequantized, Q8_0 again), and the balancer.
-    pub fn attach_hybrid(&mut self, dev: &mut GpuDevice, o: &HybridOptions) -> Result<(), HybridError> {
-        if column_ops(&self.model).is_none() {
-            return Err(HybridError::NoPack);
-        }
-        let knee = match o.group_size {
-            Some(_) => 0,
-            None => knee_bytes(&dev.probe()?.h2d),
-        };
-        self.attach_hybrid_with(o, knee, &mut |specs, fill| dev.column_pools(specs, fill))
-    }
-
-    /// The hybrid tier with its pools in host memory ([`GpuColumns::emulated`]): the same
-    /// balancing and splits, the GPU's share computed by the scalar reference (tests; automatic
-    /// groups aim at 64 KiB transfers).
-    pub fn attach_hybrid_emulated(&mut self, o: &HybridOptions) -> Result<(), HybridError> {
-        self.attach_hybrid_with(o, 64 << 10, &mut |specs, fill| Ok(GpuColumns::emulated(specs, fill)))
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn attach_hybrid_with(
-        &mut self,
-        o: &HybridOptions,
-        knee: u64,
-        pools: &mut dyn FnMut(Vec<ColumnPoolSpec>, &mut dyn FnMut(usize, &mut [u8])) -> Result<GpuColumns, GpuError>,
-    ) -> Result<(), HybridError> {
-        let cols = column_ops(&self.model).ok_or(HybridError::NoPack)?;
-        let PoolLayout { specs, positions } =
-            pool_layout(&self.model, o.group_size, o.gpu_bytes, knee).ok_or(HybridError::NoPack)?;
-        let slots: Vec<usize> = specs.iter().map(|s| s.slots).collect();
-        let sizes: Vec<usize> = specs.iter().map(|s| s.group_size).collect();
-        let file = self.model.pack_bytes();
-        let pool = &self.pool;
-        let shapes = specs.clone();
-        let mut fill = |p: usize, t: &mut [u8]| {
-            let ops = site_col_ops(&cols[p / HYBRID_SITES.len()], HYBRID_SITES[p % HYBRID_SITES.len()]);
-            fill_table(pool, ops, file, &positions[p], shapes[p].unit_bytes(), t);
-        };
-        let gpu = pools(specs, &mut fill)?;
-        let balancer = NeuronBalancer::new(o.policy, &positions, &sizes, &slots);
-        self.gpu.hybrid = Some(HybridTier {
-            gpu,
-            balancer,
-            opts: o.clone(),
-            warm: false,
-            products: 0,
-            stalled: 0,
-            token_ns: Vec::new(),
-            lambda: Vec::new(),
-            token_start: None,
-            spent_ns: [0.0; SPENT],
-            token_spent_ns: [0.0; SPENT],
-            counts: [0; COUNTS],
-            token_counts: [0; COUNTS],
-            attention_on_gpu: false,
-            head_on_gpu: false,
-            y: Vec::new(),
-            coef: Vec::new(),
-        });
-        Ok(())
-    }
-
-    pub fn hybrid(&self) -> Option<&HybridTier> {
-        self.gpu.hybrid.as_ref()
-    }
-
-    pub fn hybrid_mut(&mut self) -> Option<&mut HybridTier> {
-        self.gpu.hybrid.as_mut()
-    }
-
-    /// One decoded token's products of an FFN site the GPU shares (see the module docs): the
-    /// active list is in `s.active`, the input in `s.h` (FFN input) or `s.g` (GLU).
-    pub(crate) fn project_hybrid(&mut self, l: usize, site: Site) -> Result<(), EvalError> {
-        let hy = self.gpu.hybrid.as_ref().expect("called with a hybrid tier");
-        let Some(p) = hy.pool_of(l, site) else {
-            // Not an FFN site: the CPU's.
-            return self.project(l, 1, site, true);
-        };
-        let c = &self.model.config;
-        let (e, ff) = (c.n_embd, c.n_ff);
-        let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
-        if l == 0 && site == HYBRID_SITES[0] {
-            hy.begin_token()?;
-        }
-        if hy.gpu.specs[p].slots == 0 {
-            // No slot on the GPU (the budget went to attention and the head): every unit on
-            // the CPU, with nothing to plan, queue or wait for.
-            let t0 = Instant::now();
-            let n = self.s.active.len();
-            self.project(l, 1, site, true)?;
-            let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
-            hy.token_spent_ns[1] += t0.elapsed().as_nanos() as f64;
-            // Not a balanced site: no planning to count (the simulator's calibration fits the
-            // planning cost per balanced site).
-            let values = (n * hy.gpu.specs[p].n_out) as u64;
-            hy.count(Count::CpuSites, (n > 0) as u64);
-            hy.count(Count::CpuValues, values);
-            hy.count(Count::Units, n as u64);
-            return Ok(());
-        }
-        let tq = Instant::now();
-        let active = std::mem::take(&mut self.s.active);
-        let plan: SitePlan = hy.balancer.plan(p, &active);
-        let first_ns = hy.load(p, &plan.load_first)?;
-        let x = if site == Site::FfnMid { &self.s.g[..ff] } else { &self.s.h[..e] };
-        hy.coef.clear();
-        hy.coef.extend(plan.gpu.iter().map(|&i| x[active[i] as usize]));
-        let stall = !hy.gpu.loads_ready(p);
-        let on_gpu = !plan.gpu.is_empty();
-        if on_gpu {
-            hy.gpu.compute(p, &plan.gpu_cols, &hy.coef)?;
-        }
-        // The CPU's share meanwhile, written over the outputs.
-        let t0 = Instant::now();
-        let queue_ns = (t0.duration_since(tq).as_nanos() as f64 - first_ns).max(0.0);
-        self.s.active.clear();
-        self.s.active.extend_from_slice(&plan.cpu_units);
-        let cpu = if plan.cpu_units.is_empty() {
-            match site {
-                Site::FfnMid => self.s.o[..e].fill(0.0),
-                _ => {
-                    self.s.g[..ff].fill(0.0);
-                    self.s.u[..ff].fill(0.0);
-                }
-            }
-            Ok(())
-        } else {
-            self.project(l, 1, site, true)
-        };
-        let cpu_ns = t0.elapsed().as_nanos() as f64;
-        let hy = self.gpu.hybrid.as_mut().expect("called with a hybrid tier");
-        let t1 = Instant::now();
-        if on_gpu {
-            let n_out = hy.gpu.specs[p].n_out;
-            hy.y.clear();
-            hy.y.resize(n_out, 0.0);
-            hy.gpu.finish(&mut hy.y)?;
-            let outs: [&mut [f32]; 2] = match site {
-                Site::FfnMid => [&mut self.s.o[..e], &mut []],
-                _ => [&mut self.s.g[..ff], &mut self.s.u[..ff]],
-            };
-            let mut y = &hy.y[..];
-            for out in outs {
-                let (head, rest) = y.split_at(out.len());
-                for (o, v) in out.iter_mut().zip(head) {
-                    *o += v;
-                }
-                y = rest;
-            }
-        }
-        cpu?;
-        let wait_ns = t1.elapsed().as_nanos() as f64;
-        let stall_ns = if stall { wait_ns } else { 0.0 };
-        for (t, v) in hy.token_spent_ns.iter_mut().zip([queue_ns, cpu_ns, wait_ns]) {
-            *t += v;
-        }
-        let next = hy.balancer.after(p, &plan, stall_ns, cpu_ns);
-        hy.load(p, &next)?;
-        hy.products += 1;
-        let values = (plan.cpu_units.len() * hy.gpu.specs[p].n_out) as u64;
-        hy.count(Count::Sites, 1);
-        hy.count(Count::GpuProducts, on_gpu as u64);
-        hy.count(Count::CpuSites, !plan.cpu_units.is_empty() as u64);
-        hy.count(Count::CpuValues, values);
-        hy.count(Count::Units, active.len() as u64);
-        hy.count(Count::GpuUnits, plan.gpu.len() as u64);
-        hy.stalled += stall as u64;
-        self.s.active = active;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
