@@ -222,3 +222,44 @@ fn parallel_sequences_refuse_what_cannot_share() {
     let err = e.eval_slots(&[SlotRun { slot: 1, tokens: &long, logits: Logits::Last, prompt_end: None }]).unwrap_err();
     assert!(err.to_string().contains("context is full"), "{err}");
 }
+
+/// `seq_truncate` cuts one slot back (a rejected draft, llama.cpp's `llama_memory_seq_rm`): the
+/// slot then continues exactly as a sequence that never had the forgotten tokens, the other slot
+/// and the slot in use untouched.
+#[test]
+fn a_slot_cut_back_continues_as_if_the_tokens_were_never_there() {
+    let (mut e, tok) = engine();
+    let ids = |s: &str| tok.encode(s, true, false).unwrap();
+    let (a, b) = (ids(PROMPTS[0]), ids(PROMPTS[1]));
+    let draft = ids(" the quick brown fox jumps")[1..].to_vec();
+    let next = ids(" a new")[1..].to_vec();
+    // The references: each sequence alone in a fresh engine.
+    let b_next = {
+        let (mut f, _) = engine();
+        f.eval(&b, Logits::Last).unwrap();
+        f.eval(&next, Logits::All).unwrap().to_vec()
+    };
+    let a_next = {
+        let (mut f, _) = engine();
+        f.eval(&a, Logits::Last).unwrap();
+        f.eval(&next, Logits::All).unwrap().to_vec()
+    };
+    e.set_slots(2).unwrap();
+    e.use_slot(0);
+    e.eval(&a, Logits::Last).unwrap();
+    e.use_slot(1);
+    e.eval(&b, Logits::Last).unwrap();
+    e.eval(&draft, Logits::All).unwrap();
+    e.use_slot(0);
+    e.seq_truncate(1, b.len());
+    assert_eq!(e.current_slot(), 0, "the slot in use stays in use");
+    assert_eq!((e.slot_n_past(0), e.slot_n_past(1)), (a.len(), b.len()));
+    // The cut slot continues as if the draft had never been evaluated, the other as before.
+    e.use_slot(1);
+    assert!(e.eval(&next, Logits::All).unwrap() == &b_next[..], "slot 1 after the cut");
+    e.use_slot(0);
+    assert!(e.eval(&next, Logits::All).unwrap() == &a_next[..], "slot 0, untouched");
+    // Cut to nothing, the slot starts afresh.
+    e.seq_truncate(1, 0);
+    assert_eq!(e.slot_n_past(1), 0);
+}

@@ -86,6 +86,17 @@ impl Engine {
         *current = slot;
     }
 
+    /// Forgets `slot`'s positions from `p0` on, the slot in use staying in use (llama.cpp's
+    /// `llama_memory_seq_rm(mem, slot, p0, -1)`): a rejected draft's tokens, or a cached prompt
+    /// cut where a new one parts from it. `slot`'s next tokens continue at `p0` (at most its
+    /// length); `p0 == 0` starts it afresh as [`Engine::truncate`]`(0)` does.
+    pub fn seq_truncate(&mut self, slot: usize, p0: usize) {
+        let current = self.seq.current;
+        self.use_slot(slot);
+        self.truncate(p0);
+        self.use_slot(current);
+    }
+
     /// Tokens in `slot`'s KV cache.
     pub fn slot_n_past(&self, slot: usize) -> usize {
         if slot == self.seq.current {
