@@ -467,8 +467,8 @@ impl Engine {
         Ok(())
     }
 
-    /// The plan of a batch of `n` tokens whose FFN runs `ffn` and whose rows run `rows`: what
-    /// each layer does here, given the GPU tier, the watchers and the selector.
+    /// The plan of a batch whose FFN runs `ffn` and whose rows run `rows`: what each layer does
+    /// here, given the GPU tier, the watchers and the selector.
     pub(crate) fn exec_plan(&self, ffn: FfnStep, rows: RowMode) -> ExecPlan {
         let n_layer = self.model.layers.len();
         let gpu = self.gpu.layers.as_ref().map(|g| {

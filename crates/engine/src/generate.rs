@@ -234,33 +234,19 @@ pub fn generate(
     tok: &Tokenizer,
     prompt: &[u32],
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, EvalError> {
     let mut g = Generator::new(opts, prompt);
     let t0 = Instant::now();
-    let mut next = g.sample(engine.eval(prompt, Logits::Last)?);
+    let first = g.sample(engine.eval(prompt, Logits::Last)?);
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let stop = loop {
-        if g.limit_reached() {
-            break StopReason::Length;
-        }
-        let step = g.push(tok, next);
-        if !step.text.is_empty() && !on_text(&step.text) {
-            break StopReason::Cancelled;
-        }
-        if let Some(end) = step.end {
-            break end;
-        }
+    let stop = drive(&mut g, tok, first, on_text, |g, next| -> Result<Option<u32>, EvalError> {
         if engine.n_past() >= engine.n_ctx() {
-            break StopReason::ContextFull;
+            return Ok(None);
         }
-        next = g.sample(engine.eval(&[next], Logits::Last)?);
-    };
-    let rest = g.finish();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
+        Ok(Some(g.sample(engine.eval(&[next], Logits::Last)?)))
+    })?;
     let (tokens, text) = g.into_parts();
     Ok(Generation {
         n_gen: tokens.len(),
@@ -271,6 +257,41 @@ pub fn generate(
         prompt_secs,
         gen_secs: t1.elapsed().as_secs_f64(),
     })
+}
+
+/// The generation loop [`generate`] runs, for any source of tokens: pushes `first`, then for
+/// each pushed token the next one `step` gives (it evaluates the token and samples the next;
+/// `None`: the context is full), until an end; hands each piece of text to `on_text` (`false`
+/// cancels) and, at the end, the rest the decoder held.
+pub fn drive<E>(
+    g: &mut Generator,
+    tok: &Tokenizer,
+    first: u32,
+    mut on_text: impl FnMut(&str) -> bool,
+    mut step: impl FnMut(&mut Generator, u32) -> Result<Option<u32>, E>,
+) -> Result<StopReason, E> {
+    let mut next = first;
+    let stop = loop {
+        if g.limit_reached() {
+            break StopReason::Length;
+        }
+        let pushed = g.push(tok, next);
+        if !pushed.text.is_empty() && !on_text(&pushed.text) {
+            break StopReason::Cancelled;
+        }
+        if let Some(end) = pushed.end {
+            break end;
+        }
+        match step(g, next)? {
+            Some(t) => next = t,
+            None => break StopReason::ContextFull,
+        }
+    };
+    let rest = g.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    Ok(stop)
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of some stop string.

@@ -4,7 +4,7 @@
 //! reason) and where `generate` leaves the KV cache. generate/steps.rs checks the rules one at a
 //! time on hand-picked streams; sampler_spec.rs the sampler's draws.
 
-use sift_engine::generate::{generate, held_back, GenerateOptions, Generator, StopReason};
+use sift_engine::generate::{drive, generate, held_back, GenerateOptions, Generator, StopReason};
 use sift_engine::{Engine, EngineOptions, SamplerOptions};
 use sift_model::tokenizer::Tokenizer;
 use sift_model::Model;
@@ -54,39 +54,18 @@ struct Run {
     stop: StopReason,
 }
 
-/// `generate`'s loop around the Generator with the sampled tokens given: running out of them
-/// stands for a full context. `on_text` returns `false` on call `cancel_at`.
-fn stream(ids: &[u32], opts: &GenerateOptions, cancel_at: Option<usize>) -> (Run, Generator) {
-    let tok = tok();
+/// [`drive`] — `generate`'s own loop — on the Generator with the sampled tokens given: running out
+/// of them stands for a full context. `on_text` returns `false` on call `cancel_at`.
+fn stream(ids: &[u32], opts: &GenerateOptions, cancel_at: Option<usize>) -> Run {
     let mut pieces = Vec::new();
-    let mut on_text = |s: &str| {
+    let on_text = |s: &str| {
         pieces.push(s.to_string());
         Some(pieces.len() - 1) != cancel_at
     };
     let mut g = Generator::new(opts, &[]);
-    let mut it = ids.iter().copied();
-    let mut next = it.next().unwrap();
-    let stop = loop {
-        if g.limit_reached() {
-            break StopReason::Length;
-        }
-        let step = g.push(tok, next);
-        if !step.text.is_empty() && !on_text(&step.text) {
-            break StopReason::Cancelled;
-        }
-        if let Some(end) = step.end {
-            break end;
-        }
-        match it.next() {
-            Some(t) => next = t,
-            None => break StopReason::ContextFull,
-        }
-    };
-    let rest = g.finish();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
-    (Run { pieces, tokens: g.tokens().to_vec(), text: g.text().to_string(), stop }, g)
+    let mut rest = ids[1..].iter().copied();
+    let stop = drive(&mut g, tok(), ids[0], on_text, |_, _| Ok::<_, ()>(rest.next())).unwrap();
+    Run { pieces, tokens: g.tokens().to_vec(), text: g.text().to_string(), stop }
 }
 
 /// Checks a finished generation against the specification, given the tokens `fed` to it (the
@@ -194,7 +173,7 @@ fn generator_streams_follow_the_specification() {
         let ignore_eos = rng.below(4) == 0;
         let cancel_at = if rng.below(4) == 0 { Some(rng.below(8)) } else { None };
         let o = GenerateOptions { n_predict, stop: stop.clone(), ignore_eos, sampler: SamplerOptions::greedy() };
-        let (run, _) = stream(&ids, &o, cancel_at);
+        let run = stream(&ids, &o, cancel_at);
         let what =
             format!("ids {ids:?} stop {stop:?} n_predict {n_predict:?} ignore_eos {ignore_eos} cancel {cancel_at:?}");
         check_run(&run, &ids, &o, cancel_at, &what);

@@ -259,7 +259,10 @@ fn a_slot_cut_back_continues_as_if_the_tokens_were_never_there() {
     assert!(e.eval(&next, Logits::All).unwrap() == &b_next[..], "slot 1 after the cut");
     e.use_slot(0);
     assert!(e.eval(&next, Logits::All).unwrap() == &a_next[..], "slot 0, untouched");
-    // Cut to nothing, the slot starts afresh.
+    // Cut to nothing, the slot starts afresh, as a fresh engine's sequence; the other goes on.
     e.seq_truncate(1, 0);
-    assert_eq!(e.slot_n_past(1), 0);
+    assert_eq!((e.current_slot(), e.slot_n_past(0), e.slot_n_past(1)), (0, a.len() + next.len(), 0));
+    e.use_slot(1);
+    let (mut f, _) = engine();
+    assert!(e.eval(&b, Logits::Last).unwrap() == f.eval(&b, Logits::Last).unwrap(), "slot 1 afresh");
 }

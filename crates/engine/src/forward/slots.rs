@@ -89,11 +89,25 @@ impl Engine {
     /// Forgets `slot`'s positions from `p0` on, the slot in use staying in use (llama.cpp's
     /// `llama_memory_seq_rm(mem, slot, p0, -1)`): a rejected draft's tokens, or a cached prompt
     /// cut where a new one parts from it. `slot`'s next tokens continue at `p0` (at most its
-    /// length); `p0 == 0` starts it afresh as [`Engine::truncate`]`(0)` does.
+    /// length). Only that slot changes: cut to nothing, its KV pages past the first go back (under
+    /// a budget, to the weight cache), and what the slots share — the selector, the store's
+    /// context, the tracer — is left alone (with one slot, this is [`Engine::truncate`]).
     pub fn seq_truncate(&mut self, slot: usize, p0: usize) {
+        if self.n_slots() == 1 {
+            assert_eq!(slot, 0, "slot {slot} of 1");
+            return self.truncate(p0);
+        }
         let current = self.seq.current;
         self.use_slot(slot);
-        self.truncate(p0);
+        self.seq.n_past = self.seq.n_past.min(p0);
+        if p0 == 0 {
+            self.seq.kv.set_capacity(self.kv_first_page());
+            let growth = self.kv_growth_bytes();
+            if let Some(memory) = self.source.memory_mut() {
+                // Growing the cache back never fails: the fixed part only shrinks.
+                let _ = memory.set_kv_growth(growth);
+            }
+        }
         self.use_slot(current);
     }
 
