@@ -19,7 +19,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             poll: a.poll,
             ..EngineOptions::default()
         });
-        crate::session::options(&a.model, eo, &a.sparsity, &a.memory)
+        sift_session::SessionOptions::from_flags(&a.model, eo, &a.sparsity, &a.memory)
     };
     let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
     let model = &session.engine.model;
@@ -90,7 +90,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let store = sift_session::report::stats_json(engine);
         let ngl = engine.gpu().map_or(0, |g| g.placement.n_gpu_layers());
         if md {
-            crate::session::print_hybrid(engine);
+            for line in sift_session::report::hybrid_lines(engine) {
+                eprintln!("{line}");
+            }
         }
         hybrid = engine.hybrid().and_then(|h| serde_json::to_value(h.report()).ok());
         rows.extend(tests.into_iter().enumerate().map(|(i, r)| {

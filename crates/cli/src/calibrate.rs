@@ -9,7 +9,7 @@ use sift_engine::{Engine, EngineOptions};
 
 pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     let model_path = a.model_pos.clone().or(a.model.clone()).unwrap_or_else(|| crate::args::DEFAULT_MODEL.into());
-    crate::outputs::check(&a.out, a.force, &[&model_path, &a.file])?;
+    sift_session::outputs::check(&a.out, a.force, &[&model_path, &a.file])?;
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read '{}'", a.file.display()))?;
     for &t in &a.targets {
         anyhow::ensure!((0.0..0.98).contains(&t), "--target must be in [0, 0.98), got {t}");

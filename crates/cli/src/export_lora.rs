@@ -115,7 +115,7 @@ pub struct ExportLoraArgs {
 
 pub fn run(a: ExportLoraArgs) -> anyhow::Result<()> {
     let (file, calib) = (a.file.clone().unwrap_or_default(), a.calib.clone().unwrap_or_default());
-    crate::outputs::check(&a.output, a.force, &[&a.model, &a.lora, &file, &calib])?;
+    sift_session::outputs::check(&a.output, a.force, &[&a.model, &a.lora, &file, &calib])?;
     let model = sift_store::open_model(&a.model).with_context(|| format!("cannot open '{}'", a.model.display()))?;
     anyhow::ensure!(
         model.columns.is_none(),

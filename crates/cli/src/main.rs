@@ -13,7 +13,6 @@ mod eval;
 mod export_lora;
 mod generate;
 mod inspect;
-mod outputs;
 mod pack;
 mod perplexity;
 mod plan;

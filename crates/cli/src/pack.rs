@@ -11,7 +11,7 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     let out = a.out.clone().unwrap_or_else(|| a.model.with_extension("sift"));
     let order = a.unit_order.clone().unwrap_or_default();
-    crate::outputs::check(&out, a.force, &[&a.model, &order])?;
+    sift_session::outputs::check(&out, a.force, &[&a.model, &order])?;
     let t0 = std::time::Instant::now();
     let unit_orders = match &a.unit_order {
         Some(path) => {

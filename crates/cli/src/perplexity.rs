@@ -38,7 +38,7 @@ pub fn run(a: PerplexityArgs) -> anyhow::Result<()> {
         n_batch: a.batch_size.min(a.ctx_size.max(if sparse_prefill { PREFILL_BLOCK } else { 1 })).max(1),
         ..EngineOptions::default()
     }));
-    let opts = crate::session::options(&a.model, eo, &a.sparsity, &a.memory)?;
+    let opts = sift_session::SessionOptions::from_flags(&a.model, eo, &a.sparsity, &a.memory)?;
     let (model, tok) = sift_session::load(&opts.model, &opts.engine_options(), &opts.memory)?;
     let t0 = std::time::Instant::now();
     // With --chunks, the count stops once the windows scored are there (at least two, which

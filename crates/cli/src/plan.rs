@@ -62,7 +62,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(r) = a.ratio {
         anyhow::ensure!((0.0..1.0).contains(&r), "--ratio must be in [0, 1)");
     }
-    let pack = crate::session::column_file(&a.model, a.pack_dir.as_deref())?;
+    let pack = sift_session::autopack::column_file(&a.model, a.pack_dir.as_deref())?;
     let profile = sift_session::profile::machine_or_named(
         a.profile.as_deref(),
         &pack,

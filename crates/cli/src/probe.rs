@@ -103,7 +103,7 @@ fn engine_costs(
     threads: usize,
     p: &sift_gpu::GpuProbe,
 ) -> anyhow::Result<(PathBuf, sift_sim::hybrid_engine::EngineCosts)> {
-    let pack = crate::session::column_file(model, None)?;
+    let pack = sift_session::autopack::column_file(model, None)?;
     let m = sift_store::open_model(&pack).with_context(|| format!("cannot load '{}'", pack.display()))?;
     let head_gpu_ns = sift_engine::gpu::head_bytes(&m) as f64 / p.device_bw * 1e9 + p.round_trip_ns;
     drop(m);
@@ -125,7 +125,7 @@ fn engine_costs(
 
 pub fn run(a: ProbeArgs) -> anyhow::Result<()> {
     if let Some(o) = &a.output {
-        crate::outputs::check(o, a.force, &[&a.model])?;
+        sift_session::outputs::check(o, a.force, &[&a.model])?;
     }
     if a.gpu {
         return probe_gpu(&a);

@@ -85,7 +85,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(a.timeout as u64),
         parallel: a.parallel,
         ubatch: a.ubatch,
-        session: crate::session::options(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
+        session: sift_session::SessionOptions::from_flags(&path, a.model.engine_options(), &a.sparsity, &a.memory)?,
     };
     sift_server::run(cfg)
 }

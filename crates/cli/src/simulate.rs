@@ -17,7 +17,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(a.model.exists(), "model file '{}' not found", a.model.display());
     // A GGUF stands for its column file (built on first use, as `--memory` does).
-    let pack = crate::session::column_file(&a.model, None)?;
+    let pack = sift_session::autopack::column_file(&a.model, None)?;
     let profile = sift_session::profile::machine_or_named(
         a.profile.as_deref(),
         &pack,
@@ -148,7 +148,7 @@ fn write_sweep(dir: &Path, reports: &[SimReport], inputs: &[&Path]) -> anyhow::R
             r.stall_s
         ));
     }
-    crate::outputs::write_in(dir, "results.csv", inputs, csv.as_bytes())?;
+    sift_session::outputs::write_in(dir, "results.csv", inputs, csv.as_bytes())?;
     let mut by_policy: Vec<(String, Vec<&SimReport>)> = Vec::new();
     for r in reports {
         // The method's name keeps the legend short ("lfu / topk").
@@ -189,9 +189,9 @@ fn write_sweep(dir: &Path, reports: &[SimReport], inputs: &[&Path]) -> anyhow::R
         log_y: false,
         series: series(&|r| r.telemetry.bytes_read_per_token / (1 << 20) as f64),
     };
-    crate::outputs::write_in(dir, "hitrate.svg", inputs, hit.to_svg().as_bytes())?;
-    crate::outputs::write_in(dir, "tps.svg", inputs, tps.to_svg().as_bytes())?;
-    crate::outputs::write_in(dir, "reads.svg", inputs, reads.to_svg().as_bytes())?;
+    sift_session::outputs::write_in(dir, "hitrate.svg", inputs, hit.to_svg().as_bytes())?;
+    sift_session::outputs::write_in(dir, "tps.svg", inputs, tps.to_svg().as_bytes())?;
+    sift_session::outputs::write_in(dir, "reads.svg", inputs, reads.to_svg().as_bytes())?;
     // Adaptive TAM: λ and loads over the decode, for a few layers of each adaptive run.
     for (i, r) in reports.iter().filter(|r| !r.lambda.is_empty()).enumerate() {
         let n_layer = r.lambda.iter().map(|s| s.layer + 1).max().unwrap_or(1);
@@ -220,8 +220,8 @@ fn write_sweep(dir: &Path, reports: &[SimReport], inputs: &[&Path]) -> anyhow::R
             log_y: false,
             series: per_layer(&|s| f64::from(s.loads)),
         };
-        crate::outputs::write_in(dir, &format!("lambda-{i}.svg"), inputs, lambda.to_svg().as_bytes())?;
-        crate::outputs::write_in(dir, &format!("loads-{i}.svg"), inputs, loads.to_svg().as_bytes())?;
+        sift_session::outputs::write_in(dir, &format!("lambda-{i}.svg"), inputs, lambda.to_svg().as_bytes())?;
+        sift_session::outputs::write_in(dir, &format!("loads-{i}.svg"), inputs, loads.to_svg().as_bytes())?;
     }
     Ok(())
 }

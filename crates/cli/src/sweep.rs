@@ -55,7 +55,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<()> {
     let csv_path = a.out.join("sweep.csv");
     // Written as the runs finish (a long sweep shows its progress), so checked here as an output.
     let (calib, eval) = (a.calib.clone().unwrap_or_default(), a.eval.clone().unwrap_or_default());
-    crate::outputs::check(&csv_path, true, &[&a.model, &a.file, &calib, &eval])?;
+    sift_session::outputs::check(&csv_path, true, &[&a.model, &a.file, &calib, &eval])?;
     let mut csv =
         std::fs::File::create(&csv_path).with_context(|| format!("cannot create '{}'", csv_path.display()))?;
     writeln!(csv, "model,method,ratio,ppl,ppl_err,active_mib_per_token,decode_tok_s,eval_acc,eval_acc_norm")?;
@@ -189,7 +189,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row], inputs: &[&std:
         log_y: true,
         series: series(&|r: &Row| (r.active_mib, r.ppl)),
     };
-    crate::outputs::write_in(dir, "ppl_vs_bytes.svg", inputs, quality.to_svg().as_bytes())?;
+    sift_session::outputs::write_in(dir, "ppl_vs_bytes.svg", inputs, quality.to_svg().as_bytes())?;
     if rows.iter().any(|r| r.acc_norm.is_finite()) {
         let acc = Chart {
             title: format!("{model}: accuracy vs active weight bytes"),
@@ -198,7 +198,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row], inputs: &[&std:
             log_y: false,
             series: series(&|r: &Row| (r.active_mib, r.acc_norm)),
         };
-        crate::outputs::write_in(dir, "acc_vs_bytes.svg", inputs, acc.to_svg().as_bytes())?;
+        sift_session::outputs::write_in(dir, "acc_vs_bytes.svg", inputs, acc.to_svg().as_bytes())?;
     }
     if rows.iter().any(|r| r.tok_s.is_finite()) {
         let speed = Chart {
@@ -208,7 +208,7 @@ fn write_plots(dir: &std::path::Path, model: &str, rows: &[Row], inputs: &[&std:
             log_y: false,
             series: series(&|r: &Row| (r.ratio, r.tok_s)),
         };
-        crate::outputs::write_in(dir, "toks_vs_ratio.svg", inputs, speed.to_svg().as_bytes())?;
+        sift_session::outputs::write_in(dir, "toks_vs_ratio.svg", inputs, speed.to_svg().as_bytes())?;
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ pub struct TraceArgs {
 
 pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
     let prompt_file = a.file.clone().unwrap_or_default();
-    crate::outputs::check(&a.output, a.force, &[&a.model.model, &prompt_file])?;
+    sift_session::outputs::check(&a.output, a.force, &[&a.model.model, &prompt_file])?;
     let prompts: Vec<String> = match (&a.prompt, &a.file) {
         (Some(p), _) => vec![p.clone()],
         (None, Some(f)) => std::fs::read_to_string(f)
@@ -51,9 +51,10 @@ pub fn run(mut a: TraceArgs) -> anyhow::Result<()> {
         a.sampling.n_predict = 32;
     }
     let opts = a.sampling.generate_options()?;
-    let so = crate::session::options(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
+    let so =
+        sift_session::SessionOptions::from_flags(&a.model.model, a.model.engine_options(), &a.sparsity, &a.memory)?;
     // The model may now be the column file built from the GGUF (--memory): an input too.
-    crate::outputs::check(&a.output, a.force, &[&so.model])?;
+    sift_session::outputs::check(&a.output, a.force, &[&so.model])?;
     let eo = so.engine_options();
     let (model, tok) = sift_session::load(&so.model, &eo, &so.memory)?;
     // What a budgeted run counts as runtime, measured as every budgeted run measures it.

@@ -197,7 +197,7 @@ const HELD_OUT_CTX: usize = 1024;
 fn prefill(a: TrainPrefillArgs) -> anyhow::Result<()> {
     anyhow::ensure!((0.0..1.0).contains(&a.ratio) && a.ratio > 0.0, "--ratio must be in (0, 1), got {}", a.ratio);
     let out = a.output.clone().unwrap_or_else(|| default_path(&a.model));
-    crate::outputs::check(&out, a.force || a.resume, &[&a.model, &a.file])?;
+    sift_session::outputs::check(&out, a.force || a.resume, &[&a.model, &a.file])?;
     let threads = a.threads.unwrap_or_else(sift_engine::default_threads).max(1);
     let eo = EngineOptions {
         n_threads: threads,
@@ -438,9 +438,9 @@ fn distill(a: TrainDistillArgs) -> anyhow::Result<()> {
     });
     let calib = a.sparsity.calib.clone().unwrap_or_default();
     let inputs = [a.model.as_path(), a.file.as_path(), calib.as_path()];
-    crate::outputs::check(&out, a.force || a.resume, &inputs)?;
+    sift_session::outputs::check(&out, a.force || a.resume, &inputs)?;
     if !a.no_fuse {
-        crate::outputs::check(&fused_path(&out), a.force || a.resume, &inputs)?;
+        sift_session::outputs::check(&fused_path(&out), a.force || a.resume, &inputs)?;
     }
     let init = if a.resume {
         let l = LoraAdapters::load(&out, &plain)

@@ -46,6 +46,24 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// [`pack_for`] with its notices and build progress on stderr, as the commands show them.
+pub fn column_file(model: &Path, pack_dir: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let mut packing = false;
+    let pack = pack_for(
+        model,
+        pack_dir,
+        |notice| eprintln!("sift: {notice}"),
+        |step| {
+            packing = true;
+            eprint!("\rsift: packing {step}   ");
+        },
+    )?;
+    if packing {
+        eprintln!();
+    }
+    Ok(pack)
+}
+
 /// The pack a budgeted run of `model` streams from: `model` itself when it is a pack; for a GGUF,
 /// the pack built from it (see the module docs), built now when there is none that matches it.
 /// `notice` gets what is being done and why (one line each), `progress` the build's steps.

@@ -15,6 +15,7 @@ pub mod live;
 pub mod machine;
 mod open;
 mod options;
+pub mod outputs;
 pub mod plantrace;
 pub mod profile;
 pub mod prompt;

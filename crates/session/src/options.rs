@@ -45,6 +45,32 @@ impl SessionOptions {
         eo
     }
 
+    /// The session options of a command's flags.
+    ///
+    /// With `--memory`, or a sparsity method on the column kernels (`--sparsity` other than
+    /// dense, or `--sparsity-config`, without `--dense-kernels`), on a `.gguf`, the model becomes
+    /// the pack built from it (once; see [`crate::autopack`]): its columns are what makes a sparse
+    /// decode read less.
+    pub fn from_flags(
+        model: &std::path::Path,
+        engine: EngineOptions,
+        sparsity: &SparsityOptions,
+        memory: &MemoryOptions,
+    ) -> anyhow::Result<SessionOptions> {
+        let sparse = sparsity.method.is_some_and(|m| m != Method::Dense) || sparsity.config.is_some();
+        let columns = memory.memory.is_some() || (sparse && !sparsity.dense_kernels);
+        anyhow::ensure!(
+            memory.pack_dir.is_none() || columns,
+            "--pack-dir says where the column file of --memory (or of a sparse decode on a .gguf) goes, and neither is asked for: add --memory BYTES, or drop --pack-dir"
+        );
+        let model = if columns && model.exists() {
+            crate::autopack::column_file(model, memory.pack_dir.as_deref())?
+        } else {
+            model.to_path_buf()
+        };
+        Ok(SessionOptions { model, engine, sparsity: sparsity.clone(), memory: memory.clone() })
+    }
+
     /// Refuses flags that would change the result but are not applied with the others given
     /// (a flag is applied, refused with what to do, or said to change nothing — never ignored
     /// silently): sparse prefill's refinements without `--prefill-sparsity`, a batch too small

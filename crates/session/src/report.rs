@@ -171,6 +171,37 @@ pub fn memory_report(engine: &Engine, wall_secs: f64) -> Vec<String> {
     out
 }
 
+/// The hybrid decode's figures (`--gpu-policy`), or nothing without one: a line for humans,
+/// then the same as JSON (`sift: hybrid-json {...}`).
+pub fn hybrid_lines(engine: &Engine) -> Vec<String> {
+    let Some(h) = engine.hybrid() else { return Vec::new() };
+    let r = h.report();
+    let mut out = vec![format!(
+        "sift: hybrid {}: {} tokens, p50 {:.2} ms, p99 {:.2} ms per token; CPU share of active FFN units {:.1}%; {:.1} group loads ({:.2} MiB) per token; {:.1}% of products waited for loads; per token {:.2} ms queueing, {:.2} ms the CPU's FFN share, {:.2} ms waiting for the GPU's, {:.2} ms attention on the GPU, {:.2} ms attention on the CPU, {:.2} ms the output head ({}), {:.2} ms issuing loads, {:.2} ms the rest",
+        r.policy,
+        r.tokens,
+        r.p50_ms,
+        r.p99_ms,
+        r.cpu_share * 100.0,
+        r.reloads_per_token,
+        r.reload_bytes_per_token / (1 << 20) as f64,
+        r.stalled_share * 100.0,
+        r.queue_ms,
+        r.cpu_ffn_ms,
+        r.gpu_wait_ms,
+        r.gpu_attention_ms,
+        r.cpu_attention_ms,
+        r.head_ms,
+        if r.head_on_gpu { "GPU" } else { "CPU" },
+        r.load_ms,
+        r.other_ms
+    )];
+    if let Ok(j) = serde_json::to_string(&r) {
+        out.push(format!("sift: hybrid-json {j}"));
+    }
+    out
+}
+
 /// One line (starting "sift: ") about a live budget change the engine applied or refused.
 pub fn describe_budget_change(c: &BudgetChange) -> String {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
