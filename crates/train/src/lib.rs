@@ -11,12 +11,20 @@
 //!   the model in candle under a selector's masks, KL to the dense engine's logits.
 //! - [`compensate`]: FastForward's error compensator, trained by layerwise distillation on the
 //!   model's own errors under the oracle's and the predictor's masks, saved in the same file.
+//! - [`fuse`]: GPTQ's error feedback when adapters are fused into quantized weights.
+//!
+//! The commands' pipelines, from plain option structs (the CLI maps its flags onto them):
+//! [`predictor_training`] (`sift train prefill`), [`distill_training`] (`sift train distill`) and
+//! [`lora_export`] (`sift export-lora`).
 
 #![forbid(unsafe_code)]
 
 pub mod collect;
 pub mod compensate;
 pub mod distill;
+pub mod distill_training;
 pub mod fuse;
+pub mod lora_export;
+pub mod predictor_training;
 pub mod prefill;
 pub mod schedule;
