@@ -496,7 +496,7 @@ pub struct PackArgs {
     pub force: bool,
 }
 
-/// `sift simulate`'s flags (its two modes, `simulate.rs` and `simulate_gpu.rs`, read them).
+/// `sift simulate`'s flags (`simulate.rs` maps them onto `sift_session::simulate::Simulation`).
 #[derive(Args)]
 pub struct SimulateArgs {
     /// Trace from `sift trace`

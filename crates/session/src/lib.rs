@@ -11,16 +11,20 @@
 
 pub mod autopack;
 pub mod budget;
+pub mod device_probe;
+mod engine_costs;
 pub mod live;
 pub mod machine;
 mod open;
 mod options;
 pub mod outputs;
+pub mod planning;
 pub mod plantrace;
 pub mod profile;
 pub mod prompt;
 pub mod ranges;
 pub mod report;
+pub mod simulate;
 
 pub use autopack::pack_for;
 pub use budget::{parse_budget, peak_rss_bytes, runtime_bytes};

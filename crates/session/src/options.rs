@@ -490,13 +490,14 @@ impl MemoryOptions {
     }
 }
 
-/// The flags' defaults, as the command line gives them when none is passed.
+/// The session flags alone: their defaults, as the command line gives them when none is passed,
+/// and flags given as text (`crate::engine_costs`' calibration runs).
 #[derive(clap::Parser)]
-struct Defaults {
+pub(crate) struct Defaults {
     #[command(flatten)]
-    sparsity: SparsityOptions,
+    pub(crate) sparsity: SparsityOptions,
     #[command(flatten)]
-    memory: MemoryOptions,
+    pub(crate) memory: MemoryOptions,
 }
 
 impl Default for SparsityOptions {

@@ -16,16 +16,21 @@
 //! - [`hybrid_engine`]: sift's own hybrid decode replayed through the engine's balancer, each
 //!   step at the engine's measured costs (`sift probe --gpu -m PACK`): what checks the
 //!   simulator against real GPU runs.
+//! - [`replay_report`], [`hybrid_report`]: `sift simulate`'s tables, JSON, CSV and charts of
+//!   those runs.
 //! - [`grouping`]: unit orders for the column file from a trace (hottest units first).
 //! - [`planner`]: ActiveFlow §4.1's planner: sparsity, layer-group size and cache size for a
-//!   memory budget.
+//!   memory budget; [`plan_report`]: `sift plan`'s report of its choice.
 
 pub mod bound;
 pub mod grouping;
 pub mod hybrid;
 pub mod hybrid_engine;
+pub mod hybrid_report;
+pub mod plan_report;
 pub mod planner;
 pub mod probe;
 pub mod profile;
 pub mod replay;
+pub mod replay_report;
 pub mod trace;

@@ -1,5 +1,5 @@
-//! `sift probe --gpu -m MODEL`: what the engine's own operations cost on this GPU machine, for
-//! `sift simulate --gpu FILE` to replay the engine's hybrid decode
+//! `sift probe --gpu -m MODEL`'s second half: what the engine's own operations cost on this GPU
+//! machine, for `sift simulate --gpu FILE` to replay the engine's hybrid decode
 //! (`sift_sim::hybrid_engine`). Six short greedy decodes of the model's pack, each opened as
 //! `sift generate` would open it: hybrid decode (Top-K 0.5) with attention and the head on the
 //! GPU and every unit on the CPU, with attention and every group on the GPU, with attention on
@@ -7,11 +7,12 @@
 //! (`-ngl 99`); their `hybrid` reports and times per token give the costs
 //! ([`EngineCosts::calibrate`]).
 
+use crate::options::Defaults;
+use crate::{Session, SessionOptions};
 use anyhow::Context;
 use clap::Parser;
 use sift_engine::hybrid::HybridReport;
 use sift_engine::{EngineOptions, Logits};
-use sift_session::{MemoryOptions, Session, SessionOptions, SparsityOptions};
 use sift_sim::hybrid_engine::EngineCosts;
 use std::path::Path;
 use std::time::Instant;
@@ -28,18 +29,10 @@ const TOKENS: usize = 128;
 /// The context the runs hold (as the benchmark runs' `-c 1024`).
 const N_CTX: usize = 1024;
 
-#[derive(Parser)]
-struct Flags {
-    #[command(flatten)]
-    sparsity: SparsityOptions,
-    #[command(flatten)]
-    memory: MemoryOptions,
-}
-
 /// Opens `pack` with these command-line flags and decodes [`TOKENS`] greedy tokens after
 /// [`PROMPT`]: the time per decoded token (ns) and the hybrid report, if any.
 fn decode(pack: &Path, threads: usize, flags: &[&str]) -> anyhow::Result<(f64, Option<HybridReport>, usize)> {
-    let f = Flags::try_parse_from(std::iter::once("probe").chain(flags.iter().copied()))
+    let f = Defaults::try_parse_from(std::iter::once("probe").chain(flags.iter().copied()))
         .with_context(|| format!("calibration flags {flags:?}"))?;
     let engine = EngineOptions { n_threads: threads, n_ctx: N_CTX, ..EngineOptions::default() };
     let opts = SessionOptions { model: pack.into(), engine, sparsity: f.sparsity, memory: f.memory };
