@@ -1,178 +1,23 @@
-//! `sift bench`: llama-bench's tests and output shapes (markdown table or JSON array).
+//! `sift bench`: llama-bench's tests and output shapes, markdown table or JSON array
+//! (`sift_session::bench`).
 
 use crate::args::BenchArgs;
-use sift_engine::bench::{bench_pp, bench_tg_measured, BenchResult};
-use sift_engine::EngineOptions;
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let threads = if a.threads.is_empty() { vec![sift_engine::default_threads()] } else { a.threads.clone() };
-    anyhow::ensure!(threads.iter().all(|&t| t > 0), "-t must be at least 1");
-    let depths: Vec<usize> = if a.n_depth.is_empty() { vec![0] } else { a.n_depth.clone() };
-    let longest = a.n_prompt.iter().chain(&a.n_gen).copied().max().unwrap_or(0);
-    let deepest = depths.iter().copied().max().unwrap_or(0);
-    let n_ctx = longest.checked_add(deepest).ok_or_else(|| anyhow::anyhow!("-d {deepest} is too large"))?.max(16);
-    let opts = |t: usize| {
-        let eo = a.kv.apply(EngineOptions {
-            n_threads: t,
-            n_ctx,
-            n_batch: a.batch_size.max(1),
-            poll: a.poll,
-            ..EngineOptions::default()
-        });
-        sift_session::SessionOptions::from_flags(&a.model, eo, &a.sparsity, &a.memory)
+    let bench = sift_session::bench::Bench {
+        model: a.model,
+        sparsity: a.sparsity,
+        memory: a.memory,
+        cache_type_k: a.kv.k,
+        cache_type_v: a.kv.v,
+        threads: a.threads,
+        poll: a.poll,
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        n_depth: a.n_depth,
+        reps: a.reps,
+        batch_size: a.batch_size,
+        json: a.output == "json",
     };
-    let mut session = crate::session::open(&a.model, opts(threads[0])?.engine, &a.sparsity, &a.memory)?;
-    let model = &session.engine.model;
-    let size = model.weight_bytes();
-    let params = model.n_params();
-    let desc = format!("{} {} {}", model.config.arch.name(), human_params(params), model.file_type_name());
-    let filename = a.model.display().to_string();
-    let mut rows: Vec<(usize, BenchResult, Option<serde_json::Value>, usize)> = Vec::new();
-    let mut hybrid: Option<serde_json::Value> = None;
-    let md = a.output == "md";
-    if md {
-        println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
-        println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
-    }
-    for &t in &threads {
-        if t != session.engine.n_threads() {
-            session = session.rebuild(&opts(t)?)?;
-        }
-        // The device profile the bound takes the disk's bandwidth from (the planner's), and where
-        // the run's measurements are recorded (this machine's cached profile).
-        let machine = session.profile.clone();
-        let engine = &mut session.engine;
-        let mut tests: Vec<BenchResult> = Vec::new();
-        let mut telemetry = std::collections::HashMap::new();
-        for &d in &depths {
-            for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
-                tests.push(bench_pp(engine, p, d, a.reps)?);
-                if md {
-                    print_row(&desc, size, params, backend(engine), t, tests.last().expect("just pushed"));
-                }
-            }
-            for &n in a.n_gen.iter().filter(|&&n| n > 0) {
-                // Under a budget: the counters and the activation log cover the measured runs only.
-                // The bound's optimal cache starts from what the store holds after the warm-up.
-                let log = sift_session::report::record_decode(engine)?;
-                let mut start = None;
-                let mut restart = |e: &mut sift_engine::Engine| {
-                    let n_layer = e.config().n_layer;
-                    if let Some(s) = e.memory_mut() {
-                        s.reset_stats();
-                        start = Some(sift_sim::bound::CacheContent::of(s, n_layer));
-                    }
-                    if let Some(l) = &log {
-                        l.clear().ok();
-                    }
-                };
-                restart(engine);
-                let t0 = std::time::Instant::now();
-                let r = bench_tg_measured(engine, n, d, a.reps, &mut restart)?;
-                let decode_s = r.samples_ns.iter().sum::<u64>() as f64 * 1e-9;
-                tests.push(r);
-                if let (Some(l), Some(start), Some(m)) = (&log, &start, &machine) {
-                    let tm = sift_session::report::decode_telemetry(engine, l, start, decode_s, &m.profile)?;
-                    sift_session::machine::record_run_if_cached(m, &tm);
-                    if md {
-                        eprintln!("sift: decode {}", tm.line());
-                    }
-                    telemetry.insert(tests.len() - 1, tm);
-                }
-                if md {
-                    print_row(&desc, size, params, backend(engine), t, tests.last().expect("just pushed"));
-                    for line in sift_session::report::memory_report(engine, t0.elapsed().as_secs_f64()) {
-                        eprintln!("{line}");
-                    }
-                }
-            }
-        }
-        let store = sift_session::report::stats_json(engine);
-        let ngl = engine.gpu().map_or(0, |g| g.placement.n_gpu_layers());
-        if md {
-            for line in sift_session::report::hybrid_lines(engine) {
-                eprintln!("{line}");
-            }
-        }
-        hybrid = engine.hybrid().and_then(|h| serde_json::to_value(h.report()).ok());
-        rows.extend(tests.into_iter().enumerate().map(|(i, r)| {
-            let mut st = store.clone();
-            if let (Some(st), Some(tm)) = (st.as_mut(), telemetry.remove(&i)) {
-                st["decode"] = serde_json::to_value(tm).unwrap_or_default();
-            }
-            (t, r, st, ngl)
-        }));
-    }
-    if md {
-        println!(
-            "\nbuild: sift {} ({})",
-            env!("CARGO_PKG_VERSION"),
-            format!("{:?}", sift_quant::Isa::detect()).to_lowercase()
-        );
-    } else {
-        let arr: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(t, r, store, ngl)| {
-                let mut v = serde_json::json!({
-                    "build_commit": "sift",
-                    "model_filename": filename,
-                    "model_type": desc,
-                    "model_size": size,
-                    "model_n_params": params,
-                    "n_threads": t,
-                    "n_gpu_layers": ngl,
-                    "poll": a.poll,
-                    "n_batch": a.batch_size,
-                    "type_k": a.kv.k.name(),
-                    "type_v": a.kv.v.name(),
-                    "test": r.test_name(),
-                    "n_prompt": r.n_prompt,
-                    "n_gen": r.n_gen,
-                    "n_depth": r.n_depth,
-                    "avg_ns": r.avg_ns as u64,
-                    "stddev_ns": r.stddev_ns as u64,
-                    "avg_ts": r.avg_ts,
-                    "stddev_ts": r.stddev_ts,
-                    "samples_ns": r.samples_ns,
-                    "samples_ts": r.samples_ts,
-                });
-                if let Some(st) = store {
-                    v["tiered"] = st.clone();
-                }
-                if let Some(h) = &hybrid {
-                    v["hybrid"] = h.clone();
-                }
-                v
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&arr)?);
-    }
-    Ok(())
-}
-
-/// The backend column, as llama-bench names it: "CPU", or "CUDA" with layers on the GPU.
-fn backend(e: &sift_engine::Engine) -> &'static str {
-    if e.gpu().is_some() || e.hybrid().is_some() {
-        "CUDA"
-    } else {
-        "CPU"
-    }
-}
-
-fn print_row(desc: &str, size: u64, params: u64, backend: &str, threads: usize, r: &BenchResult) {
-    println!(
-        "| {desc:<30} | {:>6.2} MiB | {:>8.2} M | {backend:<10} | {threads:>7} | {:>15} | {:>20} |",
-        size as f64 / (1 << 20) as f64,
-        params as f64 / 1e6,
-        r.test_name(),
-        format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
-    );
-}
-
-fn human_params(n: u64) -> String {
-    if n >= 1_000_000_000 {
-        format!("{:.1}B", n as f64 / 1e9)
-    } else {
-        format!("{}M", n / 1_000_000)
-    }
+    bench.run(&mut std::io::stdout().lock())
 }

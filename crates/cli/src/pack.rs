@@ -22,14 +22,10 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
                 path.display()
             );
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            match a.grouping.as_str() {
-                "frequency" => sift_sim::grouping::frequency_orders(&trace),
-                "metis" => metis_orders(&trace, threads, a.group_units as usize)?,
-                _ => {
-                    eprintln!("grouping units by co-activation over {} traced tokens", trace.n_tokens());
-                    sift_sim::grouping::coactivation_orders(&trace, threads)
-                }
-            }
+            sift_sim::grouping::orders_by(&trace, &a.grouping, threads, a.group_units as usize).context(
+                "this sift was built without METIS: build it with `cargo build --release --features sift-cli/metis` for \
+                 --grouping metis, or use --grouping coactivation",
+            )?
         }
         None => Vec::new(),
     };
@@ -51,22 +47,4 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(feature = "metis")]
-fn metis_orders(
-    trace: &sift_sim::trace::Trace,
-    threads: usize,
-    group_units: usize,
-) -> anyhow::Result<sift_store::UnitOrders> {
-    eprintln!("partitioning units into groups of {group_units} with METIS over {} traced tokens", trace.n_tokens());
-    Ok(sift_sim::grouping::metis_orders(trace, threads, group_units))
-}
-
-#[cfg(not(feature = "metis"))]
-fn metis_orders(_: &sift_sim::trace::Trace, _: usize, _: usize) -> anyhow::Result<sift_store::UnitOrders> {
-    anyhow::bail!(
-        "this sift was built without METIS: build it with `cargo build --release --features sift-cli/metis` for \
-         --grouping metis, or use --grouping coactivation"
-    )
 }

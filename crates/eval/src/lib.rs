@@ -25,13 +25,15 @@
 //! selection takes all of them).
 //!
 //! The scoring loop takes any [`score::LogProbs`] (a closure from token ids to per-token
-//! log-probabilities, or [`score::EngineScorer`] over a `sift_engine::Engine`).
+//! log-probabilities, or [`score::EngineScorer`] over a `sift_engine::Engine`). [`run`] is
+//! `sift eval`'s run of it, [`plot`] the SVG charts of `sift sweep` and `sift simulate --sweep`.
 
 #![forbid(unsafe_code)]
 
 pub mod data;
 pub mod plot;
 pub mod prompt;
+pub mod run;
 pub mod score;
 
 pub use data::{load, load_shots, Dataset, Format, Item, LoadError, TaskKind};

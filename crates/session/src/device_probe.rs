@@ -1,7 +1,7 @@
 //! `sift probe`: this machine's memory, disk and kernels measured into a device profile
 //! (`sift_sim::probe`) and saved with a header saying how; the builtin profiles listed or one
 //! shown (`sift_sim::profile`); or with `--gpu` the GPU's transfers and, for a named model, the
-//! engine's own costs on it ([`crate::engine_costs`]) as JSON.
+//! engine's own costs on it (`engine_costs`) as JSON.
 
 use anyhow::{bail, Context};
 use sift_sim::probe::{probe, ProbeOptions};

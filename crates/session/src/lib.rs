@@ -10,6 +10,7 @@
 //! budgets and measures the process's runtime memory.
 
 pub mod autopack;
+pub mod bench;
 pub mod budget;
 pub mod device_probe;
 mod engine_costs;
@@ -25,6 +26,8 @@ pub mod prompt;
 pub mod ranges;
 pub mod report;
 pub mod simulate;
+pub mod sweep;
+pub mod trace_recording;
 
 pub use autopack::pack_for;
 pub use budget::{parse_budget, peak_rss_bytes, runtime_bytes};

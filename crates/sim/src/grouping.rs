@@ -18,6 +18,32 @@
 use crate::trace::{Event, LayerRecord, Trace};
 use sift_store::UnitOrders;
 
+/// `sift pack --unit-order`'s orders by `grouping` (`coactivation`, `metis` with groups of
+/// `group_units`, or `frequency`), saying which on stderr; `None` for `metis` in a build without
+/// the feature.
+pub fn orders_by(trace: &Trace, grouping: &str, threads: usize, group_units: usize) -> Option<UnitOrders> {
+    match grouping {
+        "frequency" => Some(frequency_orders(trace)),
+        #[cfg(feature = "metis")]
+        "metis" => {
+            eprintln!(
+                "partitioning units into groups of {group_units} with METIS over {} traced tokens",
+                trace.n_tokens()
+            );
+            Some(metis_orders(trace, threads, group_units))
+        }
+        #[cfg(not(feature = "metis"))]
+        "metis" => {
+            let _ = group_units;
+            None
+        }
+        _ => {
+            eprintln!("grouping units by co-activation over {} traced tokens", trace.n_tokens());
+            Some(coactivation_orders(trace, threads))
+        }
+    }
+}
+
 /// Per layer and site, units in a co-activation chain (see the module docs), computed on
 /// `threads` threads; a site the trace never selected from (always dense) gets none.
 pub fn coactivation_orders(trace: &Trace, threads: usize) -> UnitOrders {
