@@ -8,6 +8,7 @@
 //! the dense products of [`crate::matmul`] or the column products of [`crate::sparse`].
 
 mod budget;
+mod gate_first;
 mod hybrid;
 mod parts;
 mod settings;
@@ -162,6 +163,9 @@ pub(crate) enum FfnStep {
     /// FastForward's sparse prompt block: the chosen neurons' rows and columns only
     /// ([`crate::prefill`]).
     SparseBlock,
+    /// CATS' gate first: the gate product for every neuron, the selector's neurons on
+    /// `act(gate)`, then up and down for those neurons only ([`Engine::ffn_gate_first`]).
+    GateFirst,
 }
 
 /// Where a layer's site products are computed.
@@ -498,8 +502,13 @@ impl Engine {
                 true => AttentionStep::Gpu,
                 false => AttentionStep::Sites,
             },
-            // A sparse prompt block where the layer runs here and no observer needs the dense GLU.
-            ffn: if held || self.watch.ffn.is_some() { FfnStep::Sites } else { ffn },
+            ffn: match ffn {
+                // A sparse prompt block where the layer runs here and no observer needs the
+                // dense GLU.
+                FfnStep::SparseBlock if !held && self.watch.ffn.is_none() => FfnStep::SparseBlock,
+                _ if self.sparsity.selector.gate_first() => FfnStep::GateFirst,
+                _ => FfnStep::Sites,
+            },
             products: match () {
                 _ if held => Products::Gpu,
                 _ if self.gpu.hybrid.is_some() => Products::Hybrid,
@@ -544,6 +553,7 @@ impl Engine {
         match way.ffn {
             // Under a memory budget too: its rows and columns come through the tiered store.
             FfnStep::SparseBlock => self.ffn_sparse_block(l, n)?,
+            FfnStep::GateFirst => self.ffn_gate_first(l, n, way)?,
             FfnStep::Sites => {
                 self.site(l, n, Site::FfnIn, way)?;
                 vecops::silu_mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
@@ -563,6 +573,20 @@ impl Engine {
             return self.site_row_by_row(l, n, site, way);
         }
         let subset = self.select_and_mask(l, site, n);
+        self.site_products(l, n, site, way, subset)
+    }
+
+    /// A site's products where the layer's plan puts them, on its (masked) input whose
+    /// selection is `subset` (a lone token's, left in `s.active`), and the adapters' side
+    /// products.
+    pub(crate) fn site_products(
+        &mut self,
+        l: usize,
+        n: usize,
+        site: Site,
+        way: LayerPlan,
+        subset: bool,
+    ) -> Result<(), EvalError> {
         match way.products {
             Products::Gpu => self.project_gpu(l, n, site)?,
             // (A subset is a lone token's.)
@@ -582,7 +606,7 @@ impl Engine {
     }
 
     /// The LoRA adapters' side products on a site's (masked) input, added to its outputs.
-    fn add_adapters(&mut self, l: usize, site: Site, n: usize) {
+    pub(crate) fn add_adapters(&mut self, l: usize, site: Site, n: usize) {
         if let Some(lora) = &self.lora {
             let (x, mut outs) = self.s.site_io(&self.model.config, site, n);
             lora.apply(l, site, x, n, &mut outs);
@@ -594,7 +618,7 @@ impl Engine {
     /// not read, so dense kernels on masked inputs compute what sparse column kernels compute
     /// (which is how quality is measured on any file). Returns whether a single token's selection
     /// is a subset, left in `s.active` for the column kernels.
-    fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
+    pub(crate) fn select_and_mask(&mut self, l: usize, site: Site, n: usize) -> bool {
         let Engine { model, sparsity, s, watch, source, gpu, .. } = self;
         let Sparsity { selector, phase, stats, .. } = sparsity;
         let hybrid = &mut gpu.hybrid;
@@ -714,7 +738,7 @@ impl Engine {
 
     /// A site's products in a layer the GPU holds: dense over the (masked) input. A fixed neuron
     /// set needs no row gather here: the selector masks the other neurons at the down projection.
-    fn project_gpu(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
+    pub(crate) fn project_gpu(&mut self, l: usize, n: usize, site: Site) -> Result<(), EvalError> {
         let Engine { model, s, gpu, .. } = self;
         let gpu = &mut gpu.layers;
         let (x, mut outs) = s.site_io(&model.config, site, n);

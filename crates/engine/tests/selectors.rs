@@ -72,6 +72,9 @@ impl Selector for Recorder {
     fn fixed_neurons(&self, layer: usize, phase: Phase) -> Option<&[u32]> {
         self.inner.fixed_neurons(layer, phase)
     }
+    fn gate_first(&self) -> bool {
+        self.inner.gate_first()
+    }
     fn select(&mut self, layer: usize, site: Site, phase: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection {
         let sel = self.inner.select(layer, site, phase, x, active);
         let active = (sel == Selection::Subset).then(|| active.clone());
@@ -154,6 +157,73 @@ fn glu_prunes_only_the_down_projection() {
             _ => assert!(c.active.is_none(), "{:?} must stay dense", c.site),
         }
     }
+}
+
+/// CATS asks once per token and layer, at the GLU site, with act(gate) — the SiLU of the gate
+/// product, before up: checked in the first layer against the gate rows dequantized and
+/// multiplied in f64 with the FFN input that `glu` reports there (both runs are identical up to
+/// that point). It keeps the largest |act(gate)|, which is not what `glu` keeps.
+#[test]
+fn cats_chooses_neurons_on_the_gate_activation() {
+    let (mut e, tok) = engine();
+    let dims = e.site_dims();
+    let cats =
+        record(&mut e, &tok, build_selector(&config(Method::Cats, dims.n_layer, 0.5), dims, None).unwrap(), PROMPT, 2);
+    let glu =
+        record(&mut e, &tok, build_selector(&config(Method::Glu, dims.n_layer, 0.5), dims, None).unwrap(), PROMPT, 2);
+    let n_tokens = tok.encode(PROMPT, true, false).unwrap().len() + 2;
+    let mid = cats.iter().filter(|c| c.site == Site::FfnMid).count();
+    assert_eq!(mid, n_tokens * dims.n_layer, "one choice of neurons per token and layer");
+    assert!(!cats.iter().any(|c| c.site == Site::FfnIn), "gate first: the FFN input is never masked");
+    for c in &cats {
+        if c.site != Site::FfnMid {
+            assert!(c.active.is_none(), "{:?} must stay dense", c.site);
+            continue;
+        }
+        let mags: Vec<f32> = c.x.iter().map(|v| v.abs()).collect();
+        assert_eq!(c.active.as_ref().unwrap(), &reference_topk(&mags, kept(c.x.len(), 0.5)), "layer {}", c.layer);
+    }
+    // Layer 0 of the prompt: the FFN input from glu's run, the gate rows from the file.
+    let c = &e.model.config;
+    let n_embd = c.n_embd;
+    let gate = e.model.layers[0].op(sift_model::layout::OpKind::Gate);
+    assert!(!gate.packed, "the test reads the gate's rows as stored in the GGUF");
+    let mut w = vec![0f32; n_embd];
+    let ffn_in: Vec<&Call> = glu.iter().filter(|c| c.layer == 0 && c.site == Site::FfnIn).collect();
+    let glu_mid: Vec<&Call> = glu.iter().filter(|c| c.layer == 0 && c.site == Site::FfnMid).collect();
+    let cats0: Vec<&Call> = cats.iter().filter(|c| c.layer == 0 && c.site == Site::FfnMid).collect();
+    let mut differ = 0;
+    for ((h, act), g) in ffn_in.iter().zip(&cats0).zip(&glu_mid).take(8) {
+        let scale = act.x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (r, &got) in act.x.iter().enumerate() {
+            gate.ty.dequantize_row(e.model.row(gate, r), &mut w);
+            let z: f64 = w.iter().zip(&h.x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let want = z / (1.0 + (-z).exp());
+            assert!((got as f64 - want).abs() <= 0.02 * scale as f64, "neuron {r}: act(gate) {got}, want {want}");
+        }
+        differ += (act.active != g.active) as usize;
+    }
+    assert!(differ > 0, "cats chose what glu chose on every token: it is not ranking by the gate");
+}
+
+/// A lone token's chosen up rows (row gather) compute what dense up with the skipped neurons
+/// zeroed computes: bit-identical logits while generating.
+#[test]
+fn cats_row_gather_computes_what_masked_dense_computes() {
+    let run = |gather: bool| {
+        let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let model = Model::load(&p).expect("load model");
+        let tok = Tokenizer::from_gguf(&model.file.gguf).expect("tokenizer");
+        let opts =
+            EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 256, column_kernels: gather, ..Default::default() };
+        let mut e = Engine::new(model, &opts);
+        let dims = e.site_dims();
+        e.set_selector(build_selector(&config(Method::Cats, dims.n_layer, 0.5), dims, None).unwrap());
+        let ids = tok.encode(PROMPT, true, false).unwrap();
+        e.eval(&ids, Logits::Last).unwrap();
+        [504u32, 3575, 282].iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect::<Vec<_>>()
+    };
+    assert_eq!(run(true), run(false));
 }
 
 #[test]
@@ -322,7 +392,7 @@ fn ratio_zero_is_exactly_dense() {
     let ids = tok.encode(PROMPT, true, false).unwrap();
     let dense = e.eval(&ids, Logits::All).unwrap().to_vec();
     let dims = e.site_dims();
-    for m in [Method::TopK, Method::Dip, Method::Glu, Method::Core] {
+    for m in [Method::TopK, Method::Dip, Method::Glu, Method::Cats, Method::Core] {
         e.set_selector(build_selector(&config(m, dims.n_layer, 0.0), dims, None).unwrap());
         e.truncate(0);
         assert_eq!(e.eval(&ids, Logits::All).unwrap(), &dense[..], "{m} at ratio 0");

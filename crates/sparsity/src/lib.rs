@@ -16,6 +16,8 @@
 //!   for down);
 //! - `dip-ca` ([`DipSelector`] with a [`LfuCacheState`]): DIP with cache-aware re-weighting (DIP Eq. 10);
 //! - `glu` ([`TopKSelector`] on the GLU site only): prune down-projection columns by |GLU|;
+//! - `cats` ([`CatsSelector`]): CATS' gate-first FFN neurons: the gate product for every neuron,
+//!   then up and down only for the neurons of largest |act(gate)| (whole neurons skipped);
 //! - `core` / `core-sim` ([`CoreNeuronSelector`]): SparseInfer's sentence-level core neurons,
 //!   fixed at prefill (stability-guided) or taken from the nearest calibration cluster
 //!   (similarity-guided);
@@ -26,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod calib;
+mod cats;
 mod core_neurons;
 mod dip;
 mod ratios;
@@ -34,6 +37,7 @@ mod topk;
 pub mod weight_aware;
 
 pub use calib::{Calibration, CalibrationError, SiteHistogram};
+pub use cats::CatsSelector;
 pub use core_neurons::{CoreNeuronSelector, CoreParams};
 pub use dip::{DipSelector, LfuCacheState};
 pub use ratios::{RatioError, Ratios};
@@ -102,6 +106,13 @@ pub trait Selector: Send {
     fn is_dense(&self) -> bool {
         false
     }
+    /// Whether the FFN's neurons are chosen from the gate's activation before the up product
+    /// (CATS): the engine then computes the gate product for every neuron, asks
+    /// [`Selector::select`] at [`Site::FfnMid`] with `act(gate)`, and computes up and down for
+    /// the chosen neurons only.
+    fn gate_first(&self) -> bool {
+        false
+    }
 }
 
 /// Every unit active.
@@ -129,6 +140,7 @@ pub enum Method {
     Dip,
     DipCa,
     Glu,
+    Cats,
     Core,
     CoreSim,
     Wina,
@@ -136,13 +148,14 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [Method; 10] = [
+    pub const ALL: [Method; 11] = [
         Method::Dense,
         Method::TopK,
         Method::Threshold,
         Method::Dip,
         Method::DipCa,
         Method::Glu,
+        Method::Cats,
         Method::Core,
         Method::CoreSim,
         Method::Wina,
@@ -157,6 +170,7 @@ impl Method {
             Method::Dip => "dip",
             Method::DipCa => "dip-ca",
             Method::Glu => "glu",
+            Method::Cats => "cats",
             Method::Core => "core",
             Method::CoreSim => "core-sim",
             Method::Wina => "wina",
@@ -170,7 +184,7 @@ impl Method {
             Method::Dense => &[],
             Method::TopK | Method::Threshold | Method::Wina | Method::WinaThreshold => &Site::ALL,
             Method::Dip | Method::DipCa => &[Site::FfnIn, Site::FfnMid],
-            Method::Glu | Method::Core | Method::CoreSim => &[Site::FfnMid],
+            Method::Glu | Method::Cats | Method::Core | Method::CoreSim => &[Site::FfnMid],
         }
     }
 
@@ -279,6 +293,7 @@ pub fn build_selector_with_norms(
         Method::Dense => Box::new(DenseSelector),
         Method::TopK => Box::new(TopKSelector::new("topk", r)),
         Method::Glu => Box::new(TopKSelector::new("glu", r)),
+        Method::Cats => Box::new(CatsSelector::new(r)),
         Method::Threshold => {
             let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
             Box::new(ThresholdSelector::new(c, &r)?)

@@ -17,6 +17,10 @@ impl WeightSource for MappedRows {
         "gguf rows"
     }
 
+    fn gathers_rows(&self) -> bool {
+        self.row_gather
+    }
+
     fn site<'a>(
         &'a mut self,
         model: &'a Model,
@@ -58,6 +62,10 @@ impl WeightSource for MappedColumns {
 
     fn lone_token_differs(&self, sparse: bool) -> bool {
         sparse || self.all_columns
+    }
+
+    fn gathers_rows(&self) -> bool {
+        !self.all_columns
     }
 
     fn site<'a>(

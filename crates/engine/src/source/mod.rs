@@ -111,6 +111,13 @@ pub trait WeightSource: Send {
         None
     }
 
+    /// Whether a lone token's FFN input site comes as the GGUF's rows that may be computed row
+    /// by row ([`SiteWeights::Rows`] with `gather`): then a gate-first selection computes only
+    /// its neurons' up rows.
+    fn gathers_rows(&self) -> bool {
+        false
+    }
+
     /// Whether a prompt's rows come in chunks ([`SiteWeights::RowChunk`], through a budgeted
     /// store's prefill buffer) rather than from the mapped file.
     fn streams_rows(&self) -> bool {

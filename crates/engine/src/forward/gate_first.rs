@@ -1,0 +1,104 @@
+//! CATS' gate-first FFN step ([`FfnStep::GateFirst`](super::FfnStep::GateFirst)): the gate
+//! product for every neuron, `act(gate)`, the selector's neurons on it, then up and down for
+//! those neurons only.
+//!
+//! A neuron the selector skips contributes nothing: its `act(gate) · up` is set to zero before
+//! the down projection, exactly as if its up row and down column were not read. Where the
+//! weights allow it (a lone token on the GGUF's rows) only the chosen neurons' up rows are
+//! computed ([`matmul_rows`]); the down projection runs on the chosen neurons' columns when the
+//! weight source has them (a pack), or on the masked input. A selection that keeps every neuron
+//! computes the dense FFN bit for bit ([`vecops::silu`] then [`vecops::mul_assign`] is
+//! [`vecops::silu_mul`]).
+
+use super::{Engine, EvalError, LayerPlan, Products, RowMode};
+use crate::matmul::{matmul_many, matmul_rows, MatJob};
+use crate::source::SiteWeights;
+use crate::vecops;
+use sift_model::layout::OpKind;
+use sift_sparsity::Site;
+
+impl Engine {
+    /// Layer `l`'s FFN for `n` rows whose normed input is in `s.h`, gate first, into `s.o`.
+    pub(crate) fn ffn_gate_first(&mut self, l: usize, n: usize, way: LayerPlan) -> Result<(), EvalError> {
+        if n > 1 && way.rows == RowMode::OneAtATime {
+            return self.gate_first_row_by_row(l, n, way);
+        }
+        let c = &self.model.config;
+        let (e, ff) = (c.n_embd, c.n_ff);
+        // A lone token on row-major weights computes its chosen neurons' up rows only (adapters
+        // add to the whole gate and up outputs, so with them both run whole).
+        let gather = n == 1 && way.products == Products::Cpu && self.lora.is_none() && self.source.gathers_rows();
+        let subset = if gather {
+            self.gate_then_chosen_up(l)?
+        } else {
+            match way.products {
+                Products::Gpu => self.project_gpu(l, n, Site::FfnIn)?,
+                Products::Hybrid | Products::Cpu => self.project(l, n, Site::FfnIn, false)?,
+            }
+            self.add_adapters(l, Site::FfnIn, n);
+            vecops::silu_rows(&self.pool, &mut self.s.g[..n * ff]);
+            let subset = self.select_and_mask(l, Site::FfnMid, n);
+            vecops::mul_rows(&self.pool, &mut self.s.g[..n * ff], &self.s.u[..n * ff]);
+            subset
+        };
+        self.watch.ffn(l, &self.s.h[..n * e], &self.s.g[..n * ff], n);
+        self.site_products(l, n, Site::FfnMid, way, subset)
+    }
+
+    /// A lone token's gate product on the GGUF's rows, its neurons chosen on `act(gate)`, and the
+    /// up product for those neurons only; leaves `act(gate) · up` (zero for the skipped neurons)
+    /// in `s.g`. Returns whether the choice is a subset (in `s.active`).
+    fn gate_then_chosen_up(&mut self, l: usize) -> Result<bool, EvalError> {
+        let ff = self.model.config.n_ff;
+        let e = self.model.config.n_embd;
+        {
+            let Engine { model, pool, s, source, .. } = self;
+            let Some(SiteWeights::Rows { file, layer, .. }) = source.site(model, l, Site::FfnIn, 1, None, 0)? else {
+                unreachable!("a source that gathers rows gives a lone token's FFN input site as rows")
+            };
+            let (gate, up) = (layer.op(OpKind::Gate), layer.op(OpKind::Up));
+            s.acts.quantize_for(pool, &[gate, up], &s.h[..e], e, 1);
+            matmul_many(pool, file, &s.acts, 1, &mut [MatJob { w: gate, stride: ff, out: &mut s.g[..ff] }]);
+        }
+        vecops::silu(&mut self.s.g[..ff]);
+        let subset = self.select_and_mask(l, Site::FfnMid, 1);
+        {
+            let Engine { model, pool, s, source, .. } = self;
+            // (The mapped sources give the same rows again.)
+            let Some(SiteWeights::Rows { file, layer, .. }) = source.site(model, l, Site::FfnIn, 1, None, 0)? else {
+                unreachable!("a source that gathers rows gives a lone token's FFN input site as rows")
+            };
+            let mut job = [MatJob { w: layer.op(OpKind::Up), stride: ff, out: &mut s.u[..ff] }];
+            match subset {
+                true => matmul_rows(pool, file, &s.acts, &s.active, &mut job),
+                false => matmul_many(pool, file, &s.acts, 1, &mut job),
+            }
+        }
+        vecops::mul_assign(&mut self.s.g[..ff], &self.s.u[..ff]);
+        Ok(subset)
+    }
+
+    /// [`Engine::ffn_gate_first`] for each of `n` rows as a lone token (its own neurons): row
+    /// `t`'s input is swapped into row 0, its output out of it. The last row runs first, so the
+    /// outputs already in place are never overwritten.
+    fn gate_first_row_by_row(&mut self, l: usize, n: usize, way: LayerPlan) -> Result<(), EvalError> {
+        let e = self.model.config.n_embd;
+        for t in (0..n).rev() {
+            swap_rows(&mut self.s.h, e, 0, t);
+            let r = self.ffn_gate_first(l, 1, way);
+            swap_rows(&mut self.s.o, e, 0, t);
+            swap_rows(&mut self.s.h, e, 0, t);
+            r?;
+        }
+        Ok(())
+    }
+}
+
+/// Swaps rows `a` and `b` (of `w` values each) of `buf`.
+fn swap_rows(buf: &mut [f32], w: usize, a: usize, b: usize) {
+    let (lo, hi) = (a.min(b), a.max(b));
+    if lo != hi {
+        let (x, y) = buf.split_at_mut(hi * w);
+        x[lo * w..(lo + 1) * w].swap_with_slice(&mut y[..w]);
+    }
+}
