@@ -114,7 +114,7 @@ impl SessionOptions {
 
 #[derive(Args, Clone, Debug)]
 pub struct SparsityOptions {
-    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, core, core-sim, wina,
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, cats, core, core-sim, wina,
     /// wina-threshold (default: dense; with --memory alone, the planner's choice)
     #[arg(long = "sparsity")]
     pub method: Option<Method>,
