@@ -201,6 +201,8 @@ fn parallel_sequences_on_a_pack_give_what_each_gives_alone() {
     let pack = pack();
     check(Some((Method::TopK, 0.5)), &pack, SlotsMode::RowByRow);
     check(Some((Method::Dip, 0.5)), &pack, SlotsMode::RowByRow);
+    // Gate first: each row's own neurons, down on the pack's columns.
+    check(Some((Method::Cats, 0.5)), &pack, SlotsMode::RowByRow);
     check(None, &pack, SlotsMode::Batch);
 }
 

@@ -271,6 +271,8 @@ impl Student {
             s.begin_batch(Phase::Generate);
         }
         let mut active = Vec::new();
+        // CATS' gate first: the selector chooses the neurons on act(gate), before up.
+        let gate_first = selector.as_deref().is_some_and(|s| s.gate_first());
         for (l, lw) in self.layers.iter().enumerate() {
             let mut site = |x: Tensor, site: Site| -> anyhow::Result<Tensor> {
                 let x = match selector.as_deref_mut() {
@@ -339,8 +341,18 @@ impl Student {
             // Feed-forward.
             let h = candle_nn::ops::rms_norm_slow(&x, &lw.ffn_norm, c.rms_eps)?;
             let h = site(h, Site::FfnIn)?;
-            let glu = (candle_nn::ops::silu(&lin(&h, OpKind::Gate)?)? * lin(&h, OpKind::Up)?)?;
-            let glu = site(glu, Site::FfnMid)?;
+            let glu = if gate_first {
+                let act = candle_nn::ops::silu(&lin(&h, OpKind::Gate)?)?;
+                let act = match selector.as_deref_mut() {
+                    Some(s) => mask_site(s, l, Site::FfnMid, act, &mut active)?,
+                    None => act,
+                };
+                let glu = (act * lin(&h, OpKind::Up)?)?;
+                tap(l, Site::FfnMid, &glu)?;
+                glu
+            } else {
+                site((candle_nn::ops::silu(&lin(&h, OpKind::Gate)?)? * lin(&h, OpKind::Up)?)?, Site::FfnMid)?
+            };
             x = (x + lin(&glu, OpKind::Down)?)?;
             if let Some(r) = residuals.as_deref_mut() {
                 r.push(x.clone());

@@ -25,6 +25,9 @@ impl Engine {
         }
         let c = &self.model.config;
         let (e, ff) = (c.n_embd, c.n_ff);
+        // The FFN input site is dense (the selector keeps it whole): asked all the same, so that
+        // traces, the read bound and the counters see every site of the layer.
+        self.select_and_mask(l, Site::FfnIn, n);
         // A lone token on row-major weights computes its chosen neurons' up rows only (adapters
         // add to the whole gate and up outputs, so with them both run whole).
         let gather = n == 1 && way.products == Products::Cpu && self.lora.is_none() && self.source.gathers_rows();
@@ -79,18 +82,17 @@ impl Engine {
     }
 
     /// [`Engine::ffn_gate_first`] for each of `n` rows as a lone token (its own neurons): row
-    /// `t`'s input is swapped into row 0, its output out of it. The last row runs first, so the
-    /// outputs already in place are never overwritten.
+    /// `t`'s input and output rows are swapped with row 0's, computed there, and swapped back.
     fn gate_first_row_by_row(&mut self, l: usize, n: usize, way: LayerPlan) -> Result<(), EvalError> {
         let e = self.model.config.n_embd;
-        for t in (0..n).rev() {
-            swap_rows(&mut self.s.h, e, 0, t);
-            let r = self.ffn_gate_first(l, 1, way);
-            swap_rows(&mut self.s.o, e, 0, t);
-            swap_rows(&mut self.s.h, e, 0, t);
-            r?;
-        }
-        Ok(())
+        self.each_row_alone(n, Site::FfnMid, |engine, t| {
+            swap_rows(&mut engine.s.h, e, 0, t);
+            swap_rows(&mut engine.s.o, e, 0, t);
+            let r = engine.ffn_gate_first(l, 1, way);
+            swap_rows(&mut engine.s.o, e, 0, t);
+            swap_rows(&mut engine.s.h, e, 0, t);
+            r
+        })
     }
 }
 

@@ -285,6 +285,25 @@ impl Engine {
     /// One site of a batch a token at a time ([`SlotsMode::RowByRow`]): each row moved to row 0,
     /// computed as a lone token (its own selection and columns), moved back.
     pub(crate) fn site_row_by_row(&mut self, l: usize, n: usize, site: Site, way: LayerPlan) -> Result<(), EvalError> {
+        self.each_row_alone(n, site, |e, t| {
+            let Engine { model, s, .. } = e;
+            s.swap_site_rows(&model.config, site, 0, t);
+            let r = e.site(l, 1, site, way);
+            let Engine { model, s, .. } = e;
+            s.swap_site_rows(&model.config, site, 0, t);
+            r
+        })
+    }
+
+    /// Runs `row(engine, t)` for each of `n` rows as a lone token, first to last, and records the union of
+    /// the units the rows chose at `site` ([`SparsityStats::batch_union`], the `-np` slots'
+    /// statistics). Stops at the first error.
+    pub(crate) fn each_row_alone(
+        &mut self,
+        n: usize,
+        site: Site,
+        mut row: impl FnMut(&mut Engine, usize) -> Result<(), EvalError>,
+    ) -> Result<(), EvalError> {
         let width = site.width(&self.model.config);
         let mut union = std::mem::take(&mut self.seq.union);
         union.clear();
@@ -293,10 +312,8 @@ impl Engine {
         let active0 = self.sparsity.stats.active[i];
         let mut r = Ok(());
         for t in 0..n {
-            let Engine { model, s, .. } = self;
-            s.swap_site_rows(&model.config, site, 0, t);
             let before = self.sparsity.stats.active[i];
-            r = self.site(l, 1, site, way);
+            r = row(self, t);
             // The units this token used: all, or its selection (left in `s.active`).
             if self.sparsity.stats.active[i] - before >= width as u64 {
                 union.fill(true);
@@ -305,8 +322,6 @@ impl Engine {
                     union[j as usize] = true;
                 }
             }
-            let Engine { model, s, .. } = self;
-            s.swap_site_rows(&model.config, site, 0, t);
             if r.is_err() {
                 break;
             }
