@@ -211,20 +211,7 @@ fn cats_chooses_neurons_on_the_gate_activation() {
 /// zeroed computes: bit-identical logits while generating.
 #[test]
 fn cats_row_gather_computes_what_masked_dense_computes() {
-    let run = |gather: bool| {
-        let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-        let model = Model::load(&p).expect("load model");
-        let tok = Tokenizer::from_gguf(&model.file.gguf).expect("tokenizer");
-        let opts =
-            EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 256, column_kernels: gather, ..Default::default() };
-        let mut e = Engine::new(model, &opts);
-        let dims = e.site_dims();
-        e.set_selector(build_selector(&config(Method::Cats, dims.n_layer, 0.5), dims, None).unwrap());
-        let ids = tok.encode(PROMPT, true, false).unwrap();
-        e.eval(&ids, Logits::Last).unwrap();
-        [504u32, 3575, 282].iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect::<Vec<_>>()
-    };
-    assert_eq!(run(true), run(false));
+    assert_eq!(decode_with(Method::Cats, true), decode_with(Method::Cats, false));
 }
 
 #[test]
@@ -404,18 +391,20 @@ fn ratio_zero_is_exactly_dense() {
 fn core_row_gather_computes_what_masked_dense_computes() {
     // The row gather (only the fixed neurons' gate/up rows) against dense gate/up with the
     // inactive GLU values zeroed: bit-identical logits while generating.
-    let run = |gather: bool| {
-        let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-        let model = Model::load(&p).expect("load model");
-        let tok = Tokenizer::from_gguf(&model.file.gguf).expect("tokenizer");
-        let opts =
-            EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 256, column_kernels: gather, ..Default::default() };
-        let mut e = Engine::new(model, &opts);
-        let dims = e.site_dims();
-        e.set_selector(build_selector(&config(Method::Core, dims.n_layer, 0.5), dims, None).unwrap());
-        let ids = tok.encode(PROMPT, true, false).unwrap();
-        e.eval(&ids, Logits::Last).unwrap();
-        [504u32, 3575, 282].iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect::<Vec<_>>()
-    };
-    assert_eq!(run(true), run(false));
+    assert_eq!(decode_with(Method::Core, true), decode_with(Method::Core, false));
+}
+
+/// The logits of three decoded tokens after the prompt under `method` at 0.5, with the row
+/// gather (`gather`: the pack-less column-kernel option) or dense kernels on masked inputs.
+fn decode_with(method: Method, gather: bool) -> Vec<Vec<f32>> {
+    let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = Model::load(&p).expect("load model");
+    let tok = Tokenizer::from_gguf(&model.file.gguf).expect("tokenizer");
+    let opts = EngineOptions { n_threads: 2, n_ctx: 256, n_batch: 256, column_kernels: gather, ..Default::default() };
+    let mut e = Engine::new(model, &opts);
+    let dims = e.site_dims();
+    e.set_selector(build_selector(&config(method, dims.n_layer, 0.5), dims, None).unwrap());
+    let ids = tok.encode(PROMPT, true, false).unwrap();
+    e.eval(&ids, Logits::Last).unwrap();
+    [504u32, 3575, 282].iter().map(|&t| e.eval(&[t], Logits::Last).unwrap().to_vec()).collect()
 }
