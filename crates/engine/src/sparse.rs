@@ -85,7 +85,7 @@ impl ColOp {
                 }
             }
             (ColKernel::Exact(f), ColFormat::Exact(fmt)) => {
-                let m = ExactMatrix { fmt, n_out: self.n_out, n_in: self.n_in, cols: data, scales };
+                let m = ExactMatrix::new(fmt, self.n_out, self.n_in, data, scales);
                 f(&m, idx, units, coef, blocks, y)
             }
             (ColKernel::Exact(_), ColFormat::Requant(_)) => unreachable!("an exact kernel for re-quantized columns"),
@@ -243,7 +243,7 @@ pub fn column_matmul_batch(pool: &ThreadPool, x: &[f32], n: usize, jobs: &mut [C
             // across threads (each token's outputs are its own). Columns in a unit order of
             // their own go through the sparse kernel over the same nonzero inputs
             // `axpy_exact_batch` takes (so the same runs, the same bits), found at their positions.
-            let m = ExactMatrix { fmt, n_out: op.n_out, n_in: op.n_in, cols: j.data, scales: j.scales };
+            let m = ExactMatrix::new(fmt, op.n_out, op.n_in, j.data, j.scales);
             let out = SharedMut::new(&mut j.out[..n * width]);
             pool.for_each(n, 1, &|range, _| {
                 for t in range {

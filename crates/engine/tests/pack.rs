@@ -391,8 +391,8 @@ fn wide_columns_give_the_narrow_results_on_real_weights() {
             assert_eq!(a, b, "{t:?} column {c}");
         }
         // Every kernel this CPU runs, bit for bit the narrow layout's result.
-        let nm = ExactMatrix { fmt: narrow, n_out, n_in, cols: &nc, scales: &ns };
-        let wm = ExactMatrix { fmt: wide, n_out, n_in, cols: &wc, scales: &ws };
+        let nm = ExactMatrix::new(narrow, n_out, n_in, &nc, &ns);
+        let wm = ExactMatrix::new(wide, n_out, n_in, &wc, &ws);
         for isa in Isa::available() {
             let kernels = [
                 ("fastest", axpy_exact_fn(narrow, isa), axpy_exact_fn(wide, isa)),

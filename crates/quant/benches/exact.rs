@@ -116,7 +116,7 @@ fn main() {
             let mut k = 0;
             let te = best_time(
                 || {
-                    let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: ecopies[k % copies], scales: &scales };
+                    let m = ExactMatrix::new(fmt, o, i, ecopies[k % copies], &scales);
                     k += 1;
                     fe(black_box(&m), &active, &active, &coef, 0..o / 32, &mut y);
                     black_box(&y);
@@ -125,7 +125,7 @@ fn main() {
             );
             let tf = best_time(
                 || {
-                    let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: ecopies[k % copies], scales: &scales };
+                    let m = ExactMatrix::new(fmt, o, i, ecopies[k % copies], &scales);
                     k += 1;
                     ff(black_box(&m), &active, &active, &coef, 0..o / 32, &mut y);
                     black_box(&y);
@@ -180,7 +180,7 @@ fn tokens_section(filter: Option<&str>, isa: Isa) {
             rows.extend(scalar::quantize_row(src, &x));
         }
         let (cols, scales) = fmt.transpose(&rows, o, i);
-        let m = ExactMatrix { fmt, n_out: o, n_in: i, cols: &cols, scales: &scales };
+        let m = ExactMatrix::new(fmt, o, i, &cols, &scales);
         let mut wf = vec![0f32; o * i];
         for (r, out) in wf.chunks_exact_mut(i).enumerate() {
             scalar::dequantize_row(src, &rows[r * (rows.len() / o)..(r + 1) * (rows.len() / o)], out);

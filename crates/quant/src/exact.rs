@@ -461,15 +461,40 @@ pub struct ExactMatrix<'a> {
     pub fmt: ExactFormat,
     pub n_out: usize,
     pub n_in: usize,
-    /// Columns, `fmt.col_bytes(n_out)` apart (a whole tensor, or cache slots).
+    /// Columns, [`ExactMatrix::stride`] bytes apart (a whole tensor, cache slots, or the down
+    /// columns inside neuron bundles, [`crate::bundles`]).
     pub cols: &'a [u8],
     /// The op's whole scale plane.
     pub scales: &'a [u8],
+    /// Bytes from one column's start to the next: the column's own size
+    /// ([`ExactMatrix::col_bytes`]) unless the columns lie inside larger records.
+    pub stride: usize,
 }
 
-impl ExactMatrix<'_> {
+impl<'a> ExactMatrix<'a> {
+    /// Columns stored back to back (`fmt.col_bytes(n_out)` apart).
+    pub fn new(fmt: ExactFormat, n_out: usize, n_in: usize, cols: &'a [u8], scales: &'a [u8]) -> Self {
+        ExactMatrix { fmt, n_out, n_in, cols, scales, stride: fmt.col_bytes(n_out) }
+    }
+
+    /// The same columns read `stride` bytes apart (each inside a record of that size, at its
+    /// start: pass `cols` from the column's offset in the first record).
+    pub fn with_stride(self, stride: usize) -> Self {
+        ExactMatrix { stride, ..self }
+    }
+
+    /// Bytes of one column.
     pub fn col_bytes(&self) -> usize {
         self.fmt.col_bytes(self.n_out)
+    }
+
+    /// How many columns `cols` holds: the last one needs only its own bytes after its start.
+    pub fn n_cols(&self) -> usize {
+        let cb = self.col_bytes();
+        match self.cols.len() >= cb && self.stride > 0 {
+            true => (self.cols.len() - cb) / self.stride + 1,
+            false => 0,
+        }
     }
 }
 
@@ -500,7 +525,10 @@ pub fn check_axpy_exact(
     if y_len != width && y_len != piece_count(coef.len()) * width {
         return Err(ColsError::Len { what: "y", expected: width, got: y_len });
     }
-    let n_cols = m.cols.len() / m.col_bytes();
+    if m.stride < m.col_bytes() {
+        return Err(ColsError::Len { what: "column stride", expected: m.col_bytes(), got: m.stride });
+    }
+    let n_cols = m.n_cols();
     if let Some(&i) = idx.iter().find(|&&i| i as usize >= n_cols) {
         return Err(ColsError::Index { index: i, n_cols });
     }
@@ -573,7 +601,7 @@ pub fn axpy_exact_scalar(
     if let Err(e) = check_axpy_exact(m, idx, units, coef, &chunks, y.len()) {
         panic!("{e}");
     }
-    let (cb, kb) = (m.col_bytes(), m.fmt.chunk_bytes());
+    let (cb, kb) = (m.stride, m.fmt.chunk_bytes());
     let zero = m.fmt.zero as f32;
     for (i0, i1) in runs(units, m.fmt.sub_block) {
         let s: f32 = coef[i0..i1].iter().sum();

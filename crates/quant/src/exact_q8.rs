@@ -115,7 +115,7 @@ pub fn axpy_exact_q8_scalar(
         panic!("{e}");
     }
     let f = m.fmt;
-    let (cb, kb, n_out) = (m.col_bytes(), f.chunk_bytes(), m.n_out);
+    let (cb, kb, n_out) = (m.stride, f.chunk_bytes(), m.n_out);
     let zero = f.zero as i32;
     let mut c8 = [0i8; RUN_BREAK];
     for (g0, g1) in groups(units, &f) {

@@ -58,6 +58,7 @@ macro_rules! rows_by_dot4 {
 pub(crate) use rows_by_dot4;
 
 pub mod blocks;
+pub mod bundles;
 pub mod columns;
 pub mod exact;
 pub mod exact_q8;

@@ -144,22 +144,8 @@ fn wide_layouts_give_the_narrow_results_bit_for_bit() {
         let isas = Isa::available();
         for ((name, kn, _), (_, kw, _)) in all_kernels(narrow, &isas).into_iter().zip(all_kernels(wide, &isas)) {
             let (mut a, mut b) = (vec![0.5f32; n_out], vec![0.5f32; n_out]);
-            kn(
-                &ExactMatrix { fmt: narrow, n_out, n_in, cols: &nc, scales: &ns },
-                &units,
-                &units,
-                &coef,
-                0..n_out / 32,
-                &mut a,
-            );
-            kw(
-                &ExactMatrix { fmt: wide, n_out, n_in, cols: &wc, scales: &ws },
-                &units,
-                &units,
-                &coef,
-                0..n_out / 32,
-                &mut b,
-            );
+            kn(&ExactMatrix::new(narrow, n_out, n_in, &nc, &ns), &units, &units, &coef, 0..n_out / 32, &mut a);
+            kw(&ExactMatrix::new(wide, n_out, n_in, &wc, &ws), &units, &units, &coef, 0..n_out / 32, &mut b);
             let same = a.iter().zip(&b).all(|(x, z)| x.to_bits() == z.to_bits());
             assert!(same, "{t:?} {name}: the wide layout's result differs");
         }
@@ -278,7 +264,7 @@ fn kernels_agree_with_f64_sums() {
                         ("tensor", &cols, units.clone()),
                         ("slots", &slots, units.iter().map(|&u| slot_of[u as usize]).collect::<Vec<u32>>()),
                     ] {
-                        let m = ExactMatrix { fmt: f, n_out, n_in, cols: data, scales: &scales };
+                        let m = ExactMatrix::new(f, n_out, n_in, data, &scales);
                         let q8 = q8_bound(&f, &cols, &scales, n_out, units, &coef);
                         for (kname, k, is_q8) in all_kernels(f, &isas) {
                             let mut y = y0.clone();
@@ -312,7 +298,7 @@ fn avx512_gives_the_avx2_result_bit_for_bit() {
         let t = f.name();
         let (n_out, n_in) = (96, 1024);
         let (_, cols, scales) = tensor(f, n_out, n_in, 9);
-        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
         for keep in [1, 2, 5, 64] {
             // Runs of every length, up to whole sub-blocks and more than one group of columns.
             let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect();
@@ -340,7 +326,7 @@ fn batch_kernel_agrees_with_the_one_token_kernel() {
         let t = f.name();
         let (n_out, n_in, n_tok) = (128, 512, 5);
         let (_, cols, scales) = tensor(f, n_out, n_in, 5);
-        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
         let mut rng = Rng(3);
         let x: Vec<f32> = (0..n_tok * n_in).map(|_| if rng.next().is_multiple_of(3) { rng.f() } else { 0.0 }).collect();
         let mut y = vec![0f32; n_tok * n_out];
@@ -366,7 +352,7 @@ fn bad_arguments_are_refused_before_anything_is_written() {
     let f = ExactFormat::of(t).unwrap();
     let (n_out, n_in) = (64, 256);
     let (_, cols, scales) = tensor(f, n_out, n_in, 1);
-    let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+    let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
     let ok = check_axpy_exact(&m, &[0], &[0], &[1.0], &(0..2), 64);
     assert!(ok.is_ok());
     // (idx, units, output chunks, y length, the message).
@@ -401,7 +387,7 @@ fn one_call_over_pieces_gives_one_call_per_piece() {
         let t = f.name();
         let (n_out, n_in) = (96, 1024);
         let (_, cols, scales) = tensor(f, n_out, n_in, 17);
-        let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+        let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
         // Runs that cross piece boundaries (consecutive units), and a last piece that is short.
         let units: Vec<u32> = (0..n_in as u32).filter(|_| rng.next() % 8 < 5).take(3 * RUN_BREAK + 17).collect();
         let coef: Vec<f32> = units.iter().map(|_| rng.f() * 2.0).collect();
@@ -441,7 +427,7 @@ fn q8_kernel_gives_its_scalar_reference_bit_for_bit() {
         let simd = axpy_exact_q8_fn(f, isa).unwrap_or_else(|| panic!("{t:?}: no 8-bit-coefficient kernel on {isa:?}"));
         for &(n_out, n_in) in &[(32usize, 256usize), (96, 1024), (640, 512)] {
             let (_, cols, scales) = tensor(f, n_out, n_in, 3 + n_out as u64);
-            let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+            let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
             let mut sets: Vec<Vec<u32>> = [1u64, 2, 5, 13, 32, 64]
                 .iter()
                 .map(|&keep| (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect())
@@ -494,7 +480,7 @@ fn q8_kernel_covers_every_q8_0_byte() {
         }
     }
     let (cols, scales) = f.transpose(&rows, n_out, n_in);
-    let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+    let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
     let mut rng = Rng(5);
     let units: Vec<u32> = (0..n_in as u32).filter(|_| !rng.next().is_multiple_of(3)).collect();
     let coef: Vec<f32> = units.iter().map(|_| rng.f() * 3.0 - 1.5).collect();
@@ -521,7 +507,7 @@ fn q8_coefficients_keep_a_nan_visible() {
     let t = WeightType::Q4_K;
     let f = ExactFormat::of(t).unwrap();
     let (_, cols, scales) = tensor(f, 64, 256, 2);
-    let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
+    let m = ExactMatrix::new(f, 64, 256, &cols, &scales);
     for (name, k, _) in all_kernels(f, &Isa::available()) {
         let mut y = vec![0f32; 64];
         k(&m, &[1, 2], &[1, 2], &[0.5, f32::NAN], 0..2, &mut y);
@@ -538,7 +524,7 @@ fn tokens_kernel_gives_the_one_token_kernel_per_token_bit_for_bit() {
         let one = axpy_exact_fn(f, Isa::detect());
         for &(n_out, n_in) in &[(64usize, 512usize), (160, 1024)] {
             let (_, cols, scales) = tensor(f, n_out, n_in, 77 + n_out as u64);
-            let m = ExactMatrix { fmt: f, n_out, n_in, cols: &cols, scales: &scales };
+            let m = ExactMatrix::new(f, n_out, n_in, &cols, &scales);
             let mut sets: Vec<Vec<u32>> = [3u64, 32, 60]
                 .iter()
                 .map(|&keep| (0..n_in as u32).filter(|_| rng.next() % 64 < keep).collect())
@@ -586,7 +572,7 @@ fn tokens_kernel_refuses_bad_arguments_before_writing() {
     let t = WeightType::Q4_K;
     let f = ExactFormat::of(t).unwrap();
     let (_, cols, scales) = tensor(f, 64, 256, 1);
-    let m = ExactMatrix { fmt: f, n_out: 64, n_in: 256, cols: &cols, scales: &scales };
+    let m = ExactMatrix::new(f, 64, 256, &cols, &scales);
     // (units, coef length, tokens, y length, y stride, the message).
     type Case<'a> = (&'a [u32], usize, usize, usize, usize, &'a str);
     let cases: Vec<Case<'_>> = vec![

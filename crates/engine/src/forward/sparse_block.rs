@@ -180,13 +180,7 @@ impl Engine {
                 let Engine { model, pool, s, prefill, .. } = self;
                 let p = &mut prefill.scratch;
                 let file = model.pack_bytes();
-                let m = ExactMatrix {
-                    fmt,
-                    n_out: t.n_out,
-                    n_in: t.n_in,
-                    cols: &file[t.range()],
-                    scales: &file[t.scales_range()],
-                };
+                let m = ExactMatrix::new(fmt, t.n_out, t.n_in, &file[t.range()], &file[t.scales_range()]);
                 p.idx.clear();
                 p.idx.extend(p.units.iter().map(|&u| positions.as_ref().map_or(u, |pos| pos[u as usize])));
                 let kernel = axpy_exact_tokens_fn(fmt, Isa::detect());
@@ -245,7 +239,7 @@ impl Engine {
             let ColFormat::Exact(fmt) = cp.op.ty else {
                 unreachable!("checked by the caller: the pack's down is exact");
             };
-            let m = ExactMatrix { fmt, n_out: cp.op.n_out, n_in: cp.op.n_in, cols: cp.data, scales: cp.scales };
+            let m = ExactMatrix::new(fmt, cp.op.n_out, cp.op.n_in, cp.data, cp.scales);
             // These units' coefficients, token after token.
             let len = units.len();
             p.us.clear();

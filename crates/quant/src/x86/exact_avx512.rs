@@ -137,7 +137,7 @@ unsafe fn axpy_avx512<const BITS: u8, const SUB: u8, const OFF: bool>(
 ) {
     let f = m.fmt;
     let n_out = m.n_out;
-    let (cb, kb) = (m.col_bytes(), f.chunk_bytes());
+    let (cb, kb) = (m.stride, f.chunk_bytes());
     let rec = f.scale_record_bytes(n_out);
     let f16s = if OFF { 4 } else { 2 };
     let sub_stride = if OFF { 2 * n_out } else { n_out };

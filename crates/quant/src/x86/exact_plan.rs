@@ -87,7 +87,7 @@ impl Plan {
         let rec = f.scale_record_bytes(n_out);
         let f16s = if f.has_offset { 4 } else { 2 };
         let sub_stride = if f.has_offset { 2 * n_out } else { n_out };
-        let cb = m.col_bytes();
+        let cb = m.stride;
         let cols = m.cols.as_ptr();
         // Block sizes are powers of two (`runs` checks): shifts, not divisions.
         let (sb_shift, sub_shift) = (f.super_block.trailing_zeros(), f.sub_block.trailing_zeros());

@@ -107,7 +107,7 @@ impl TokenPlan {
         let rec = f.scale_record_bytes(n_out);
         let f16s = if f.has_offset { 4 } else { 2 };
         let sub_stride = if f.has_offset { 2 * n_out } else { n_out };
-        let (cb, cols) = (m.col_bytes(), m.cols.as_ptr());
+        let (cb, cols) = (m.stride, m.cols.as_ptr());
         let mut p = TokenPlan {
             n_tok,
             groups: Vec::new(),
