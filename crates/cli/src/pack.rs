@@ -1,5 +1,5 @@
 //! `sift pack MODEL.gguf -o MODEL.sift`: write sift's pack file (the GGUF plus its weights as
-//! exact columns for activation sparsity).
+//! exact columns and FFN neuron bundles for activation sparsity).
 
 use crate::args::PackArgs;
 use anyhow::Context;
@@ -29,7 +29,7 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
-    let opts = PackOptions { cols, group: a.group, unit_orders };
+    let opts = PackOptions { cols, group: a.group, unit_orders, no_bundles: a.no_bundles };
     let n = pack_model(&a.model, &out, &opts, |m| eprint!("\rpacking {m}   "))
         .with_context(|| format!("cannot pack '{}'", a.model.display()))?;
     eprintln!();

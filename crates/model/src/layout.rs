@@ -261,11 +261,47 @@ pub struct LayerColumns {
     pub ops: Vec<ColumnTensor>,
     /// Per site ([`SITE_OPS`] order), where its units lie when not in the model's order.
     pub positions: [Option<UnitPositions>; 4],
+    /// The FFN's neuron bundles, when the pack has them.
+    pub bundles: Option<BundleTensor>,
+}
+
+/// One layer's neuron bundles ([`sift_quant::bundles`]): per FFN neuron, in the model's neuron
+/// order, a record of its gate row and up row (the GGUF's bytes) and its down column (exact, in
+/// the format of the layer's down column tensor, whose scale plane the bundles share).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BundleTensor {
+    pub layer: usize,
+    /// The gate and up rows' GGUF types, by name.
+    pub gate: String,
+    pub up: String,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub record_bytes: usize,
+    /// Byte range in the pack file.
+    pub offset: u64,
+    pub len: u64,
+    pub crc32: u32,
+}
+
+impl BundleTensor {
+    pub fn range(&self) -> Range<usize> {
+        self.offset as usize..(self.offset + self.len) as usize
+    }
 }
 
 impl LayerColumns {
     pub fn op(&self, op: OpKind) -> &ColumnTensor {
         &self.ops[op as usize]
+    }
+
+    /// The layout of this layer's bundles (their down columns in the down tensor's exact format),
+    /// `None` without bundles or when the record does not describe a layout sift has.
+    pub fn bundle_layout(&self) -> Option<sift_quant::bundles::BundleLayout> {
+        let b = self.bundles.as_ref()?;
+        let ColFormat::Exact(down) = self.op(OpKind::Down).ty else { return None };
+        let ty = |name: &str| sift_quant::WeightType::from_name(name);
+        let layout = sift_quant::bundles::BundleLayout::new(ty(&b.gate)?, ty(&b.up)?, down, b.n_embd, b.n_ff).ok()?;
+        (layout.record_bytes() == b.record_bytes && layout.records_len() as u64 == b.len).then_some(layout)
     }
 
     /// Where `op`'s units lie in its column tensor (`None`: in the model's order).

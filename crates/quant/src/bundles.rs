@@ -46,6 +46,14 @@ use std::ops::Range;
 /// [`RUN_BREAK`], so one group is one call's whole list and the kernel never cuts it.
 pub const BUNDLE_GROUP: usize = RUN_BREAK;
 
+/// Accumulators a token's FFN is summed in ([`Bundles::ffn_lane`]): group `g` adds into lane
+/// `g % BUNDLE_LANES`, the lanes are added into the output in lane order ([`add_lanes`]). A fixed
+/// number, so the result does not depend on how many threads share the lanes.
+pub const BUNDLE_LANES: usize = 16;
+
+/// Records prefetched ahead of the one being computed ([`Bundles::ffn_lane`]).
+const PREFETCH_RECORDS: usize = 4;
+
 const RECORD_ALIGN: usize = 64;
 
 /// Why a layer cannot be bundled, or a bundle's arguments were rejected.
@@ -119,6 +127,9 @@ impl BundleLayout {
                 });
             }
         }
+        if gate.act_type() != up.act_type() {
+            return Err(BundleError::Type { what: "up (its activation format differs from gate's)", ty: up });
+        }
         if !down.fits(n_embd, n_ff) {
             return Err(BundleError::Shape {
                 n_embd,
@@ -174,24 +185,41 @@ impl BundleLayout {
     /// A layer's records, in neuron order, from the GGUF's row-major gate (`n_ff` rows), up
     /// (`n_ff` rows) and down (`n_embd` rows of `n_ff`) tensors, and down's scale plane.
     pub fn build(&self, gate: &[u8], up: &[u8], down: &[u8]) -> Result<(Vec<u8>, Vec<u8>), BundleError> {
-        let (gb, ub) = (self.row_bytes(BundleRow::Gate), self.row_bytes(BundleRow::Up));
         let db = self.down.src.row_bytes(self.n_ff).expect("checked by BundleLayout::new");
-        for (what, buf, expected) in
-            [("gate", gate, gb * self.n_ff), ("up", up, ub * self.n_ff), ("down", down, db * self.n_embd)]
-        {
-            if buf.len() != expected {
-                return Err(BundleError::Len { what, expected, got: buf.len() });
-            }
+        if down.len() != db * self.n_embd {
+            return Err(BundleError::Len { what: "down", expected: db * self.n_embd, got: down.len() });
         }
+        self.check_rows(gate, up)?;
         let (cols, scales) = self.down.transpose(down, self.n_embd, self.n_ff);
+        Ok((self.records(gate, up, &cols)?, scales))
+    }
+
+    /// [`BundleLayout::build`]'s records from down's exact columns already transposed (`n_ff`
+    /// columns of [`BundleLayout::down_bytes`], as [`ExactFormat::transpose`] gives them).
+    pub fn records(&self, gate: &[u8], up: &[u8], down_cols: &[u8]) -> Result<Vec<u8>, BundleError> {
+        self.check_rows(gate, up)?;
+        let (gb, ub) = (self.row_bytes(BundleRow::Gate), self.row_bytes(BundleRow::Up));
         let (rb, cb, d0) = (self.record_bytes(), self.down_bytes(), self.down_offset());
+        if down_cols.len() != cb * self.n_ff {
+            return Err(BundleError::Len { what: "down columns", expected: cb * self.n_ff, got: down_cols.len() });
+        }
         let mut out = vec![0u8; self.records_len()];
         for (i, rec) in out.chunks_exact_mut(rb).enumerate() {
             rec[..gb].copy_from_slice(&gate[i * gb..][..gb]);
             rec[gb..gb + ub].copy_from_slice(&up[i * ub..][..ub]);
-            rec[d0..d0 + cb].copy_from_slice(&cols[i * cb..][..cb]);
+            rec[d0..d0 + cb].copy_from_slice(&down_cols[i * cb..][..cb]);
         }
-        Ok((out, scales))
+        Ok(out)
+    }
+
+    fn check_rows(&self, gate: &[u8], up: &[u8]) -> Result<(), BundleError> {
+        for (what, buf, which) in [("gate", gate, BundleRow::Gate), ("up", up, BundleRow::Up)] {
+            let expected = self.row_bytes(which) * self.n_ff;
+            if buf.len() != expected {
+                return Err(BundleError::Len { what, expected, got: buf.len() });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -303,6 +331,105 @@ impl<'a> Bundles<'a> {
             kernel(&m, &neurons[g.clone()], &neurons[g], &c, n_tok, chunks.clone(), y, y_stride);
         }
     }
+}
+
+/// Where a neuron's gate value comes from in [`Bundles::ffn_lane`].
+#[derive(Clone, Copy)]
+pub enum Gate<'a> {
+    /// From its gate row in the bundle: `act(gate row · x)`, `act` the architecture's activation
+    /// applied in place to a group's values (SiLU, GELU).
+    Rows { act: fn(&mut [f32]) },
+    /// Already computed (gate first): `act(gate)` of every neuron, indexed by neuron.
+    Given(&'a [f32]),
+}
+
+impl<'a> Bundles<'a> {
+    /// One token's FFN over its chosen `neurons` (strictly ascending), the groups of lane `lane`
+    /// only: for each [`BUNDLE_GROUP`] `g` with `g % BUNDLE_LANES == lane`, its neurons'
+    /// `h = act(gate) · (up row · x)` and `y += Σ h · down column` ([`Bundles::down`]'s numerics:
+    /// one `kernel` call per group), all outputs. `x` is the FFN input quantized to the gate and
+    /// up rows' activation format; `dots` their dot kernels. Each record is read once, front to
+    /// back (rows, then its down column while the group's records are still in cache), the next
+    /// ones prefetched: a token's chosen bundles stream from memory as a dense matrix does.
+    ///
+    /// Threads share a token's lanes (each lane's `y` its own); [`add_lanes`] then adds them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ffn_lane(
+        &self,
+        lane: usize,
+        neurons: &[u32],
+        x: &[u8],
+        gate: Gate<'_>,
+        dots: (DotFn, DotFn),
+        kernel: ExactAxpyFn,
+        y: &mut [f32],
+    ) {
+        let l = &self.layout;
+        assert_eq!(y.len(), l.n_embd, "bundle ffn: y holds every output");
+        debug_assert!(self.check_neurons(neurons).is_ok(), "bundle ffn: {:?}", self.check_neurons(neurons));
+        let (rb, n) = (l.record_bytes(), l.n_embd);
+        let (go, uo, gb, ub) = (
+            l.row_offset(BundleRow::Gate),
+            l.row_offset(BundleRow::Up),
+            l.row_bytes(BundleRow::Gate),
+            l.row_bytes(BundleRow::Up),
+        );
+        let m = self.down_matrix();
+        let mut h = [0f32; BUNDLE_GROUP];
+        let mut u = [0f32; BUNDLE_GROUP];
+        for grp in groups(neurons) {
+            if (neurons[grp.start] as usize / BUNDLE_GROUP) % BUNDLE_LANES != lane {
+                continue;
+            }
+            let chosen = &neurons[grp.clone()];
+            let k = chosen.len();
+            let record = |i: u32| &self.records[i as usize * rb..][..rb];
+            let first = match gate {
+                Gate::Rows { .. } => 0,
+                Gate::Given(_) => uo,
+            };
+            for &i in chosen.iter().take(PREFETCH_RECORDS) {
+                prefetch(&record(i)[first..]);
+            }
+            for (j, &i) in chosen.iter().enumerate() {
+                if let Some(&next) = chosen.get(j + PREFETCH_RECORDS) {
+                    prefetch(&record(next)[first..]);
+                }
+                let r = record(i);
+                if let Gate::Rows { .. } = gate {
+                    h[j] = (dots.0)(n, &r[go..go + gb], x);
+                }
+                u[j] = (dots.1)(n, &r[uo..uo + ub], x);
+            }
+            match gate {
+                Gate::Rows { act } => act(&mut h[..k]),
+                Gate::Given(g) => h[..k].iter_mut().zip(chosen).for_each(|(h, &i)| *h = g[i as usize]),
+            }
+            h[..k].iter_mut().zip(&u[..k]).for_each(|(h, u)| *h *= u);
+            kernel(&m, chosen, chosen, &h[..k], 0..n / 32, y);
+        }
+    }
+}
+
+/// `y += lanes[0] + lanes[1] + …` in lane order (`lanes`: [`BUNDLE_LANES`] accumulators of
+/// `y.len()` values each, back to back).
+pub fn add_lanes(y: &mut [f32], lanes: &[f32]) {
+    assert_eq!(lanes.len(), BUNDLE_LANES * y.len(), "add_lanes: one accumulator per lane");
+    for lane in lanes.chunks_exact(y.len()) {
+        y.iter_mut().zip(lane).for_each(|(y, v)| *y += v);
+    }
+}
+
+/// Prefetches every cache line of `bytes` (a hint: it never faults).
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes.len()).step_by(64) {
+        // SAFETY: `_mm_prefetch` only hints the cache; the address lies inside `bytes`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes[off..].as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// The ranges of an ascending neuron list that fall in each [`BUNDLE_GROUP`] of indices.

@@ -16,6 +16,10 @@
 //! ...     optionally, per layer and selection site whose units are not in the model's order,
 //!         4 KiB aligned: the unit order ([`UnitOrderTensor`]), n_units u32 (position → unit); the
 //!         columns of the site's ops lie in that order, their scale planes in the model's
+//! ...     per layer with a gated FFN (unless `--no-bundles`), 4 KiB aligned: its neuron bundles,
+//!         one record per FFN neuron in the model's order — gate row, up row (the GGUF's bytes),
+//!         down column (the down tensor's exact column; its scale plane is the down tensor's) —
+//!         padded to 64 bytes ([`sift_quant::bundles`], [`BundleTensor`])
 //! ...     optionally (`--group N`), per group of N layers, 4 KiB aligned: n_embd interleaved
 //!         records, record c holding column c of q, k, v, gate and up of every layer of the group
 //!         (unit → layer → op), for cross-layer preloading ([`GroupTensor`]); a second copy of
@@ -33,12 +37,14 @@
 //! `PACK.verified` beside it (the pack's device, inode, size, modification and change times): a
 //! pack rewritten or touched since is checked again; an unwritable folder means a check per open.
 
+mod bundles;
+
 use crate::source::{SourceError, SourceGguf};
 use serde::{Deserialize, Serialize};
 use sift_gguf::{GgufFile, MappedFile};
 use sift_model::layout::{
-    unit_positions, ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex, UnitOrderTensor, GROUP_OPS,
-    SITE_OPS,
+    unit_positions, BundleTensor, ColumnTensor, GroupPart, GroupTensor, LayerColumns, OpKind, PackIndex,
+    UnitOrderTensor, GROUP_OPS, SITE_OPS,
 };
 use sift_model::{Model, ModelError, QTensor};
 use sift_quant::{ColFormat, ColType, ExactFormat};
@@ -47,9 +53,10 @@ use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 pub const PACK_MAGIC: &[u8; 8] = b"SIFTPACK";
-/// The pack format this sift writes (3: version 2 with optional unit orders; 2: exact columns
-/// with scale planes, no neuron bundles, the source GGUF referred to rather than copied).
-pub const PACK_VERSION: u32 = 3;
+/// The pack format this sift writes (4: version 3 with neuron bundles; 3: version 2 with optional
+/// unit orders; 2: exact columns with scale planes, the source GGUF referred to rather than
+/// copied).
+pub const PACK_VERSION: u32 = 4;
 /// The oldest pack format this sift reads (a version-2 pack has every site in the model's order).
 pub const PACK_VERSION_MIN: u32 = 2;
 const ALIGN: u64 = 4096;
@@ -134,6 +141,9 @@ pub struct PackOptions {
     pub group: usize,
     /// The unit order of each site (empty: every site in the model's order).
     pub unit_orders: UnitOrders,
+    /// Leave out the neuron bundle sections (smaller pack; gate-first and predicted FFN
+    /// neurons then compute on the GGUF's rows and the down columns).
+    pub no_bundles: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -148,6 +158,9 @@ struct Toc {
     orders: Vec<UnitOrderTensor>,
     #[serde(default)]
     groups: Vec<GroupTensor>,
+    /// Per layer with a gated FFN, its neuron bundles (none before version 4).
+    #[serde(default)]
+    bundles: Vec<BundleTensor>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> PackError + '_ {
@@ -182,6 +195,9 @@ pub fn open_model(path: &Path) -> Result<Model, PackError> {
     }
     for g in &t.groups {
         check(format!("group of layers {:?}", g.layers()), g.offset, g.len, g.crc32)?;
+    }
+    for b in &t.bundles {
+        check(format!("layer {} neuron bundles", b.layer), b.offset, b.len, b.crc32)?;
     }
     let mut model = Model::load(&src)?;
     model.columns = Some(build_index(path, &model, toc)?);
@@ -284,6 +300,9 @@ pub fn read_toc(path: &Path) -> Result<Option<PackToc>, PackError> {
     for g in &toc.groups {
         section_end(path, &format!("group of layers {:?}", g.layers()), g.offset, g.len, total)?;
     }
+    for b in &toc.bundles {
+        section_end(path, &format!("layer {} neuron bundles", b.layer), b.offset, b.len, total)?;
+    }
     Ok(Some(PackToc { toc, total }))
 }
 
@@ -359,6 +378,9 @@ fn verify_sections(path: &Path, toc: &PackToc) -> Result<(), PackError> {
     for g in &t.groups {
         sections.push((g.offset, g.len, g.crc32, format!("group of layers {:?}", g.layers())));
     }
+    for b in &t.bundles {
+        sections.push((b.offset, b.len, b.crc32, format!("layer {} neuron bundles", b.layer)));
+    }
     sections.sort_by_key(|s| s.0);
     let (mut f, _) = sift_output::open_regular(path).map_err(io(path))?;
     let mut buf = vec![0u8; 1 << 20];
@@ -415,8 +437,9 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
             toc.gguf_header_len, model.file.gguf.data_offset
         )));
     }
-    let mut layers: Vec<LayerColumns> =
-        (0..c.n_layer).map(|_| LayerColumns { ops: Vec::new(), positions: Default::default() }).collect();
+    let mut layers: Vec<LayerColumns> = (0..c.n_layer)
+        .map(|_| LayerColumns { ops: Vec::new(), positions: Default::default(), bundles: None })
+        .collect();
     for t in &toc.columns {
         let lw = model
             .layers
@@ -446,6 +469,7 @@ fn build_index(path: &Path, model: &Model, pack_toc: PackToc) -> Result<PackInde
         return Err(toc_err("some layer lacks column tensors".into()));
     }
     read_unit_orders(path, &toc.orders, pack_toc.total, &mut layers)?;
+    bundles::attach(path, model, &toc.bundles, &mut layers)?;
     let mut next_layer = 0;
     for g in &toc.groups {
         let mut off = 0;
@@ -638,6 +662,7 @@ pub fn pack_model(
     let mut columns = Vec::new();
     let mut orders = Vec::new();
     let mut groups = Vec::new();
+    let mut bundle_tensors = Vec::new();
     // The current group's in-op columns, for the interleaved section: (layer, op, bytes).
     let mut group_cols: Vec<(usize, OpKind, usize, Vec<u8>)> = Vec::new();
     for (l, lw) in model.layers.iter().enumerate() {
@@ -666,6 +691,12 @@ pub fn pack_model(
                 scales_len,
                 scales_crc32,
             });
+            if op == OpKind::Down && !opts.no_bundles {
+                if let Some((mut t, records)) = bundles::layer_records(&model, l, ty, &data) {
+                    (t.offset, t.len, t.crc32) = section(&mut w, &mut pos, &records)?;
+                    bundle_tensors.push(t);
+                }
+            }
             if opts.group > 0 && GROUP_OPS.contains(&op) {
                 group_cols.push((l, op, ty.col_bytes(wt.rows), data));
             }
@@ -706,8 +737,15 @@ pub fn pack_model(
         }
         progress(&format!("layer {}/{}", l + 1, c.n_layer));
     }
-    let toc =
-        Toc { version: PACK_VERSION, source, gguf_header_len: model.file.gguf.data_offset, columns, orders, groups };
+    let toc = Toc {
+        version: PACK_VERSION,
+        source,
+        gguf_header_len: model.file.gguf.data_offset,
+        columns,
+        orders,
+        groups,
+        bundles: bundle_tensors,
+    };
     let toc_bytes = serde_json::to_vec(&toc).map_err(|e| PackError::Toc { path: tmp.clone(), msg: e.to_string() })?;
     let toc_off = align_up(pos);
     pad_to(&mut w, &mut pos, toc_off)?;

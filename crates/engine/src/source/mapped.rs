@@ -2,9 +2,12 @@
 
 use super::{column_ops, site_col_ops, ColumnPart, SiteWeights, WeightSource};
 use crate::sparse::ColOp;
+use sift_model::layout::OpKind;
 use sift_model::Model;
+use sift_quant::bundles::{BundleLayout, Bundles};
 use sift_sparsity::Site;
 use sift_store::tiered::TierError;
+use std::ops::Range;
 
 /// Every product on the GGUF's row-major weights (masked inputs for sparse selections).
 pub struct MappedRows {
@@ -43,6 +46,8 @@ impl WeightSource for MappedRows {
 /// on the whole column tensors (which measures what the re-quantized columns cost).
 pub struct MappedColumns {
     cols: Vec<Vec<ColOp>>,
+    /// Per layer, its neuron bundles: layout, records and down's scale plane in the pack file.
+    bundles: Vec<Option<(BundleLayout, Range<usize>, Range<usize>)>>,
     all_columns: bool,
     /// The active units' column positions, for a site in a unit order of its own.
     positions: Vec<u32>,
@@ -51,7 +56,11 @@ pub struct MappedColumns {
 impl MappedColumns {
     /// `None` when `model` has no column layout (not a pack).
     pub fn new(model: &Model, all_columns: bool) -> Option<MappedColumns> {
-        Some(MappedColumns { cols: column_ops(model)?, all_columns, positions: Vec::new() })
+        let bundles = model.columns.as_ref()?.layers.iter().map(|l| {
+            let b = l.bundles.as_ref()?;
+            Some((l.bundle_layout()?, b.range(), l.op(OpKind::Down).scales_range()))
+        });
+        Some(MappedColumns { cols: column_ops(model)?, bundles: bundles.collect(), all_columns, positions: Vec::new() })
     }
 }
 
@@ -66,6 +75,16 @@ impl WeightSource for MappedColumns {
 
     fn gathers_rows(&self) -> bool {
         !self.all_columns
+    }
+
+    fn batches_as_lone_tokens(&self) -> bool {
+        self.all_columns
+    }
+
+    fn bundles<'a>(&'a self, model: &'a Model, l: usize) -> Option<Bundles<'a>> {
+        let (layout, records, scales) = self.bundles.get(l)?.as_ref()?;
+        let file = model.pack_bytes();
+        Bundles::new(*layout, &file[records.clone()], &file[scales.clone()]).ok()
     }
 
     fn site<'a>(

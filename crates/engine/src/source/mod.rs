@@ -25,6 +25,7 @@ pub use tiered::TieredSource;
 
 use crate::sparse::ColOp;
 use sift_model::{LayerWeights, Model, QTensor};
+use sift_quant::bundles::Bundles;
 use sift_sparsity::Site;
 use sift_store::tiered::{MemoryTier, TierError};
 
@@ -115,6 +116,20 @@ pub trait WeightSource: Send {
     /// by row ([`SiteWeights::Rows`] with `gather`): then a gate-first selection computes only
     /// its neurons' up rows.
     fn gathers_rows(&self) -> bool {
+        false
+    }
+
+    /// Layer `l`'s FFN neuron bundles in memory (a pack's bundle section), from which a lone
+    /// token's chosen neurons are computed (the gate-first step); `None` where the weights have
+    /// none.
+    fn bundles<'a>(&'a self, _model: &'a Model, _l: usize) -> Option<Bundles<'a>> {
+        None
+    }
+
+    /// Whether a batch's sparse steps compute as its tokens would alone (`--all-columns`: the
+    /// quality of a sparse method measured through the path that gives its speed, e.g. the
+    /// neuron bundles of a gate-first FFN, token by token).
+    fn batches_as_lone_tokens(&self) -> bool {
         false
     }
 
