@@ -15,10 +15,13 @@
 //! - Union: several tokens' neurons computed together ([`Bundles::down_tokens`], and
 //!   [`Bundles::down`] over the union with zero coefficients) give each token what it gets alone,
 //!   bit for bit.
+//! - A token's FFN by lanes ([`Bundles::ffn_lane`]): gate (from the rows through the activation,
+//!   or given) times up, then per lane the down product of the lane's groups, bit for bit;
+//!   [`add_lanes`] adds the lanes in order.
 //! - Bad input: wrong buffer sizes, float rows, a neuron past `n_ff` or a list out of order are
 //!   refused with a message.
 
-use sift_quant::bundles::{BundleError, BundleLayout, BundleRow, Bundles, BUNDLE_GROUP};
+use sift_quant::bundles::{add_lanes, BundleError, BundleLayout, BundleRow, Bundles, Gate, BUNDLE_GROUP, BUNDLE_LANES};
 use sift_quant::exact_q8::{axpy_exact_q8_scalar, axpy_exact_tokens_fn};
 use sift_quant::{axpy_exact_fn, scalar, ExactFormat, Isa, WeightType};
 
@@ -224,8 +227,8 @@ fn a_tokens_result_in_a_union_equals_its_result_alone() {
         let chunks = l.n_embd / 32;
         // Three tokens: overlapping random sets, one with a group the others lack, one empty.
         let sets: Vec<Vec<u32>> = vec![
-            (0..l.n_ff as u32).filter(|_| rng.next() % 2 == 0).collect(),
-            (0..l.n_ff as u32).filter(|&i| i < 128 || rng.next() % 3 == 0).collect(),
+            (0..l.n_ff as u32).filter(|_| rng.next().is_multiple_of(2)).collect(),
+            (0..l.n_ff as u32).filter(|&i| i < 128 || rng.next().is_multiple_of(3)).collect(),
             vec![],
             (300..310).collect(),
         ];
@@ -253,6 +256,70 @@ fn a_tokens_result_in_a_union_equals_its_result_alone() {
                 assert_eq!(bits(&zeros), bits(&alone), "{isa:?} {:?}: token {t} over the union, one call", l.down);
                 let tog = &together[t * l.n_embd..(t + 1) * l.n_embd];
                 assert_eq!(bits(tog), bits(&alone), "{isa:?} {:?}: token {t} in down_tokens", l.down);
+            }
+        }
+    }
+}
+
+/// SiLU, as the engine applies it to a group's gate values.
+fn silu(h: &mut [f32]) {
+    h.iter_mut().for_each(|v| *v = *v / (1.0 + (-*v).exp()));
+}
+
+#[test]
+fn a_tokens_ffn_by_lanes_is_rows_then_down_per_lane() {
+    let mut rng = Rng(41);
+    for ffn in ffns() {
+        let l = ffn.layout;
+        let b = ffn.bundles();
+        let x: Vec<f32> = (0..l.n_embd).map(|_| rng.f()).collect();
+        let at = l.gate.act_type();
+        let mut act = vec![0u8; at.row_bytes(l.n_embd)];
+        at.quantize(&x, &mut act);
+        let dots = (l.gate.dot_fn(), l.up.dot_fn());
+        let gate_all: Vec<f32> = (0..l.n_ff).map(|_| (rng.f() * 4.0).tanh()).collect();
+        for neurons in neuron_sets(l.n_ff, &mut rng) {
+            for isa in Isa::available() {
+                let kernel = axpy_exact_fn(l.down, isa);
+                for given in [false, true] {
+                    // The reference: the gate (act(rows) or given) and up rows of the chosen
+                    // neurons, then per lane the down product of its groups, lanes added in order.
+                    let mut g = vec![0f32; neurons.len()];
+                    let mut u = vec![0f32; neurons.len()];
+                    b.rows(BundleRow::Up, dots.1, &act, &neurons, &mut u);
+                    match given {
+                        true => g.iter_mut().zip(&neurons).for_each(|(g, &i)| *g = gate_all[i as usize]),
+                        false => {
+                            b.rows(BundleRow::Gate, dots.0, &act, &neurons, &mut g);
+                            // (SiLU per group, as the lanes apply it: elementwise, the same.)
+                            silu(&mut g);
+                        }
+                    }
+                    let h: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g * u).collect();
+                    let mut want_lanes = vec![0f32; BUNDLE_LANES * l.n_embd];
+                    let mut got_lanes = vec![0f32; BUNDLE_LANES * l.n_embd];
+                    for lane in 0..BUNDLE_LANES {
+                        let mine: Vec<usize> = (0..neurons.len())
+                            .filter(|&k| (neurons[k] as usize / BUNDLE_GROUP) % BUNDLE_LANES == lane)
+                            .collect();
+                        let (n, c): (Vec<u32>, Vec<f32>) = mine.iter().map(|&k| (neurons[k], h[k])).unzip();
+                        let y = &mut want_lanes[lane * l.n_embd..(lane + 1) * l.n_embd];
+                        b.down(kernel, &n, &c, 0..l.n_embd / 32, y);
+                        let gate = match given {
+                            true => Gate::Given(&gate_all),
+                            false => Gate::Rows { act: silu },
+                        };
+                        let y = &mut got_lanes[lane * l.n_embd..(lane + 1) * l.n_embd];
+                        b.ffn_lane(lane, &neurons, &act, gate, dots, kernel, y);
+                    }
+                    assert_eq!(bits(&got_lanes), bits(&want_lanes), "{isa:?} {:?} given {given}", l.down);
+                    let (mut a, mut c) = (vec![0.25f32; l.n_embd], vec![0.25f32; l.n_embd]);
+                    add_lanes(&mut a, &got_lanes);
+                    for lane in want_lanes.chunks(l.n_embd) {
+                        c.iter_mut().zip(lane).for_each(|(c, v)| *c += v);
+                    }
+                    assert_eq!(bits(&a), bits(&c), "add_lanes adds the lanes in order");
+                }
             }
         }
     }

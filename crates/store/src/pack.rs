@@ -229,6 +229,10 @@ impl PackToc {
     pub fn source(&self) -> &SourceGguf {
         &self.toc.source
     }
+    /// The pack format version it was written in.
+    pub fn version(&self) -> u32 {
+        self.toc.version
+    }
 }
 
 /// Reads and checks a pack's header and table of contents with plain reads (no mapping).

@@ -46,8 +46,8 @@ impl WeightSource for MappedRows {
 /// on the whole column tensors (which measures what the re-quantized columns cost).
 pub struct MappedColumns {
     cols: Vec<Vec<ColOp>>,
-    /// Per layer, its neuron bundles: layout, records and down's scale plane in the pack file.
-    bundles: Vec<Option<(BundleLayout, Range<usize>, Range<usize>)>>,
+    /// Per layer, its neuron bundles.
+    bundles: Vec<Option<LayerBundles>>,
     all_columns: bool,
     /// The active units' column positions, for a site in a unit order of its own.
     positions: Vec<u32>,
@@ -58,10 +58,22 @@ impl MappedColumns {
     pub fn new(model: &Model, all_columns: bool) -> Option<MappedColumns> {
         let bundles = model.columns.as_ref()?.layers.iter().map(|l| {
             let b = l.bundles.as_ref()?;
-            Some((l.bundle_layout()?, b.range(), l.op(OpKind::Down).scales_range()))
+            Some(LayerBundles {
+                layout: l.bundle_layout()?,
+                records: b.range(),
+                scales: l.op(OpKind::Down).scales_range(),
+            })
         });
         Some(MappedColumns { cols: column_ops(model)?, bundles: bundles.collect(), all_columns, positions: Vec::new() })
     }
+}
+
+/// A layer's neuron bundles in a pack: their layout, the records and down's scale plane (byte
+/// ranges in the pack file).
+struct LayerBundles {
+    layout: BundleLayout,
+    records: Range<usize>,
+    scales: Range<usize>,
 }
 
 impl WeightSource for MappedColumns {
@@ -82,9 +94,9 @@ impl WeightSource for MappedColumns {
     }
 
     fn bundles<'a>(&'a self, model: &'a Model, l: usize) -> Option<Bundles<'a>> {
-        let (layout, records, scales) = self.bundles.get(l)?.as_ref()?;
+        let b = self.bundles.get(l)?.as_ref()?;
         let file = model.pack_bytes();
-        Bundles::new(*layout, &file[records.clone()], &file[scales.clone()]).ok()
+        Bundles::new(b.layout, &file[b.records.clone()], &file[b.scales.clone()]).ok()
     }
 
     fn site<'a>(
