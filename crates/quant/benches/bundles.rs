@@ -92,14 +92,20 @@ fn main() {
     let isa = Isa::detect();
     let q4k = WeightType::Q4_K;
     let g16 = group_rows(q4k) == Some(16);
-    println!("ISA {isa:?}; {THREADS} threads; {LAYERS} layers of {N_EMBD} × {N_FF}; building the layers ...");
+    println!("ISA {isa:?}; wide 6-bit down columns: {}; {THREADS} threads; {LAYERS} layers of {N_EMBD} × {N_FF}; building the layers ...", sift_quant::exact::wide_is_faster());
+
     // One layer of each down type, built once; the 28 layers are copies (each its own memory).
     let mut proto = Vec::new();
     for (k, dty) in [WeightType::Q4_K, WeightType::Q6_K].into_iter().enumerate() {
         let gate = tensor(q4k, N_FF, N_EMBD, 10 + k as u64);
         let up = tensor(q4k, N_FF, N_EMBD, 20 + k as u64);
         let down = tensor(dty, N_EMBD, N_FF, 30 + k as u64);
-        let layout = BundleLayout::new(q4k, q4k, ExactFormat::of(dty).unwrap(), N_EMBD, N_FF).unwrap();
+        // The down layout `sift pack` writes on this CPU (wide 6-bit columns where they are faster).
+        let fmt = match sift_quant::exact::wide_is_faster() {
+            true => ExactFormat::wide(dty).or(ExactFormat::of(dty)),
+            false => ExactFormat::of(dty),
+        };
+        let layout = BundleLayout::new(q4k, q4k, fmt.unwrap(), N_EMBD, N_FF).unwrap();
         let (records, scales) = layout.build(&gate, &up, &down).unwrap();
         let (gate, up) = (repack(q4k, &gate, N_FF, N_EMBD), repack(q4k, &up, N_FF, N_EMBD));
         proto.push(Layer { gate, up, down, down_ty: dty, layout, records, scales });
@@ -179,6 +185,43 @@ fn main() {
         dense_bytes as f64 / 1e6
     );
 
+    // One thread, the first 256 neurons of a layer of each down type (in L2): the kernels' own
+    // speed, without DRAM — ns per neuron for its gate and up rows, for its down column, for both.
+    let kinds = [WeightType::Q4_K, WeightType::Q6_K].map(|ty| layers.iter().find(|l| l.down_ty == ty));
+    for l in kinds.into_iter().flatten() {
+        let b = Bundles::new(l.layout, &l.records, &l.scales).unwrap();
+        let kernel = axpy_exact_fn(l.layout.down, isa);
+        let dot = q4k.dot_fn();
+        let chosen: Vec<u32> = (0..256).collect();
+        let mut acc = vec![0f32; N_EMBD];
+        let mut out = vec![0f32; 256];
+        let coef = vec![0.5f32; 256];
+        let reps = 400;
+        let time = |f: &mut dyn FnMut()| {
+            f();
+            let t = Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            t.elapsed().as_secs_f64() * 1e9 / (reps * 256) as f64
+        };
+        let rows = time(&mut || {
+            b.rows(sift_quant::bundles::BundleRow::Gate, dot, &act_k, &chosen, &mut out);
+            b.rows(sift_quant::bundles::BundleRow::Up, dot, &act_k, &chosen, &mut out);
+        });
+        let down = time(&mut || b.down(kernel, &chosen, &coef, 0..N_EMBD / 32, &mut acc));
+        let silu: fn(&mut [f32]) = |h| h.iter_mut().for_each(|v| *v = *v / (1.0 + (-*v).exp()));
+        let ffn = time(&mut || {
+            for lane in 0..BUNDLE_LANES {
+                b.ffn_lane(lane, &chosen, &act_k, Gate::Rows { act: silu }, (dot, dot), kernel, &mut acc)
+            }
+        });
+        let rb = l.layout.record_bytes() as f64;
+        println!(
+            "in L2, one thread, down {:?} ({} B records): gate+up rows {rows:.0} ns/neuron, down column {down:.0} ns, ffn_lane {ffn:.0} ns ({:.1} GB/s)",
+            l.down_ty, rb, rb / ffn
+        );
+    }
     let mut rng = StdRng::seed_from_u64(7);
     for pct in [30usize, 50, 70] {
         let k = N_FF * pct / 100;
