@@ -491,11 +491,11 @@ pub struct PackArgs {
     /// Units per group for --grouping metis
     #[arg(long = "group-units", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub group_units: u32,
-    /// Leave out the neuron bundles (per FFN neuron its gate row, up row and down column in one
-    /// record, which --sparsity cats computes a token's chosen neurons from): a pack about a
-    /// third smaller; cats then runs on the GGUF's rows and the down columns
-    #[arg(long = "no-bundles")]
-    pub no_bundles: bool,
+    /// Also write neuron bundles (per FFN neuron its gate row, up row and down column in one
+    /// record), which --sparsity cats then computes a token's chosen neurons from: a pack about a
+    /// third larger, and so far slower than without (docs/benchmarks.md, issue 59 step 2)
+    #[arg(long = "bundles")]
+    pub bundles: bool,
     /// Replace the output file if it exists (without it, an existing file is an error)
     #[arg(long = "force")]
     pub force: bool,

@@ -29,7 +29,7 @@ pub fn run(a: PackArgs) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
-    let opts = PackOptions { cols, group: a.group, unit_orders, no_bundles: a.no_bundles };
+    let opts = PackOptions { cols, group: a.group, unit_orders, bundles: a.bundles };
     let n = pack_model(&a.model, &out, &opts, |m| eprint!("\rpacking {m}   "))
         .with_context(|| format!("cannot pack '{}'", a.model.display()))?;
     eprintln!();

@@ -29,8 +29,8 @@ fn gguf() -> PathBuf {
 /// Packs of the model with and without bundles, in `dir`.
 fn packs(dir: &Path) -> (PathBuf, PathBuf) {
     let (with, without) = (dir.join("b.sift"), dir.join("nb.sift"));
-    pack_model(&gguf(), &with, &PackOptions::default(), |_| {}).unwrap();
-    pack_model(&gguf(), &without, &PackOptions { no_bundles: true, ..PackOptions::default() }, |_| {}).unwrap();
+    pack_model(&gguf(), &with, &PackOptions { bundles: true, ..PackOptions::default() }, |_| {}).unwrap();
+    pack_model(&gguf(), &without, &PackOptions::default(), |_| {}).unwrap();
     (with, without)
 }
 

@@ -273,7 +273,7 @@ fn a_pack_refers_to_its_gguf_and_refuses_a_changed_moved_or_truncated_one() {
     std::fs::copy(gguf(), &g).unwrap();
     let pack = dir.path().join("m.sift");
     // (Without neuron bundles, which repeat the gate and up rows.)
-    pack_model(&g, &pack, &PackOptions { no_bundles: true, ..PackOptions::default() }, |_| {}).unwrap();
+    pack_model(&g, &pack, &PackOptions::default(), |_| {}).unwrap();
     let (gl, pl) = (std::fs::metadata(&g).unwrap().len(), std::fs::metadata(&pack).unwrap().len());
     assert!(pl < gl, "the pack holds no copy of the GGUF: {pl} bytes for a GGUF of {gl}");
     assert!(open_model(&pack).is_ok());

@@ -6,8 +6,7 @@
 //! `~/.cache/sift`). A pack records the GGUF it was made from ([`sift_store::SourceGguf`]: path,
 //! size, modification time, hashes). A later run reuses it when that record names this GGUF and
 //! the GGUF is unchanged (size, modification time and the first and last MiB; no re-hashing of
-//! the whole file) and the pack is in this sift's format; a GGUF that changed, was replaced or
-//! truncated gets a new pack, and so does a pack of an older format (without neuron bundles). The pack is
+//! the whole file); a GGUF that changed, was replaced or truncated gets a new pack. The pack is
 //! written to a temporary file and renamed when complete (its table of contents, with the
 //! record, is written last), so a build killed midway leaves nothing a later run would use. The
 //! free space of the target folder is checked first.
@@ -113,12 +112,6 @@ pub fn pack_for(
         );
         match sift_store::read_toc(&pack) {
             Ok(Some(toc)) if toc.source().path == source => match toc.source().matches(&source) {
-                Ok(()) if toc.version() < sift_store::PACK_VERSION => notice(&format!(
-                    "{} is in an older pack format ({}, without neuron bundles): building it again in format {}",
-                    pack.display(),
-                    toc.version(),
-                    sift_store::PACK_VERSION
-                )),
                 Ok(()) => return Ok(pack),
                 Err(e) => notice(&format!("{}: {e}; building it again", pack.display())),
             },
@@ -137,9 +130,8 @@ pub fn pack_for(
             Err(e) => notice(&format!("{} cannot be used ({e}): building it again", pack.display())),
         }
     }
-    // A pack holds the GGUF's linear ops as columns and its FFN neurons as bundles: about 1.35
-    // times the GGUF's size; ask for 1.6 times it.
-    let need = size.saturating_mul(8) / 5;
+    // A pack holds the GGUF's linear ops as columns: about the GGUF's size; ask for 1.5 times it.
+    let need = size.saturating_mul(3) / 2;
     if let Some(free) = free_bytes(&dir) {
         anyhow::ensure!(
             free >= need,

@@ -238,23 +238,6 @@ fn note_wide_columns(engine: &Engine, sparsity: &SparsityOptions, eo: &EngineOpt
     }
 }
 
-/// Says so when a gate-first selection (`--sparsity cats`) runs from a pack without neuron
-/// bundles (made by an older sift, or with `sift pack --no-bundles`): its chosen neurons then
-/// compute on the GGUF's rows and the down columns, the same quality by another path.
-fn note_missing_bundles(engine: &Engine, sparsity: &SparsityOptions, eo: &EngineOptions) {
-    let gate_first = sparsity.method.is_some_and(|m| m == sift_engine::sparsity::Method::Cats);
-    let Some(cols) = engine.model.columns.as_ref().filter(|_| gate_first && eo.column_kernels) else {
-        return;
-    };
-    let missing = cols.layers.iter().filter(|l| l.bundle_layout().is_none()).count();
-    if missing > 0 {
-        eprintln!(
-            "sift: note: {missing} of this pack's {} layers have no neuron bundles (a pack from an older sift, or made with --no-bundles): their chosen neurons run on the GGUF's rows and the down columns; `sift pack` writes a pack with them",
-            cols.layers.len()
-        );
-    }
-}
-
 /// Makes the 8-bit copy of the down projections sparse prompt blocks read (`--prefill-down copy`,
 /// with `--prefill-sparsity`).
 fn attach_prefill_down(engine: &mut Engine, sparsity: &SparsityOptions) -> anyhow::Result<()> {
@@ -462,7 +445,6 @@ fn build_engine(
         attach_prefill_predictor(&mut engine, predictor, sparsity)?;
         attach_prefill_down(&mut engine, sparsity)?;
         attach_gpu(&mut engine, &memory.gpu)?;
-        note_missing_bundles(&engine, sparsity, eo);
         note_wide_columns(&engine, sparsity, eo);
         return Ok((engine, None, None));
     };

@@ -16,7 +16,7 @@
 //! ...     optionally, per layer and selection site whose units are not in the model's order,
 //!         4 KiB aligned: the unit order ([`UnitOrderTensor`]), n_units u32 (position → unit); the
 //!         columns of the site's ops lie in that order, their scale planes in the model's
-//! ...     per layer with a gated FFN (unless `--no-bundles`), 4 KiB aligned: its neuron bundles,
+//! ...     per layer with a gated FFN (with `--bundles`), 4 KiB aligned: its neuron bundles,
 //!         one record per FFN neuron in the model's order — gate row, up row (the GGUF's bytes),
 //!         down column (the down tensor's exact column; its scale plane is the down tensor's) —
 //!         padded to 64 bytes ([`sift_quant::bundles`], [`BundleTensor`])
@@ -141,9 +141,10 @@ pub struct PackOptions {
     pub group: usize,
     /// The unit order of each site (empty: every site in the model's order).
     pub unit_orders: UnitOrders,
-    /// Leave out the neuron bundle sections (smaller pack; gate-first and predicted FFN
-    /// neurons then compute on the GGUF's rows and the down columns).
-    pub no_bundles: bool,
+    /// Write the neuron bundle sections (`sift pack --bundles`): a pack about a third larger,
+    /// whose gate-first FFN neurons compute from the bundles. Off by default: measured slower than
+    /// the GGUF's rows and the down columns on both CPUs tried (docs/benchmarks.md, issue 59 step 2).
+    pub bundles: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -695,7 +696,7 @@ pub fn pack_model(
                 scales_len,
                 scales_crc32,
             });
-            if op == OpKind::Down && !opts.no_bundles {
+            if op == OpKind::Down && opts.bundles {
                 if let Some((mut t, records)) = bundles::layer_records(&model, l, ty, &data) {
                     (t.offset, t.len, t.crc32) = section(&mut w, &mut pos, &records)?;
                     bundle_tensors.push(t);
