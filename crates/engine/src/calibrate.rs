@@ -8,6 +8,8 @@
 //!    by running the real layer with threshold selection on captured inputs:
 //!    `‖y − y_dense‖² / ‖y_dense − x‖²` (relative to the layer's own update). Every layer gets the
 //!    same byte ratio, as in TEAL; within a layer the four sites get different ratios.
+//!    With them, histograms of each layer's `|act(gate)|` on the gate-first path (CATS'
+//!    per-layer thresholds, `cats-threshold`).
 //! 3. Optionally SparseInfer's core-neuron clusters: k-means over the per-layer core frequencies
 //!    of short calibration passages.
 
@@ -78,6 +80,26 @@ impl Selector for HistogramCollector {
     }
 }
 
+/// A gate-first selector (CATS) that records each layer's `|act(gate)|` and keeps every neuron.
+struct GateHistogramCollector {
+    calib: Calibration,
+}
+
+impl Selector for GateHistogramCollector {
+    fn describe(&self) -> String {
+        "gate histogram collector (dense)".into()
+    }
+    fn gate_first(&self) -> bool {
+        true
+    }
+    fn select(&mut self, layer: usize, site: Site, _: Phase, x: &[f32], _: &mut Vec<u32>) -> Selection {
+        if site == Site::FfnMid {
+            self.calib.add_gate(layer, x);
+        }
+        Selection::All
+    }
+}
+
 /// A selector the caller keeps a handle to while the engine uses it.
 pub struct Shared<S>(pub Arc<Mutex<S>>);
 
@@ -93,6 +115,9 @@ impl<S: Selector> Selector for Shared<S> {
     }
     fn end_batch(&mut self, phase: Phase) {
         lock(&self.0).end_batch(phase)
+    }
+    fn gate_first(&self) -> bool {
+        lock(&self.0).gate_first()
     }
     fn select(&mut self, layer: usize, site: Site, phase: Phase, x: &[f32], active: &mut Vec<u32>) -> Selection {
         lock(&self.0).select(layer, site, phase, x, active)
@@ -143,6 +168,26 @@ pub fn calibrate(
     let mut calib = lock(&collector).calib.clone();
     calib.n_tokens = used;
     calib.finish_channel_means(used);
+
+    // 1b. The gate's histograms (cats-threshold), on the gate-first path, over the first half of
+    // those windows (each token gives every FFN neuron of every layer: plenty for a quantile).
+    calib.start_gate_histograms();
+    let gates = Arc::new(Mutex::new(GateHistogramCollector { calib }));
+    engine.set_selector(Box::new(Shared(gates.clone())));
+    let mut gate_used = 0;
+    for chunk in tokens.chunks_exact(window).take(used.div_ceil(2 * window).max(1)) {
+        win.clear();
+        win.extend_from_slice(chunk);
+        if let Some(b) = bos {
+            win[0] = b;
+        }
+        engine.truncate(0);
+        engine.eval_phase(&win, Logits::Last, Phase::Prompt)?;
+        gate_used += window;
+        progress(&format!("gate histograms: {gate_used} tokens"));
+    }
+    engine.set_selector(Box::new(DenseSelector));
+    let mut calib = lock(&gates).calib.clone();
 
     // 2. Greedy allocation.
     if !opts.targets.is_empty() {

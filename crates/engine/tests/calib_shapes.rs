@@ -100,7 +100,7 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
     Calibration::load(&path).unwrap().check_dims(dims).unwrap();
 
     let n_layer = dims.n_layer;
-    let cases: [(&str, Method, Cut); 13] = [
+    let cases: [(&str, Method, Cut); 16] = [
         // core-sim indexed `centroids[c][l]` for every layer at the prompt's end: a panic.
         ("clusters.centroids[0]", Method::CoreSim, |c| {
             for cent in &mut c.clusters.as_mut().unwrap().centroids {
@@ -133,6 +133,12 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
         }),
         ("column_norms", Method::Wina, |c| c.column_norms.as_mut().unwrap().norms[5][0][7] = -2.5),
         ("weighted_histograms[1][2].bins", Method::WinaThreshold, |c| c.weighted_histograms[1][2].bins.truncate(9)),
+        // cats-threshold reads one gate histogram per layer.
+        ("gate_histograms[3].bins", Method::CatsThreshold, |c| c.gate_histograms[3].bins.truncate(9)),
+        ("gate_histograms", Method::CatsThreshold, |c| {
+            c.gate_histograms.pop();
+        }),
+        ("gate_histograms[0].total", Method::CatsThreshold, |c| c.gate_histograms[0].total += 3),
     ];
     for (field, method, cut) in cases {
         let mut bad = calib.clone();
@@ -157,4 +163,9 @@ fn a_calibration_whose_tables_do_not_match_the_model_is_refused() {
     old.weighted_histograms.clear();
     let err = build_selector(&config(Method::WinaThreshold, n_layer), dims, Some(&old)).err().unwrap().to_string();
     assert!(err.contains("weight-aware") && err.contains("run `sift calibrate` again"), "{err}");
+    // And one from before the gate histograms: `cats-threshold` says the same.
+    let mut old = calib.clone();
+    old.gate_histograms.clear();
+    let err = build_selector(&config(Method::CatsThreshold, n_layer), dims, Some(&old)).err().unwrap().to_string();
+    assert!(err.contains("no gate histograms") && err.contains("run `sift calibrate` again"), "{err}");
 }

@@ -374,6 +374,40 @@ fn threshold_keeps_units_above_the_calibrated_threshold() {
     assert!((0.35..0.65).contains(&skipped), "thresholds skip about the target by bytes: {skipped}");
 }
 
+/// `cats-threshold`: `sift calibrate` records each layer's |act(gate)| on the gate-first path;
+/// the selector keeps, on a prompt it did not see, exactly the neurons whose |act(gate)| clears
+/// the layer's 0.5 quantile, which skips about half of them.
+#[test]
+fn cats_threshold_keeps_gates_above_the_calibrated_quantile() {
+    let (mut e, tok) = engine();
+    let dims: SiteDims = e.site_dims();
+    let ids = tok.encode(&text(), true, false).unwrap();
+    let opts = CalibrateOptions { targets: vec![], n_tokens: 1024, ..Default::default() };
+    let calib = calibrate(&mut e, &ids[2048..], tok.bos(), "test", &opts, |_| {}).unwrap();
+    assert_eq!(calib.gate_histograms.len(), dims.n_layer);
+    let n_ff = dims.units[Site::FfnMid.index()];
+    for h in &calib.gate_histograms {
+        // Half of the histogram windows (one of 512 tokens), every neuron of every token.
+        assert_eq!(h.total, (512 * n_ff) as u64);
+    }
+    let sel = build_selector(&config(Method::CatsThreshold, dims.n_layer, 0.5), dims, Some(&calib)).unwrap();
+    assert!(sel.gate_first());
+    let calls = record(&mut e, &tok, sel, PROMPT, 3);
+    let (mut kept, mut total) = (0usize, 0usize);
+    for c in calls.iter().filter(|c| c.site == Site::FfnMid) {
+        let t = calib.gate_histograms[c.layer].threshold_for(0.5);
+        assert!(t > 0.0);
+        let want: Vec<u32> = (0..c.x.len() as u32).filter(|&j| c.x[j as usize].abs() >= t).collect();
+        assert_eq!(c.active.as_ref().expect("a subset"), &want, "layer {}", c.layer);
+        kept += want.len();
+        total += c.x.len();
+    }
+    assert!(total > 0);
+    let skipped = 1.0 - kept as f64 / total as f64;
+    assert!((0.35..0.65).contains(&skipped), "the thresholds skip about half the neurons: {skipped}");
+    assert!(calls.iter().filter(|c| c.site != Site::FfnMid).all(|c| c.active.is_none()));
+}
+
 #[test]
 fn ratio_zero_is_exactly_dense() {
     let (mut e, tok) = engine();

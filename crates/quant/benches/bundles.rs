@@ -18,7 +18,8 @@
 //! up row, down column, padding), not counting down's scale plane, which is read too — and the
 //! bundles' GB/s relative to dense. The target (issue 59): ≥ 0.85 at every share.
 //!
-//! Run with `cargo bench -p sift-quant --bench bundles`.
+//! Run with `cargo bench -p sift-quant --bench bundles` (`BUNDLE_HUGE=1`: the records in 2 MiB
+//! pages; `BUNDLE_LAYERS=N`: fewer layers).
 
 use rand::rngs::StdRng;
 use rand::seq::index::sample;
@@ -67,13 +68,47 @@ fn tensor(ty: WeightType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// `BUNDLE_HUGE=1`: the records in anonymous memory asked to be backed by 2 MiB pages
+/// (`MADV_HUGEPAGE`, as `--no-mmap` loads the GGUF); else in a plain allocation.
+fn huge_pages() -> bool {
+    std::env::var("BUNDLE_HUGE").is_ok_and(|v| v == "1")
+}
+
+/// A layer's bundle records, in 4 KiB or (asked for) 2 MiB pages.
+enum Records {
+    Plain(Vec<u8>),
+    Huge(memmap2::MmapMut),
+}
+
+impl Records {
+    fn copy(bytes: &[u8], huge: bool) -> Records {
+        if !huge {
+            return Records::Plain(bytes.to_vec());
+        }
+        let mut m = memmap2::MmapMut::map_anon(bytes.len()).unwrap();
+        let _ = m.advise(memmap2::Advice::HugePage);
+        m.copy_from_slice(bytes);
+        Records::Huge(m)
+    }
+}
+
+impl std::ops::Deref for Records {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Records::Plain(v) => v,
+            Records::Huge(m) => m,
+        }
+    }
+}
+
 struct Layer {
     gate: Vec<u8>,
     up: Vec<u8>,
     down: Vec<u8>,
     down_ty: WeightType,
     layout: BundleLayout,
-    records: Vec<u8>,
+    records: Records,
     scales: Vec<u8>,
 }
 
@@ -92,7 +127,11 @@ fn main() {
     let isa = Isa::detect();
     let q4k = WeightType::Q4_K;
     let g16 = group_rows(q4k) == Some(16);
-    println!("ISA {isa:?}; wide 6-bit down columns: {}; {THREADS} threads; {LAYERS} layers of {N_EMBD} × {N_FF}; building the layers ...", sift_quant::exact::wide_is_faster());
+    println!(
+        "ISA {isa:?}; wide 6-bit down columns: {}; records in 2 MiB pages: {}; {THREADS} threads; {LAYERS} layers of {N_EMBD} × {N_FF}; building the layers ...",
+        sift_quant::exact::wide_is_faster(),
+        huge_pages()
+    );
 
     // One layer of each down type, built once; the 28 layers are copies (each its own memory).
     let mut proto = Vec::new();
@@ -108,7 +147,7 @@ fn main() {
         let layout = BundleLayout::new(q4k, q4k, fmt.unwrap(), N_EMBD, N_FF).unwrap();
         let (records, scales) = layout.build(&gate, &up, &down).unwrap();
         let (gate, up) = (repack(q4k, &gate, N_FF, N_EMBD), repack(q4k, &up, N_FF, N_EMBD));
-        proto.push(Layer { gate, up, down, down_ty: dty, layout, records, scales });
+        proto.push(Layer { gate, up, down, down_ty: dty, layout, records: Records::copy(&records, false), scales });
     }
     let layers: Vec<Layer> = (0..layers_n())
         .map(|l| {
@@ -119,7 +158,7 @@ fn main() {
                 down: p.down.clone(),
                 down_ty: p.down_ty,
                 layout: p.layout,
-                records: p.records.clone(),
+                records: Records::copy(&p.records, huge_pages()),
                 scales: p.scales.clone(),
             }
         })
@@ -271,6 +310,30 @@ fn main() {
             bw / dw,
             dense / ms
         );
+        // The memory system alone on the same records: one load per cache line, no compute.
+        let mut token = 0;
+        let read = time_tokens(|| {
+            let set = &sets[token % sets.len()];
+            token += 1;
+            std::thread::scope(|sc| {
+                for t in 0..THREADS {
+                    let (layers, barrier) = (&layers, &barrier);
+                    sc.spawn(move || {
+                        let mut sum = 0u64;
+                        for (l, chosen) in layers.iter().zip(set) {
+                            let rb = l.layout.record_bytes();
+                            for &i in chosen.iter().filter(|&&i| (i as usize / 128) % THREADS == t) {
+                                let r = &l.records[i as usize * rb..][..rb];
+                                sum += r.iter().step_by(64).map(|&b| b as u64).sum::<u64>();
+                            }
+                            barrier.wait();
+                        }
+                        std::hint::black_box(sum);
+                    });
+                }
+            })
+        });
+        println!("  the same records read without compute: {read:.2} ms/token, {:.2} GB/s", gbs(bytes, read));
     }
 }
 

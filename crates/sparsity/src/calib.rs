@@ -34,6 +34,8 @@ pub enum CalibrationError {
     Missing { layer: usize, site: &'static str },
     #[error("the calibration has no weight-aware (WINA) score histograms: it was made before `sift calibrate` recorded them; run `sift calibrate` again")]
     NoWeightedHistograms,
+    #[error("the calibration has no gate histograms (|act(gate)| per layer, for cats-threshold): it was made before `sift calibrate` recorded them; run `sift calibrate` again")]
+    NoGateHistograms,
 }
 
 /// What [`Calibration::check_shapes`] asks of a histogram's total.
@@ -237,6 +239,10 @@ pub struct Calibration {
     /// (`wina-threshold`'s thresholds; empty in files from before they were recorded).
     #[serde(default)]
     pub weighted_histograms: Vec<Vec<SiteHistogram>>,
+    /// `gate_histograms[layer]`: histograms of each FFN neuron's `|act(gate)|` (gate first, CATS;
+    /// `cats-threshold`'s thresholds; empty in files from before they were recorded).
+    #[serde(default)]
+    pub gate_histograms: Vec<SiteHistogram>,
 }
 
 impl Calibration {
@@ -253,6 +259,7 @@ impl Calibration {
             channel_mean_abs: (0..dims.n_layer).map(|_| dims.units.iter().map(|&n| vec![0.0; n]).collect()).collect(),
             column_norms: None,
             weighted_histograms: Vec::new(),
+            gate_histograms: Vec::new(),
         }
     }
 
@@ -281,6 +288,27 @@ impl Calibration {
             .get(layer)
             .and_then(|h| h.get(site.index()))
             .ok_or(CalibrationError::Missing { layer, site: site.name() })
+    }
+
+    /// Starts the gate histograms (one per layer, empty) that [`Calibration::add_gate`] fills.
+    pub fn start_gate_histograms(&mut self) {
+        self.gate_histograms = vec![SiteHistogram::default(); self.n_layer];
+    }
+
+    /// Adds one token's `|act(gate)|` of every FFN neuron of `layer` to the layer's gate histogram
+    /// (started by [`Calibration::start_gate_histograms`]).
+    pub fn add_gate(&mut self, layer: usize, act_gate: &[f32]) {
+        if let Some(h) = self.gate_histograms.get_mut(layer) {
+            h.add(act_gate);
+        }
+    }
+
+    /// The histogram of `|act(gate)|` of `layer`'s FFN neurons (`cats-threshold`).
+    pub fn gate_histogram(&self, layer: usize) -> Result<&SiteHistogram, CalibrationError> {
+        if self.gate_histograms.is_empty() {
+            return Err(CalibrationError::NoGateHistograms);
+        }
+        self.gate_histograms.get(layer).ok_or(CalibrationError::Missing { layer, site: "gate" })
     }
 
     /// Adds one activation row to the channel sums (divide by the row count with
@@ -418,6 +446,22 @@ impl Calibration {
                         bad(format!("weighted_histograms[{l}][{s}].total"), HIST_TOTAL.into(), found)
                     })?;
                 }
+            }
+        }
+        if !self.gate_histograms.is_empty() {
+            if self.gate_histograms.len() != n_layer {
+                return Err(bad("gate_histograms".into(), want_layers(), layers(self.gate_histograms.len())));
+            }
+            for (l, h) in self.gate_histograms.iter().enumerate() {
+                if h.bins.len() != HIST_BINS {
+                    return Err(bad(
+                        format!("gate_histograms[{l}].bins"),
+                        format!("{HIST_BINS} bins"),
+                        format!("{} bins", h.bins.len()),
+                    ));
+                }
+                h.check_total()
+                    .map_err(|found| bad(format!("gate_histograms[{l}].total"), HIST_TOTAL.into(), found))?;
             }
         }
         for (i, a) in self.allocations.iter().enumerate() {

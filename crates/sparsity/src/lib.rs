@@ -18,6 +18,7 @@
 //! - `glu` ([`TopKSelector`] on the GLU site only): prune down-projection columns by |GLU|;
 //! - `cats` ([`CatsSelector`]): CATS' gate-first FFN neurons: the gate product for every neuron,
 //!   then up and down only for the neurons of largest |act(gate)| (whole neurons skipped);
+//!   `cats-threshold` the same with the paper's per-layer thresholds from `sift calibrate`;
 //! - `core` / `core-sim` ([`CoreNeuronSelector`]): SparseInfer's sentence-level core neurons,
 //!   fixed at prefill (stability-guided) or taken from the nearest calibration cluster
 //!   (similarity-guided);
@@ -145,10 +146,11 @@ pub enum Method {
     CoreSim,
     Wina,
     WinaThreshold,
+    CatsThreshold,
 }
 
 impl Method {
-    pub const ALL: [Method; 11] = [
+    pub const ALL: [Method; 12] = [
         Method::Dense,
         Method::TopK,
         Method::Threshold,
@@ -160,6 +162,7 @@ impl Method {
         Method::CoreSim,
         Method::Wina,
         Method::WinaThreshold,
+        Method::CatsThreshold,
     ];
 
     pub fn name(self) -> &'static str {
@@ -175,6 +178,7 @@ impl Method {
             Method::CoreSim => "core-sim",
             Method::Wina => "wina",
             Method::WinaThreshold => "wina-threshold",
+            Method::CatsThreshold => "cats-threshold",
         }
     }
 
@@ -184,13 +188,13 @@ impl Method {
             Method::Dense => &[],
             Method::TopK | Method::Threshold | Method::Wina | Method::WinaThreshold => &Site::ALL,
             Method::Dip | Method::DipCa => &[Site::FfnIn, Site::FfnMid],
-            Method::Glu | Method::Cats | Method::Core | Method::CoreSim => &[Site::FfnMid],
+            Method::Glu | Method::Cats | Method::CatsThreshold | Method::Core | Method::CoreSim => &[Site::FfnMid],
         }
     }
 
     /// Whether the method needs a calibration file (`--calib`).
     pub fn needs_calibration(self) -> bool {
-        matches!(self, Method::Threshold | Method::CoreSim | Method::WinaThreshold)
+        matches!(self, Method::Threshold | Method::CoreSim | Method::WinaThreshold | Method::CatsThreshold)
     }
 
     /// Whether the method ranks inputs by their weight columns' norms (WINA).
@@ -294,6 +298,10 @@ pub fn build_selector_with_norms(
         Method::TopK => Box::new(TopKSelector::new("topk", r)),
         Method::Glu => Box::new(TopKSelector::new("glu", r)),
         Method::Cats => Box::new(CatsSelector::new(r)),
+        Method::CatsThreshold => {
+            let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
+            Box::new(CatsSelector::threshold(c, &r)?)
+        }
         Method::Threshold => {
             let c = calib.ok_or(SelectorError::NeedsCalibration(cfg.method))?;
             Box::new(ThresholdSelector::new(c, &r)?)
