@@ -1,5 +1,5 @@
 //! `sift calibrate`: activation histograms, greedy per-site allocations and core-neuron clusters
-//! for the calibrated selection methods (`--sparsity threshold`, `core-sim`, `wina-threshold`), and
+//! for the calibrated selection methods (`--sparsity threshold`, `core-sim`, `wina-threshold`, `cats-threshold`), and
 //! the weight columns' norms the weight-aware ones rank by.
 
 use crate::args::CalibrateArgs;

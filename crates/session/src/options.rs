@@ -114,8 +114,8 @@ impl SessionOptions {
 
 #[derive(Args, Clone, Debug)]
 pub struct SparsityOptions {
-    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, cats, core, core-sim, wina,
-    /// wina-threshold (default: dense; with --memory alone, the planner's choice)
+    /// Selection method: dense, topk, threshold, dip, dip-ca, glu, cats, cats-threshold, core,
+    /// core-sim, wina, wina-threshold (default: dense; with --memory alone, the planner's choice)
     #[arg(long = "sparsity")]
     pub method: Option<Method>,
     /// Fraction of units skipped at each sparsified site (0 = dense)
