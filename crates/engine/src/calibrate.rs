@@ -100,6 +100,37 @@ impl Selector for GateHistogramCollector {
     }
 }
 
+/// Runs the first `n_windows` windows of `window` tokens (each starting with `bos`, if any) as
+/// prompts under `collector`, then goes back to dense; returns the tokens run.
+#[allow(clippy::too_many_arguments)]
+fn record_windows<S: Selector + 'static>(
+    engine: &mut Engine,
+    collector: &Arc<Mutex<S>>,
+    tokens: &[u32],
+    bos: Option<u32>,
+    window: usize,
+    n_windows: usize,
+    what: &str,
+    progress: &mut impl FnMut(&str),
+) -> Result<usize, EvalError> {
+    engine.set_selector(Box::new(Shared(collector.clone())));
+    let mut used = 0;
+    let mut win = Vec::with_capacity(window);
+    for chunk in tokens.chunks_exact(window).take(n_windows) {
+        win.clear();
+        win.extend_from_slice(chunk);
+        if let Some(b) = bos {
+            win[0] = b;
+        }
+        engine.truncate(0);
+        engine.eval_phase(&win, Logits::Last, Phase::Prompt)?;
+        used += window;
+        progress(&format!("{what}: {used} tokens"));
+    }
+    engine.set_selector(Box::new(DenseSelector));
+    Ok(used)
+}
+
 /// A selector the caller keeps a handle to while the engine uses it.
 pub struct Shared<S>(pub Arc<Mutex<S>>);
 
@@ -147,24 +178,8 @@ pub fn calibrate(
         calib.set_column_norms(n.clone());
     }
     let collector = Arc::new(Mutex::new(HistogramCollector { calib, scores: Vec::new() }));
-    engine.set_selector(Box::new(Shared(collector.clone())));
-    let mut used = 0;
-    let mut win = Vec::with_capacity(window);
-    for chunk in tokens.chunks_exact(window) {
-        if used >= opts.n_tokens {
-            break;
-        }
-        win.clear();
-        win.extend_from_slice(chunk);
-        if let Some(b) = bos {
-            win[0] = b;
-        }
-        engine.truncate(0);
-        engine.eval_phase(&win, Logits::Last, Phase::Prompt)?;
-        used += window;
-        progress(&format!("histograms: {used} tokens"));
-    }
-    engine.set_selector(Box::new(DenseSelector));
+    let n_windows = opts.n_tokens.div_ceil(window);
+    let used = record_windows(engine, &collector, tokens, bos, window, n_windows, "histograms", &mut progress)?;
     let mut calib = lock(&collector).calib.clone();
     calib.n_tokens = used;
     calib.finish_channel_means(used);
@@ -173,20 +188,8 @@ pub fn calibrate(
     // those windows (each token gives every FFN neuron of every layer: plenty for a quantile).
     calib.start_gate_histograms();
     let gates = Arc::new(Mutex::new(GateHistogramCollector { calib }));
-    engine.set_selector(Box::new(Shared(gates.clone())));
-    let mut gate_used = 0;
-    for chunk in tokens.chunks_exact(window).take(used.div_ceil(2 * window).max(1)) {
-        win.clear();
-        win.extend_from_slice(chunk);
-        if let Some(b) = bos {
-            win[0] = b;
-        }
-        engine.truncate(0);
-        engine.eval_phase(&win, Logits::Last, Phase::Prompt)?;
-        gate_used += window;
-        progress(&format!("gate histograms: {gate_used} tokens"));
-    }
-    engine.set_selector(Box::new(DenseSelector));
+    let n_gate = used.div_ceil(2 * window).max(1);
+    record_windows(engine, &gates, tokens, bos, window, n_gate, "gate histograms", &mut progress)?;
     let mut calib = lock(&gates).calib.clone();
 
     // 2. Greedy allocation.

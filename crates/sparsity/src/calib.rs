@@ -398,6 +398,17 @@ impl Calibration {
         let want_layers = || format!("{n_layer} layers (n_layer)");
         let sites = |n: usize| format!("{n} sites");
         let want_sites = || "4 sites (qkv, o, gate_up, down)".to_string();
+        // One histogram, named `field`: the standard bins, and a total that is their sum.
+        let check_hist = |h: &SiteHistogram, field: String| -> Result<(), CalibrationError> {
+            if h.bins.len() != HIST_BINS {
+                return Err(bad(
+                    format!("{field}.bins"),
+                    format!("{HIST_BINS} bins"),
+                    format!("{} bins", h.bins.len()),
+                ));
+            }
+            h.check_total().map_err(|found| bad(format!("{field}.total"), HIST_TOTAL.into(), found))
+        };
         if self.histograms.len() != n_layer {
             return Err(bad("histograms".into(), want_layers(), layers(self.histograms.len())));
         }
@@ -406,15 +417,7 @@ impl Calibration {
                 return Err(bad(format!("histograms[{l}]"), want_sites(), sites(row.len())));
             }
             for (s, h) in row.iter().enumerate() {
-                if h.bins.len() != HIST_BINS {
-                    return Err(bad(
-                        format!("histograms[{l}][{s}].bins"),
-                        format!("{HIST_BINS} bins"),
-                        format!("{} bins", h.bins.len()),
-                    ));
-                }
-                h.check_total()
-                    .map_err(|found| bad(format!("histograms[{l}][{s}].total"), HIST_TOTAL.into(), found))?;
+                check_hist(h, format!("histograms[{l}][{s}]"))?;
             }
         }
         if let Some(n) = &self.column_norms {
@@ -435,16 +438,7 @@ impl Calibration {
                     return Err(bad(format!("weighted_histograms[{l}]"), want_sites(), sites(row.len())));
                 }
                 for (s, h) in row.iter().enumerate() {
-                    if h.bins.len() != HIST_BINS {
-                        return Err(bad(
-                            format!("weighted_histograms[{l}][{s}].bins"),
-                            format!("{HIST_BINS} bins"),
-                            format!("{} bins", h.bins.len()),
-                        ));
-                    }
-                    h.check_total().map_err(|found| {
-                        bad(format!("weighted_histograms[{l}][{s}].total"), HIST_TOTAL.into(), found)
-                    })?;
+                    check_hist(h, format!("weighted_histograms[{l}][{s}]"))?;
                 }
             }
         }
@@ -453,15 +447,7 @@ impl Calibration {
                 return Err(bad("gate_histograms".into(), want_layers(), layers(self.gate_histograms.len())));
             }
             for (l, h) in self.gate_histograms.iter().enumerate() {
-                if h.bins.len() != HIST_BINS {
-                    return Err(bad(
-                        format!("gate_histograms[{l}].bins"),
-                        format!("{HIST_BINS} bins"),
-                        format!("{} bins", h.bins.len()),
-                    ));
-                }
-                h.check_total()
-                    .map_err(|found| bad(format!("gate_histograms[{l}].total"), HIST_TOTAL.into(), found))?;
+                check_hist(h, format!("gate_histograms[{l}]"))?;
             }
         }
         for (i, a) in self.allocations.iter().enumerate() {
